@@ -1,0 +1,3 @@
+from decodegap.cli import main
+
+main()
