@@ -1,0 +1,94 @@
+"""The Trace: one rank's events as columnar numpy tables (one row per event, one array per field).
+
+Times are int64 nanoseconds relative to the earliest event of the trace, so kernel durations keep the
+nanosecond decimals Kineto writes (rounding to whole microseconds loses a third of small-kernel time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# Kinds of GPU activity in Trace.gpu.kind
+KERNEL, MEMCPY, MEMSET = 0, 1, 2
+GPU_KIND_NAMES = ("kernel", "memcpy", "memset")
+
+
+@dataclass
+class GpuTable:
+    """Kernels, memcpys and memsets, sorted by start time."""
+
+    kind: np.ndarray  # int8: KERNEL / MEMCPY / MEMSET
+    name_id: np.ndarray  # int32 into Trace.names
+    ts_ns: np.ndarray  # int64
+    dur_ns: np.ndarray  # int64
+    device: np.ndarray  # int32, -1 unknown
+    stream: np.ndarray  # int64, -1 unknown
+    correlation: np.ndarray  # int64, -1 none
+    external_id: np.ndarray  # int64, -1 none
+    grid_id: np.ndarray  # int32 into Trace.shapes ("" = none)
+    block_id: np.ndarray  # int32 into Trace.shapes
+    nbytes: np.ndarray  # int64 (memcpy/memset payload), -1 unknown
+
+    def __len__(self) -> int:
+        return len(self.ts_ns)
+
+    @property
+    def end_ns(self) -> np.ndarray:
+        return self.ts_ns + self.dur_ns
+
+
+@dataclass
+class CpuOpTable:
+    """CPU ops (aten::*, user functions recorded as ops), with shapes kept as raw JSON text."""
+
+    name_id: np.ndarray  # int32
+    ts_ns: np.ndarray
+    dur_ns: np.ndarray
+    tid: np.ndarray  # int64 (string tids hashed)
+    external_id: np.ndarray  # int64, -1 none
+    input_dims: list  # raw JSON bytes or None, per row
+    input_types: list
+    collective: list  # None or dict of collective metadata, per row
+
+
+@dataclass
+class RuntimeTable:
+    """CUDA/HIP runtime and driver calls (the host side of every launch)."""
+
+    name_id: np.ndarray
+    ts_ns: np.ndarray
+    dur_ns: np.ndarray
+    tid: np.ndarray
+    correlation: np.ndarray
+    external_id: np.ndarray
+
+
+@dataclass(frozen=True)
+class Annotation:
+    name: str
+    ts_ns: int
+    dur_ns: int
+    on_gpu: bool  # gpu_user_annotation (GPU timeline) vs user_annotation (CPU timeline)
+
+
+@dataclass
+class Trace:
+    path: Path
+    rank: int | None
+    world_size: int | None
+    device_name: str | None
+    names: list[str]
+    shapes: list[str]
+    gpu: GpuTable
+    cpu_ops: CpuOpTable
+    runtime: RuntimeTable
+    annotations: list[Annotation]
+    origin_ns: int  # absolute time of t=0 (baseTimeNanoseconds-relative when the trace had it)
+    record_meta: dict | None = None  # what `decodegap record` stored (unprofiled step time, ...)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def has_gpu(self) -> bool:
+        return len(self.gpu) > 0
