@@ -34,7 +34,7 @@ _RULES: list[tuple[str, str]] = [
     ("norm", r"norm|rms"),
     # --- dtype casts: PyTorch copy kernels that convert, explicit to/convert/quantize kernels ---
     ("cast", r"_to_copy|to_copy|float8_copy|bfloat16_copy|half_copy|float_copy|"
-             r"convert|quantize|dequant|(?<!no)cast"),  # not gpu_kernel_impl_nocast
+             r"convert|quantize|dequant|(?<!no)(?<!With)cast"),  # not ..._nocast, not LoadWithCast
     # --- sampling: top-k/top-p, argmax, multinomial, sort, softmax over the vocabulary ---
     ("sampling", r"sampling|sample|topk|top_k|top_p|argmax|ArgMax|multinomial|gatherTopK|sbtopk|radix|"
                  r"bitonicSort|sort|softmax|SoftMax|cumsum|scan::"),
