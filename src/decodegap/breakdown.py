@@ -1,0 +1,241 @@
+"""Breakdown of the decode steps: wall time, GPU busy fraction, time per category and per kernel group,
+calls per step, the inferred layer count, and the host-side picture (launch cost, idle gaps)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from decodegap import shapes as shape_info
+from decodegap.categories import CATEGORIES, categorize
+from decodegap.steps import REGULAR, Steps, idle_gaps_ns, regular_anchors
+from decodegap.trace.link import Links
+from decodegap.trace.tables import GPU_KIND_NAMES, Trace
+
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel",
+                "cudaLaunchCooperativeKernel", "cudaGraphLaunch", "hipGraphLaunch")
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    mean: float
+    min: float
+    max: float
+    p90: float
+
+    @classmethod
+    def of(cls, values) -> Spread:
+        a = np.asarray(values, dtype=np.float64)
+        if not a.size:
+            return cls(0.0, 0.0, 0.0, 0.0, 0.0)
+        return cls(float(np.median(a)), float(a.mean()), float(a.min()), float(a.max()), float(np.percentile(a, 90)))
+
+
+@dataclass(frozen=True)
+class KernelGroup:
+    name: str
+    category: str
+    calls_per_step: float
+    ms_per_step: float
+    share: float  # of the decode step's GPU time
+    us_per_call: float
+    op: str | None  # the CPU op that launched it (innermost), None under graph replay
+    input_shapes: list | None  # [[shape, dtype], ...] from the op when recorded
+    grid: str | None
+    block: str | None
+    from_graph: bool
+    bytes_per_call: int | None
+    bytes_source: str | None  # "shapes" | "launch" (elements from grid x block x per-thread work)
+    elements_per_call: int | None
+
+    @property
+    def gbps(self) -> float | None:
+        if not self.bytes_per_call or self.us_per_call <= 0:
+            return None
+        return self.bytes_per_call / (self.us_per_call * 1e3)
+
+
+@dataclass(frozen=True)
+class CategoryTime:
+    name: str
+    ms_per_step: float
+    share: float  # of GPU time
+    share_of_step: float  # of the step's wall time
+
+
+@dataclass(frozen=True)
+class HostGap:
+    gap_us: float
+    before: str  # the kernel the GPU waited after
+    after: str  # the kernel that ended the wait
+
+
+@dataclass
+class Breakdown:
+    decode_count: int
+    prefill_count: int
+    step_ms: Spread  # GPU-timeline wall time of one decode step
+    step_ms_each: list[float]
+    prefill_ms_each: list[float]
+    gpu_ms_per_step: float  # sum of GPU activity durations per step
+    busy_ms_per_step: float  # union of GPU activity per step
+    gpu_busy_fraction: float
+    kernels_per_step: float
+    launch_us_per_kernel: float | None  # host time of one launch call
+    categories: list[CategoryTime]
+    kernels: list[KernelGroup]
+    layers: int | None
+    layers_evidence: str
+    longest_gaps: list[HostGap] = field(default_factory=list)
+
+
+def _busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
+    if not len(ts):
+        return 0
+    order = np.argsort(ts, kind="stable")
+    ts, end = np.clip(ts[order], start, stop), np.clip(end[order], start, stop)
+    idle = idle_gaps_ns(ts, end).sum() + (ts[0] - start) + max(stop - int(np.maximum.accumulate(end)[-1]), 0)
+    return int(stop - start - idle)
+
+
+def infer_layers(seq: np.ndarray) -> tuple[int | None, str]:
+    """The repeating block inside one decode step: the widest evenly spaced kernel that several names agree on."""
+    anchors = regular_anchors(seq, min_count=2, min_coverage=0.5)
+    for needed in (3, 2):
+        for a in anchors:
+            backers = [b for b in anchors if abs(b.period - a.period) <= REGULAR * a.period
+                       and len(b.positions) == len(a.positions)]
+            if len(backers) >= needed and len(a.positions) >= 2:
+                return len(a.positions), (f"{len(backers)} kernels run {len(a.positions)} times per step at a "
+                                          f"regular spacing of {a.period:.0f} GPU activities")
+    return None, "no repeating block found inside a step"
+
+
+def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
+    gpu = trace.gpu
+    decode = steps.decode
+    n = max(len(decode), 1)
+    rows = np.concatenate([s.rows for s in decode]) if decode else np.empty(0, np.int64)
+    category_of_name = {}
+    kind_names = GPU_KIND_NAMES
+
+    def category(row: int) -> str:
+        key = (int(gpu.name_id[row]), int(gpu.kind[row]))
+        found = category_of_name.get(key)
+        if found is None:
+            found = category_of_name[key] = categorize(trace.names[key[0]], kind_names[key[1]])
+        return found
+
+    dur = gpu.dur_ns
+    total_gpu_ns = int(dur[rows].sum()) if len(rows) else 0
+    wall = [s.wall_ns / 1e6 for s in decode]
+    busy = [_busy_ns(gpu.ts_ns[s.rows], gpu.end_ns[s.rows], s.start_ns, s.end_ns) / 1e6 for s in decode]
+    busy_fraction = float(sum(busy) / sum(wall)) if sum(wall) > 0 else 0.0
+    step_ms = Spread.of(wall)
+
+    by_category: Counter = Counter()
+    groups: dict[tuple, list] = {}
+    ops = trace.cpu_ops
+    for row in rows.tolist():
+        cat = category(row)
+        by_category[cat] += int(dur[row])
+        op = int(links.op_idx[row])
+        if op >= 0 and ops.input_dims[op]:
+            key = (int(gpu.name_id[row]), "op", int(ops.name_id[op]), ops.input_dims[op], ops.input_types[op])
+        else:
+            key = (int(gpu.name_id[row]), "launch", int(gpu.grid_id[row]), int(gpu.block_id[row]),
+                   int(ops.name_id[op]) if op >= 0 else -1)
+        entry = groups.get(key)
+        if entry is None:
+            groups[key] = [row, 1, int(dur[row]), bool(links.from_graph[row])]
+        else:
+            entry[1] += 1
+            entry[2] += int(dur[row])
+
+    kernels = [_group(trace, key, entry, n, total_gpu_ns, category(entry[0])) for key, entry in groups.items()]
+    kernels.sort(key=lambda k: -k.ms_per_step)
+    step_wall_ms = step_ms.median or 1.0
+    categories = [
+        CategoryTime(name, by_category[name] / 1e6 / n, by_category[name] / total_gpu_ns if total_gpu_ns else 0.0,
+                     by_category[name] / 1e6 / n / step_wall_ms)
+        for name in CATEGORIES if by_category[name]
+    ]
+    categories.sort(key=lambda c: -c.ms_per_step)
+
+    typical = decode[len(decode) // 2] if decode else None
+    layers, evidence = (infer_layers(gpu.name_id[typical.rows].astype(np.int64)) if typical is not None
+                        else (None, "no decode step"))
+    return Breakdown(
+        decode_count=len(decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
+        prefill_ms_each=[s.wall_ns / 1e6 for s in steps.prefill],
+        gpu_ms_per_step=total_gpu_ns / 1e6 / n, busy_ms_per_step=float(np.median(busy)) if busy else 0.0,
+        gpu_busy_fraction=busy_fraction, kernels_per_step=len(rows) / n,
+        launch_us_per_kernel=_launch_cost_us(trace, links, rows), categories=categories, kernels=kernels,
+        layers=layers, layers_evidence=evidence, longest_gaps=_longest_gaps(trace, decode),
+    )
+
+
+def _group(trace: Trace, key: tuple, entry: list, n_steps: int, total_gpu_ns: int, category: str) -> KernelGroup:
+    row, calls, dur_ns, from_graph = entry
+    gpu, names = trace.gpu, trace.names
+    name = names[key[0]]
+    grid = trace.shapes[int(gpu.grid_id[row])] or None
+    block = trace.shapes[int(gpu.block_id[row])] or None
+    op_name, shapes_list = None, None
+    bytes_per_call, bytes_source, elements = None, None, None
+    if key[1] == "op":
+        op_name = names[key[2]]
+        tensors = shape_info.tensors(key[3], key[4])
+        shapes_list = [[shape, dtype] for shape, dtype in tensors]
+        sizes = [shape_info.tensor_bytes(shape, dtype) for shape, dtype in tensors]
+        if tensors and all(s is not None for s in sizes):
+            bytes_per_call, bytes_source = sum(sizes), "shapes"
+            elements = max(shape_info.numel(shape) for shape, _ in tensors)
+    else:
+        op_name = names[key[4]] if key[4] >= 0 else None
+    if gpu.kind[row] != 0 and gpu.nbytes[row] > 0:  # memcpy / memset carry their payload
+        bytes_per_call, bytes_source = int(gpu.nbytes[row]), "trace"
+    if bytes_per_call is None and category in ("cast", "copy") and grid and block:
+        elements = shape_info.elements_from_launch(name, grid, block)
+        out_bytes = shape_info.output_dtype_bytes_from_name(name)
+        if elements and out_bytes:
+            # A cast's source dtype is not in the name: count it as 1 byte (the narrowest), so this is a floor.
+            in_bytes = out_bytes if category == "copy" else 1
+            bytes_per_call, bytes_source = elements * (in_bytes + out_bytes), "launch"
+    return KernelGroup(
+        name=name, category=category, calls_per_step=calls / n_steps, ms_per_step=dur_ns / 1e6 / n_steps,
+        share=dur_ns / total_gpu_ns if total_gpu_ns else 0.0, us_per_call=dur_ns / 1e3 / calls, op=op_name,
+        input_shapes=shapes_list, grid=grid, block=block, from_graph=from_graph, bytes_per_call=bytes_per_call,
+        bytes_source=bytes_source, elements_per_call=elements,
+    )
+
+
+def _launch_cost_us(trace: Trace, links: Links, rows: np.ndarray) -> float | None:
+    rt_rows = links.runtime_idx[rows]
+    rt_rows = np.unique(rt_rows[rt_rows >= 0])
+    if not len(rt_rows):
+        return None
+    launch_ids = [i for i, name in enumerate(trace.names) if name in LAUNCH_CALLS]
+    mask = np.isin(trace.runtime.name_id[rt_rows], launch_ids)
+    if not mask.any():
+        return None
+    return float(np.median(trace.runtime.dur_ns[rt_rows[mask]]) / 1e3)
+
+
+def _longest_gaps(trace: Trace, decode, top: int = 5) -> list[HostGap]:
+    gpu = trace.gpu
+    found = []
+    for step in decode:
+        r = step.rows
+        if len(r) < 2:
+            continue
+        gaps = idle_gaps_ns(gpu.ts_ns[r], gpu.end_ns[r])
+        i = int(np.argmax(gaps))
+        if gaps[i] > 0:
+            found.append(HostGap(gaps[i] / 1e3, trace.names[gpu.name_id[r[i - 1]]], trace.names[gpu.name_id[r[i]]]))
+    found.sort(key=lambda g: -g.gap_us)
+    return found[:top]

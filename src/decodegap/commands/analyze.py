@@ -1,0 +1,74 @@
+"""`decodegap analyze TRACE`: where every millisecond of a decode step goes, and why."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import click
+
+from decodegap.errors import UserError
+
+EXAMPLE = "example_trace.json.gz"
+
+
+def example_path() -> Path:
+    return Path(str(resources.files("decodegap") / "data" / EXAMPLE))
+
+
+@click.command("analyze")
+@click.argument("trace", required=False, type=click.Path(path_type=Path))
+@click.option("--example", is_flag=True, help="Analyze the bundled example trace (the incident, reproduced on an H200).")
+@click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text", show_default=True)
+@click.option("--top", type=click.IntRange(1, 10_000), default=15, show_default=True, help="Kernel groups to list.")
+@click.option("--full-names", is_flag=True, help="Show full kernel names in the text report.")
+@click.option("--tpot", "tpot_ms", type=click.FloatRange(min=0, min_open=True),
+              help="Time per output token measured WITHOUT the profiler, in ms, to cross-check the profiled step.")
+@click.option("--model", "model_path", type=click.Path(path_type=Path),
+              help="Hugging Face config.json (or its folder): sharpens findings and enables the floor.")
+@click.option("--quant", "quant_path", type=click.Path(path_type=Path), help="hf_quant_config.json, if separate.")
+@click.option("--weights", help="Weight format when the config has none (bf16, fp8, nvfp4, mxfp4, q4_k, ...).")
+@click.option("--kv", "kv_format", help="KV cache dtype (bf16, fp8).")
+@click.option("--gpu", help="GPU for the floor and gap ledger (h100, h200, b200, a100, l40s, rtx-pro-6000, mi300x).")
+@click.option("--tp", type=click.IntRange(1, 1024), default=1, show_default=True, help="Tensor-parallel ranks.")
+@click.option("--batch", type=click.IntRange(1, 1_000_000), default=1, show_default=True)
+@click.option("--context", type=click.IntRange(1, 100_000_000), default=4096, show_default=True)
+@click.option("--allreduce-us", type=click.FloatRange(min=0), help="All-reduce latency for the floor, in us.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the report to a file instead of stdout.")
+def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_path, weights, kv_format, gpu, tp,
+            batch, context, allreduce_us, output):
+    """Read a torch.profiler trace (a .json/.json.gz file or a folder of per-rank traces) and show where the
+    time of each decode step goes, the root causes, and the fixes."""
+    from decodegap.analyze import AnalysisOptions, analyze_path
+
+    if example and trace:
+        raise UserError("give a TRACE or --example, not both")
+    if not example and trace is None:
+        raise UserError("missing TRACE (a .json/.json.gz trace or a folder of them); try --example")
+    path = example_path() if example else trace
+    options = AnalysisOptions(tpot_ms=tpot_ms)
+    if model_path is not None or gpu is not None:
+        from decodegap.gap import prepare_model_options
+
+        prepare_model_options(options, model_path, quant_path, weights, kv_format, gpu, tp, batch, context,
+                              allreduce_us)
+    report = analyze_path(path, options)
+    if fmt == "json":
+        from decodegap.report.json import render_json
+
+        text = render_json(report) + "\n"
+    elif fmt == "md":
+        from decodegap.report.markdown import render_markdown
+
+        text = render_markdown(report, top=top)
+    else:
+        from decodegap.report.text import render_text
+
+        text = render_text(report, top=top, full_names=full_names)
+    if output is not None:
+        try:
+            output.write_text(text)
+        except OSError as exc:
+            raise UserError(f"{output}: cannot write ({exc.strerror})") from None
+    else:
+        click.echo(text, nl=False)

@@ -1,0 +1,1 @@
+"""Rendering a Report: terminal text (rich), Markdown, JSON (the versioned contract)."""

@@ -1,0 +1,109 @@
+"""Terminal report: findings first, then the step, categories and top kernels, as rich tables."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from decodegap.names import short_kernel_name
+from decodegap.report.json import profiler_check
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if not n:
+        return ""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _calls(calls: float) -> str:
+    return f"{calls:.0f}" if abs(calls - round(calls)) < 0.05 else f"{calls:.2f}"
+
+
+def _shapes(k) -> str:
+    if k.input_shapes:
+        return " ".join(f"{shape}" for shape, _ in k.input_shapes[:3]).replace(" ", "")
+    if k.grid:
+        return f"grid{k.grid.replace(' ', '')} block{(k.block or '').replace(' ', '')}"
+    return ""
+
+
+def summary_lines(report) -> list[str]:
+    main = report.main
+    b, steps = main.breakdown, main.steps
+    lines = [f"decodegap: {report.path}" + (f"  ({main.trace.device_name})" if main.trace.device_name else "")]
+    if b.decode_count:
+        s = b.step_ms
+        lines.append(f"decode steps: {b.decode_count} (+{b.prefill_count} prefill) found by {steps.source}")
+        lines.append(f"step time: median {s.median:.3f} ms  (min {s.min:.3f}, p90 {s.p90:.3f}, max {s.max:.3f})  "
+                     f"= {1000 / s.median:.1f} tok/s per sequence" if s.median else "step time: n/a")
+        lines.append(f"GPU busy {b.gpu_busy_fraction:.0%} of the step; {b.gpu_ms_per_step:.3f} ms of GPU work and "
+                     f"{b.kernels_per_step:.0f} GPU activities per step"
+                     + (f"; {b.layers} layers ({b.layers_evidence})" if b.layers else ""))
+    check = profiler_check(report)
+    if check:
+        lines.append(f"profiled {check['profiled_ms']:.3f} ms vs unprofiled {check['unprofiled_ms']:.3f} ms per step "
+                     f"({check['source']}): ratio {check['ratio']:.2f}")
+    return lines
+
+
+def render_text(report, top: int = 15, full_names: bool = False, width: int | None = None) -> str:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width or 160, force_terminal=False, color_system=None, highlight=False)
+    for line in summary_lines(report):
+        console.print(line)
+    main = report.main
+    b = main.breakdown
+    if report.findings:
+        console.print()
+        console.print("ROOT CAUSES (by time per step)")
+        for i, f in enumerate(report.findings, 1):
+            console.print(f"{i}. [{f.id}] {f.title}")
+            console.print(f"   {f.ms_per_step:.3f} ms/step ({f.share:.0%} of the step)")
+            console.print(f"   fix: {f.fix}")
+    if len(report.ranks) > 1:
+        table = Table(title="ranks", title_justify="left")
+        for col in ("rank", "decode steps", "step ms (median)", "GPU busy", "collective ms/step"):
+            table.add_column(col, justify="right")
+        for r in report.ranks:
+            mark = " (slowest)" if r is main else ""
+            table.add_row(f"{r.rank}{mark}", str(r.breakdown.decode_count), f"{r.breakdown.step_ms.median:.3f}",
+                          f"{r.breakdown.gpu_busy_fraction:.0%}", f"{r.collective_ms_per_step():.3f}")
+        console.print(table)
+    if b.categories:
+        table = Table(title="time per decode step by category" + (f" (rank {main.rank})" if len(report.ranks) > 1
+                                                                   else ""), title_justify="left")
+        for col in ("category", "ms/step", "% GPU time", "% of step"):
+            table.add_column(col, justify="right" if col != "category" else "left")
+        for c in b.categories:
+            table.add_row(c.name, f"{c.ms_per_step:.3f}", f"{c.share:.1%}", f"{c.share_of_step:.1%}")
+        idle = max(b.step_ms.median - b.busy_ms_per_step, 0.0)
+        table.add_row("(GPU idle)", f"{idle:.3f}", "", f"{idle / b.step_ms.median:.1%}" if b.step_ms.median else "")
+        console.print(table)
+    if b.kernels:
+        table = Table(title=f"top kernels ({min(top, len(b.kernels))} of {len(b.kernels)} groups)",
+                      title_justify="left")
+        for col in ("kernel", "category", "calls/step", "ms/step", "share", "us/call", "op / shapes", "bytes/call",
+                    "GB/s"):
+            table.add_column(col, justify="left" if col in ("kernel", "category", "op / shapes") else "right",
+                             overflow="fold" if col == "kernel" and full_names else "ellipsis",
+                             no_wrap=not (col == "kernel" and full_names))
+        for k in b.kernels[:top]:
+            name = k.name if full_names else short_kernel_name(k.name)
+            op = (k.op or ("graph replay" if k.from_graph else "")) + (" " + _shapes(k) if _shapes(k) else "")
+            gbps = k.gbps
+            table.add_row(name, k.category, _calls(k.calls_per_step), f"{k.ms_per_step:.3f}", f"{k.share:.1%}",
+                          f"{k.us_per_call:.1f}", op, _fmt_bytes(k.bytes_per_call),
+                          f"{gbps:.0f}" if gbps else "")
+        console.print(table)
+    for extra in getattr(report, "extra_sections", []):
+        console.print(extra)
+    if report.warnings:
+        console.print()
+        for w in report.warnings:
+            console.print(f"warning: {w}")
+    return buffer.getvalue()
