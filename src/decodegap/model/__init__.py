@@ -2,8 +2,16 @@
 
 from decodegap.model.config import ModelGeometry, geometry_from_dict, load_model, read_config_json
 from decodegap.model.floor import Component, Floor, ReplicatedWeights, compute_floor, expected_distinct_experts
-from decodegap.model.hardware import GPUS, GpuSpec, custom_gpu, get_gpu
-from decodegap.model.quant import WEIGHT_FORMATS, QuantScheme, WeightFormat, load_quant, weight_format, with_overrides
+from decodegap.model.hardware import GPUS, GpuSpec, custom_gpu, get_gpu, resolve_gpu
+from decodegap.model.quant import (
+    WEIGHT_FORMATS,
+    QuantScheme,
+    WeightFormat,
+    load_quant,
+    resolve_quant,
+    weight_format,
+    with_overrides,
+)
 
 __all__ = [
     "GPUS",
@@ -23,6 +31,8 @@ __all__ = [
     "load_model",
     "load_quant",
     "read_config_json",
+    "resolve_gpu",
+    "resolve_quant",
     "weight_format",
     "with_overrides",
 ]

@@ -120,6 +120,9 @@ def get_gpu(name: str) -> GpuSpec:
     key = _normalise(name)
     by_plain_id = {_normalise(gpu_id): gpu_id for gpu_id in GPUS}
     gpu_id = by_plain_id.get(key) or _ALIASES.get(key)
+    if gpu_id is None:  # torch device names: "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+        bare = _normalise(re.sub(r"\b(\d+gb|hbm3e?|sxm\d?)\b", " ", name.lower().replace("_", " ")))
+        gpu_id = by_plain_id.get(bare) or _ALIASES.get(bare)
     if gpu_id is None:
         raise UserError(f"unknown GPU '{name}'; known: {', '.join(GPUS)} (or give --bandwidth GBPS --tflops T)")
     return GPUS[gpu_id]
@@ -136,3 +139,14 @@ def custom_gpu(bandwidth_gbps: float, tflops: float, name: str = "custom", inter
                                                                     "xgmi": 448.0}[interconnect]
     return GpuSpec(name, name, 0.0, float(bandwidth_gbps), MappingProxyType({"bf16": float(tflops)}),
                    interconnect, link)
+
+
+def resolve_gpu(name: str | None, bandwidth_gbps: float | None = None, tflops: float | None = None) -> GpuSpec:
+    """--gpu NAME, or --bandwidth/--tflops for a GPU not in the table (NAME then only labels it)."""
+    if bandwidth_gbps is not None or tflops is not None:
+        if bandwidth_gbps is None or tflops is None:
+            raise UserError("give both --bandwidth and --tflops for a custom GPU")
+        return custom_gpu(bandwidth_gbps, tflops, name=name or "custom")
+    if not name:
+        raise UserError(f"give --gpu NAME (one of: {', '.join(GPUS)}) or --bandwidth GBPS --tflops T")
+    return get_gpu(name)

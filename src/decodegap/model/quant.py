@@ -47,6 +47,7 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
         # GPTQ/AWQ int4, group 128: fp16 scale + 4-bit zero point per group.
         WeightFormat("int4", 4.0 + (16 + 4) / 128, ("bf16",), "4 bits + fp16 scale and 4-bit zero per 128"),
         # GGUF k-quants: 256-weight super-blocks (sizes from ggml's block_q*_K structs).
+        WeightFormat("q4_0", 18 * 8 / 32, ("int8", "bf16"), "18 bytes per 32 weights (fp16 scale)"),
         WeightFormat("q4_k", 144 * 8 / 256, ("int8", "bf16"), "144 bytes per 256 weights"),
         WeightFormat("q5_k", 176 * 8 / 256, ("int8", "bf16"), "176 bytes per 256 weights"),
         WeightFormat("q6_k", 210 * 8 / 256, ("int8", "bf16"), "210 bytes per 256 weights"),
@@ -248,3 +249,16 @@ def with_overrides(scheme: QuantScheme, weights: str | None = None, kv: str | No
         scheme = QuantScheme(scheme.weights, scheme.unquantized, kv.strip().lower().replace("fp8_e4m3", "fp8"),
                              scheme.exclude, scheme.source + f", --kv {kv}")
     return scheme
+
+
+def resolve_quant(model_path: str | Path, quant_path: str | Path | None = None, weights: str | None = None,
+                  kv: str | None = None) -> QuantScheme:
+    """The scheme the floor command uses: --quant if given, else an hf_quant_config.json beside the model's
+    config.json, else the config's own quantization_config, else BF16; then --weights / --kv on top."""
+    from decodegap.model.config import read_config_json
+
+    cfg, folder = read_config_json(model_path)
+    if quant_path is None and weights is None and (folder / "hf_quant_config.json").is_file():
+        quant_path = folder / "hf_quant_config.json"
+    scheme = load_quant(quant_path, cfg) if weights is None else QuantScheme(WEIGHT_FORMATS["bf16"])
+    return with_overrides(scheme, weights, kv)

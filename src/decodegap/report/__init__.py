@@ -1,0 +1,1 @@
+"""Renderers: turn result dataclasses into terminal text, Markdown or JSON. Only this package formats text."""
