@@ -1,4 +1,4 @@
-"""Model geometry and parameter counts against the figures publishers give, on configs written for these tests."""
+"""Model geometry and parameter counts against published figures, on configs written for these tests."""
 
 import json
 from pathlib import Path
@@ -10,8 +10,8 @@ from decodegap.model import geometry_from_dict, load_model
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 
-# (fixture, published total, published active or None). Active here counts the embedding table and output head,
-# as Qwen, Mistral and DeepSeek count it.
+# (fixture, published total, published active or None). Active here counts the embedding table and output
+# head, as Qwen, Mistral and DeepSeek count it.
 PUBLISHED = [
     ("llama-3.1-8b.json", 8.03e9, 8.03e9),
     ("llama-2-7b.json", 6.74e9, None),

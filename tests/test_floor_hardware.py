@@ -17,13 +17,26 @@ def test_required_gpus_with_bandwidth_tflops_interconnect():
     assert GPUS["rtx-pro-6000"].interconnect == "pcie" and GPUS["h200"].interconnect == "nvlink"
 
 
-@pytest.mark.parametrize("spelling,gpu_id", [
-    ("H100", "h100"), ("H100-SXM", "h100"), ("NVIDIA H100 80GB HBM3", "h100"), ("h200", "h200"),
-    ("B200", "b200"), ("A100-SXM4-80GB", "a100"), ("a100 40gb", "a100-40gb"), ("L40S", "l40s"),
-    ("RTX PRO 6000 Blackwell", "rtx-pro-6000"), ("rtx6000pro", "rtx-pro-6000"), ("rtx-pro-6000", "rtx-pro-6000"),
-    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"), ("MI300X", "mi300x"),
-    ("AMD Instinct MI300X", "mi300x"), ("RTX 4090", "rtx-4090"),
-])
+@pytest.mark.parametrize(
+    "spelling,gpu_id",
+    [
+        ("H100", "h100"),
+        ("H100-SXM", "h100"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("h200", "h200"),
+        ("B200", "b200"),
+        ("A100-SXM4-80GB", "a100"),
+        ("a100 40gb", "a100-40gb"),
+        ("L40S", "l40s"),
+        ("RTX PRO 6000 Blackwell", "rtx-pro-6000"),
+        ("rtx6000pro", "rtx-pro-6000"),
+        ("rtx-pro-6000", "rtx-pro-6000"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
+        ("MI300X", "mi300x"),
+        ("AMD Instinct MI300X", "mi300x"),
+        ("RTX 4090", "rtx-4090"),
+    ],
+)
 def test_common_spellings(spelling, gpu_id):
     assert get_gpu(spelling).id == gpu_id
 

@@ -6,18 +6,38 @@ from pathlib import Path
 import pytest
 
 from decodegap.errors import UserError
-from decodegap.model import WEIGHT_FORMATS, load_model, load_quant, resolve_quant, weight_format, with_overrides
+from decodegap.model import (
+    WEIGHT_FORMATS,
+    load_model,
+    load_quant,
+    resolve_quant,
+    weight_format,
+    with_overrides,
+)
 from decodegap.model.config import read_config_json
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 COMPONENTS = ("attention", "indexer", "dense_mlp", "experts", "shared_experts", "lm_head")
 
 
-@pytest.mark.parametrize("name,bits", [
-    ("bf16", 16), ("fp16", 16), ("fp8", 8), ("int8", 8), ("nvfp4", 4.5), ("mxfp4", 4.25), ("q4_0", 4.5),
-    ("q4_k", 4.5), ("q5_k", 5.5), ("q6_k", 6.5625), ("q8_0", 8.5), ("int4", 4.15625),
-    ("fp8-block", 8 + 32 / 16384),
-])
+@pytest.mark.parametrize(
+    "name,bits",
+    [
+        ("bf16", 16),
+        ("fp16", 16),
+        ("fp8", 8),
+        ("int8", 8),
+        ("nvfp4", 4.5),
+        ("mxfp4", 4.25),
+        ("q4_0", 4.5),
+        ("q4_k", 4.5),
+        ("q5_k", 5.5),
+        ("q6_k", 6.5625),
+        ("q8_0", 8.5),
+        ("int4", 4.15625),
+        ("fp8-block", 8 + 32 / 16384),
+    ],
+)
 def test_bits_per_weight_include_scales(name, bits):
     assert weight_format(name).bits_per_weight == pytest.approx(bits)
 
@@ -36,8 +56,14 @@ def test_modelopt_nvfp4_with_glob_excludes():
     q = load_quant(CONFIGS / "glm-5-nvfp4" / "hf_quant_config.json")
     assert q.kv_dtype == "fp8" and q.weights.name == "nvfp4"
     formats = {c: q.format_for(g, c, 10).name for c in COMPONENTS}
-    assert formats == {"attention": "bf16", "indexer": "bf16", "dense_mlp": "nvfp4", "experts": "nvfp4",
-                       "shared_experts": "nvfp4", "lm_head": "bf16"}
+    assert formats == {
+        "attention": "bf16",
+        "indexer": "bf16",
+        "dense_mlp": "nvfp4",
+        "experts": "nvfp4",
+        "shared_experts": "nvfp4",
+        "lm_head": "bf16",
+    }
     assert q.format_for(g, "router").name == "bf16"  # routers stay 16-bit whatever the checkpoint says
 
 
@@ -45,8 +71,11 @@ def test_modelopt_per_layer_excludes(tmp_path):
     # NVIDIA lists each layer's modules; layers left out of the list are quantized.
     g = load_model(CONFIGS / "glm-5-nvfp4")
     names = [f"model.layers.{i}.self_attn.{m}" for i in range(3) for m in g.attention_projection_params()]
-    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
-        {"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "exclude_modules": names}}))
+    (tmp_path / "hf_quant_config.json").write_text(
+        json.dumps(
+            {"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "exclude_modules": names}}
+        )
+    )
     q = load_quant(tmp_path)
     assert [q.format_for(g, "attention", i).name for i in (0, 2, 3, 77)] == ["bf16", "bf16", "nvfp4", "nvfp4"]
 
@@ -54,8 +83,9 @@ def test_modelopt_per_layer_excludes(tmp_path):
 def test_partially_excluded_component_counts_as_quantized(tmp_path):
     # Only when every module of a component is excluded is it charged 16 bits: the floor stays a lower bound.
     g = load_model(CONFIGS / "glm-5-nvfp4")
-    (tmp_path / "q.json").write_text(json.dumps(
-        {"quantization": {"quant_algo": "NVFP4", "exclude_modules": ["*o_proj"]}}))
+    (tmp_path / "q.json").write_text(
+        json.dumps({"quantization": {"quant_algo": "NVFP4", "exclude_modules": ["*o_proj"]}})
+    )
     assert load_quant(tmp_path / "q.json").format_for(g, "attention", 5).name == "nvfp4"
 
 
@@ -64,7 +94,9 @@ def test_fp8_blockwise_from_config_quantization_config():
     g = load_model(CONFIGS / "deepseek-v3.json")
     q = load_quant(None, cfg)
     assert q.weights.name == "fp8-block" and q.kv_dtype == "bf16"
-    assert {q.format_for(g, c, 10).name for c in ("attention", "dense_mlp", "experts", "lm_head")} == {"fp8-block"}
+    assert {q.format_for(g, c, 10).name for c in ("attention", "dense_mlp", "experts", "lm_head")} == {
+        "fp8-block"
+    }
 
 
 def test_mxfp4_gpt_oss_modules_to_not_convert():

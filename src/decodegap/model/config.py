@@ -1,4 +1,4 @@
-"""Model geometry from a Hugging Face config.json on disk: the shapes a decode step reads, and parameter counts.
+"""Model geometry from a Hugging Face config.json on disk: the shapes a decode step reads, parameter counts.
 
 No download and no transformers import: the config is plain JSON and the families differ only in field names.
 """
@@ -121,7 +121,7 @@ class ModelGeometry:
         return sum(self.attention_projection_params().values()) + extra
 
     def indexer_projection_params(self) -> dict[str, int]:
-        """DSA indexer (DeepSeek-V3.2 / GLM-5): query from the q latent, one shared key head, per-head weights."""
+        """DSA indexer (DeepSeek-V3.2, GLM-5): query from the q latent, one shared key head, head weights."""
         if not self.has_indexer:
             return {}
         q_source = self.q_lora_rank or self.hidden
@@ -135,7 +135,9 @@ class ModelGeometry:
     def indexer_params_per_layer(self) -> int:
         if not self.has_indexer:
             return 0
-        return sum(self.indexer_projection_params().values()) + 2 * self.indexer_head_dim  # k_norm weight+bias
+        return (
+            sum(self.indexer_projection_params().values()) + 2 * self.indexer_head_dim
+        )  # k_norm weight+bias
 
     @property
     def dense_mlp_params(self) -> int:
@@ -189,7 +191,9 @@ class ModelGeometry:
         """Weights one token multiplies with, without the embedding table and output head."""
         per_layer_common = self.attention_params_per_layer + self.indexer_params_per_layer
         per_layer_common += self.norm_params_per_layer
-        moe_active = self.experts_per_token * self.expert_params + self.shared_expert_params + self.router_params
+        moe_active = (
+            self.experts_per_token * self.expert_params + self.shared_expert_params + self.router_params
+        )
         return (
             self.num_layers * per_layer_common
             + self.num_dense_layers * self.dense_mlp_params
@@ -206,7 +210,8 @@ class ModelGeometry:
     def params_mtp(self) -> int:
         """Multi-token-prediction block(s): one more decoder layer (MoE when the model has MoE), the eh_proj
         that joins hidden state and next-token embedding, and its three norms. The embedding and output head
-        it shares with the main model are not counted again (DeepSeek's published 14B counts its stored copies)."""
+        it shares with the main model are not counted again (DeepSeek's published 14B counts its stored
+        copies)."""
         if not self.mtp_layers:
             return 0
         layer = self.attention_params_per_layer + self.indexer_params_per_layer + self.norm_params_per_layer
@@ -253,7 +258,9 @@ def geometry_from_dict(cfg: dict[str, Any], source: str = "config") -> ModelGeom
     if is_mla:
         missing += [n for n in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim") if cfg.get(n) is None]
     if missing:
-        raise UserError(f"{source}: model_type '{model_type}' is missing required fields: {', '.join(missing)}")
+        raise UserError(
+            f"{source}: model_type '{model_type}' is missing required fields: {', '.join(missing)}"
+        )
 
     hidden = int(cfg["hidden_size"])
     num_layers = int(cfg["num_hidden_layers"])

@@ -21,7 +21,9 @@ INDEXER_SCALE_BYTES = 4  # one fp32 scale per FP8 indexer key (DeepSeek-V3.2 cac
 @dataclass(frozen=True)
 class Component:
     name: str
-    category: str  # the measured-breakdown category this time shows up under (gemm, moe, attention, collective)
+    category: (
+        str  # the measured-breakdown category this time shows up under (gemm, moe, attention, collective)
+    )
     bytes_per_gpu: float
     flops_per_gpu: float
     memory_ms: float
@@ -48,7 +50,7 @@ class Component:
 
 @dataclass(frozen=True)
 class ReplicatedWeights:
-    """Weights engines keep whole on every TP rank; the floor assumes them split, so this is extra, shown apart."""
+    """Weights engines keep whole on every TP rank; the floor assumes them split: extra, shown apart."""
 
     modules: tuple[str, ...]
     extra_bytes_per_gpu: float
@@ -150,8 +152,18 @@ class _Accumulator:
     def component(self, name: str, category: str, detail: str = "") -> Component:
         memory_ms = self.bytes / (self.gpu.bandwidth_gbps * 1e9) * 1e3
         bound = "compute" if self.compute_ms > memory_ms else "memory"
-        return Component(name, category, self.bytes, self.flops, memory_ms, self.compute_ms,
-                         max(memory_ms, self.compute_ms), bound, "+".join(self.formats), detail)
+        return Component(
+            name,
+            category,
+            self.bytes,
+            self.flops,
+            memory_ms,
+            self.compute_ms,
+            max(memory_ms, self.compute_ms),
+            bound,
+            "+".join(self.formats),
+            detail,
+        )
 
 
 def _attention_tokens(geometry: ModelGeometry, layer: int, context: int, sparse_attention: bool) -> int:
@@ -196,17 +208,25 @@ def compute_floor(
         attn.add_weights(attn_params, quant.format_for(g, "attention", layer), tp, batch)
         if use_indexer:
             indexer.add_weights(g.indexer_params_per_layer, quant.format_for(g, "indexer", layer), tp, batch)
-    comps.append(attn.component("attention_weights", "gemm", f"{g.num_layers} layers x {attn_params / 1e6:.1f}M"))
+    comps.append(
+        attn.component("attention_weights", "gemm", f"{g.num_layers} layers x {attn_params / 1e6:.1f}M")
+    )
     if use_indexer:
-        comps.append(indexer.component("indexer_weights", "gemm",
-                                       f"{g.num_layers} layers x {g.indexer_params_per_layer / 1e6:.2f}M"))
+        comps.append(
+            indexer.component(
+                "indexer_weights", "gemm", f"{g.num_layers} layers x {g.indexer_params_per_layer / 1e6:.2f}M"
+            )
+        )
 
     if g.num_dense_layers:
         dense = _Accumulator(gpu)
         for layer in range(g.num_dense_layers):  # first-k-dense layers come first
             dense.add_weights(g.dense_mlp_params, quant.format_for(g, "dense_mlp", layer), tp, batch)
-        comps.append(dense.component("dense_mlp", "gemm",
-                                     f"{g.num_dense_layers} layers x {g.dense_mlp_params / 1e6:.1f}M"))
+        comps.append(
+            dense.component(
+                "dense_mlp", "gemm", f"{g.num_dense_layers} layers x {g.dense_mlp_params / 1e6:.1f}M"
+            )
+        )
 
     if g.is_moe:
         touched = expected_distinct_experts(g.num_experts, g.experts_per_token, batch)
@@ -214,22 +234,42 @@ def compute_floor(
         for layer in range(g.num_dense_layers, g.num_layers):
             fmt = quant.format_for(g, "experts", layer)
             # Bytes for the experts touched; flops for the k experts each token actually runs.
-            experts.add(touched * g.expert_params * fmt.bytes_per_weight / tp,
-                        2.0 * batch * g.experts_per_token * g.expert_params / tp, fmt.compute, fmt.name)
+            experts.add(
+                touched * g.expert_params * fmt.bytes_per_weight / tp,
+                2.0 * batch * g.experts_per_token * g.expert_params / tp,
+                fmt.compute,
+                fmt.name,
+            )
             if g.shared_expert_params:
-                shared.add_weights(g.shared_expert_params, quant.format_for(g, "shared_experts", layer), tp, batch)
+                shared.add_weights(
+                    g.shared_expert_params, quant.format_for(g, "shared_experts", layer), tp, batch
+                )
             router.add_weights(g.router_params, quant.format_for(g, "router", layer), tp, batch)
-        comps.append(experts.component(
-            "experts", "moe",
-            f"{g.num_moe_layers} layers x {touched:.1f} of {g.num_experts} experts x {g.expert_params / 1e6:.1f}M"))
+        comps.append(
+            experts.component(
+                "experts",
+                "moe",
+                f"{g.num_moe_layers} layers x {touched:.1f} of {g.num_experts} experts"
+                f" x {g.expert_params / 1e6:.1f}M",
+            )
+        )
         if g.shared_expert_params:
-            comps.append(shared.component("shared_experts", "gemm",
-                                          f"{g.num_moe_layers} layers x {g.shared_expert_params / 1e6:.1f}M"))
-        comps.append(router.component("router", "moe", f"{g.num_moe_layers} layers x {g.router_params / 1e6:.2f}M"))
+            comps.append(
+                shared.component(
+                    "shared_experts",
+                    "gemm",
+                    f"{g.num_moe_layers} layers x {g.shared_expert_params / 1e6:.1f}M",
+                )
+            )
+        comps.append(
+            router.component("router", "moe", f"{g.num_moe_layers} layers x {g.router_params / 1e6:.2f}M")
+        )
 
     head = _Accumulator(gpu)
     head.add_weights(g.vocab * g.hidden, quant.format_for(g, "lm_head"), tp, batch)
-    comps.append(head.component("lm_head", "gemm", f"{g.vocab} x {g.hidden}" + (" (tied)" if g.tie_embeddings else "")))
+    comps.append(
+        head.component("lm_head", "gemm", f"{g.vocab} x {g.hidden}" + (" (tied)" if g.tie_embeddings else ""))
+    )
 
     # -- KV cache: B sequences x their context, at the KV dtype ------------------------------------------
     kv_elem = quant.kv_bytes_per_element
@@ -247,17 +287,31 @@ def compute_floor(
         else:
             flops = 2.0 * tokens * g.num_heads * g.head_dim * 2 / tp
         kv.add(batch * tokens * g.kv_width * kv_elem / kv_shards, batch * flops, kv_dtypes, quant.kv_dtype)
-    comps.append(kv.component("kv_cache", "attention",
-                              f"{batch} x {tokens_read / max(g.num_layers, 1):.0f} tokens/layer x "
-                              f"{g.kv_width} x {kv_elem:g} B" + (" (latent, on every rank)" if g.is_mla else "")))
+    comps.append(
+        kv.component(
+            "kv_cache",
+            "attention",
+            f"{batch} x {tokens_read / max(g.num_layers, 1):.0f} tokens/layer x "
+            f"{g.kv_width} x {kv_elem:g} B" + (" (latent, on every rank)" if g.is_mla else ""),
+        )
+    )
     if use_indexer:
         key_bytes = g.indexer_head_dim * kv_elem + (INDEXER_SCALE_BYTES if kv_elem == 1 else 0)
         idx = _Accumulator(gpu)
         for _ in range(g.num_layers):
-            idx.add(batch * context * key_bytes, 2.0 * batch * context * g.indexer_heads * g.indexer_head_dim,
-                    kv_dtypes, quant.kv_dtype)
-        comps.append(idx.component("indexer_cache", "attention",
-                                   f"{batch} x {context} keys x {key_bytes:g} B, top-{g.indexer_topk}"))
+            idx.add(
+                batch * context * key_bytes,
+                2.0 * batch * context * g.indexer_heads * g.indexer_head_dim,
+                kv_dtypes,
+                quant.kv_dtype,
+            )
+        comps.append(
+            idx.component(
+                "indexer_cache",
+                "attention",
+                f"{batch} x {context} keys x {key_bytes:g} B, top-{g.indexer_topk}",
+            )
+        )
 
     # -- collectives -----------------------------------------------------------------------------------
     latency_us = gpu.default_allreduce_us if allreduce_us is None else float(allreduce_us)
@@ -267,9 +321,20 @@ def compute_floor(
         wire_bytes = 2.0 * (tp - 1) / tp * message  # ring all-reduce: each rank sends and receives this much
         wire_us = wire_bytes / (gpu.interconnect_gbps * 1e9) * 1e6
         ms = calls * (latency_us + wire_us) / 1e3
-        comps.append(Component("allreduce", "collective", calls * wire_bytes, 0.0, 0.0, 0.0, ms,
-                               "latency" if latency_us >= wire_us else "interconnect", gpu.interconnect,
-                               f"{calls} calls x ({latency_us:g} us + {wire_us:.2f} us for {message} B)"))
+        comps.append(
+            Component(
+                "allreduce",
+                "collective",
+                calls * wire_bytes,
+                0.0,
+                0.0,
+                0.0,
+                ms,
+                "latency" if latency_us >= wire_us else "interconnect",
+                gpu.interconnect,
+                f"{calls} calls x ({latency_us:g} us + {wire_us:.2f} us for {message} B)",
+            )
+        )
 
     floor_ms = sum(c.ms for c in comps)
     by_bound: dict[str, float] = {}
@@ -280,17 +345,29 @@ def compute_floor(
 
     replicated = _replicated_weights(g, quant, gpu, tp, use_indexer)
     return Floor(
-        model_type=g.model_type, gpu_id=gpu.id, tp=tp, batch=batch, context=context,
-        floor_ms=floor_ms, tokens_per_s=1e3 / floor_ms if floor_ms > 0 else float("inf"), bound=bound,
-        components=tuple(comps), params_total=g.params_total, params_active=g.params_active,
-        params_active_non_embedding=g.params_active_non_embedding, params_mtp=g.params_mtp,
-        replicated=replicated, quant=quant.describe(), allreduce_us=latency_us,
+        model_type=g.model_type,
+        gpu_id=gpu.id,
+        tp=tp,
+        batch=batch,
+        context=context,
+        floor_ms=floor_ms,
+        tokens_per_s=1e3 / floor_ms if floor_ms > 0 else float("inf"),
+        bound=bound,
+        components=tuple(comps),
+        params_total=g.params_total,
+        params_active=g.params_active,
+        params_active_non_embedding=g.params_active_non_embedding,
+        params_mtp=g.params_mtp,
+        replicated=replicated,
+        quant=quant.describe(),
+        allreduce_us=latency_us,
         assumptions=_assumptions(g, gpu, tp, batch, context, latency_us, use_indexer),
     )
 
 
-def _replicated_weights(g: ModelGeometry, quant: QuantScheme, gpu: GpuSpec, tp: int,
-                        use_indexer: bool) -> ReplicatedWeights:
+def _replicated_weights(
+    g: ModelGeometry, quant: QuantScheme, gpu: GpuSpec, tp: int, use_indexer: bool
+) -> ReplicatedWeights:
     """What vLLM/SGLang keep whole on every rank: MLA's down-projections (q_a, kv_a), the DSA indexer, the MoE
     router, and K/V projections once tp exceeds the KV heads. Extra bytes each rank reads beyond its 1/tp."""
     if tp <= 1:
@@ -317,32 +394,44 @@ def _replicated_weights(g: ModelGeometry, quant: QuantScheme, gpu: GpuSpec, tp: 
             extra += g.indexer_params_per_layer * fmt.bytes_per_weight * (1 - 1 / tp)
     if g.is_moe:
         modules.append("mlp.gate (router)")
-        extra += g.num_moe_layers * g.router_params * quant.format_for(g, "router").bytes_per_weight * (1 - 1 / tp)
+        extra += (
+            g.num_moe_layers * g.router_params * quant.format_for(g, "router").bytes_per_weight * (1 - 1 / tp)
+        )
     return ReplicatedWeights(tuple(modules), extra, extra / (gpu.bandwidth_gbps * 1e9) * 1e3)
 
 
-def _assumptions(g: ModelGeometry, gpu: GpuSpec, tp: int, batch: int, context: int, latency_us: float,
-                 use_indexer: bool) -> tuple[str, ...]:
+def _assumptions(
+    g: ModelGeometry, gpu: GpuSpec, tp: int, batch: int, context: int, latency_us: float, use_indexer: bool
+) -> tuple[str, ...]:
     out = [
         f"peak datasheet figures: {gpu.bandwidth_gbps:g} GB/s memory, dense tensor-core TFLOPS per dtype",
-        "each component costs max(bytes / bandwidth, flops / TFLOPS); components run back to back, "
-        "each at peak, with no launch gaps",
+        (
+            "each component costs max(bytes / bandwidth, flops / TFLOPS); components run back to back, "
+            "each at peak, with no launch gaps"
+        ),
         f"weights split ideally 1/{tp} per GPU; engines replicate some (replicated_weights, not in the floor)"
-        if tp > 1 else "one GPU holds all weights",
+        if tp > 1
+        else "one GPU holds all weights",
         "activations, norms, embedding lookup, rotary, sampling and the host are free",
     ]
     if g.is_moe:
-        out.append(f"MoE: each of {batch} tokens picks {g.experts_per_token} of {g.num_experts} experts uniformly; "
-                   f"distinct experts read per layer = E(1-(1-k/E)^B)")
+        out.append(
+            f"MoE: each of {batch} tokens picks {g.experts_per_token} of {g.num_experts} experts uniformly; "
+            f"distinct experts read per layer = E(1-(1-k/E)^B)"
+        )
     if g.is_mla:
         out.append("MLA: absorbed decode reads one latent per token per layer, the same on every TP rank")
     else:
         out.append(f"KV heads split over min(tp, kv_heads) = {min(tp, g.num_kv_heads)} ranks")
-    out.append(f"every sequence has {context} tokens of KV" + (
-        f"; sliding layers read at most {g.sliding_window}" if g.sliding_window else ""))
+    out.append(
+        f"every sequence has {context} tokens of KV"
+        + (f"; sliding layers read at most {g.sliding_window}" if g.sliding_window else "")
+    )
     if use_indexer:
         out.append(f"DSA: attention reads the top {g.indexer_topk} tokens; the indexer reads every key")
     if tp > 1:
-        out.append(f"2 all-reduces per layer, each {latency_us:g} us + ring bytes / {gpu.interconnect_gbps:g} GB/s; "
-                   "logit gather and vocab-parallel embedding all-reduce not counted")
+        out.append(
+            f"2 all-reduces per layer, each {latency_us:g} us + ring bytes / {gpu.interconnect_gbps:g} GB/s; "
+            "logit gather and vocab-parallel embedding all-reduce not counted"
+        )
     return tuple(out)

@@ -10,7 +10,7 @@ import fnmatch
 import json
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,16 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
 KV_BYTES_PER_ELEMENT: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 
 # Components whose weights a scheme places; embeddings and the MoE router stay 16-bit in every engine we know.
-COMPONENTS = ("attention", "indexer", "dense_mlp", "experts", "shared_experts", "router", "embedding", "lm_head")
+COMPONENTS = (
+    "attention",
+    "indexer",
+    "dense_mlp",
+    "experts",
+    "shared_experts",
+    "router",
+    "embedding",
+    "lm_head",
+)
 ALWAYS_16_BIT = {"router", "embedding"}
 
 
@@ -72,7 +81,9 @@ def weight_format(name: str) -> WeightFormat:
 
 def kv_bytes(name: str) -> float:
     key = name.strip().lower()
-    key = {"bfloat16": "bf16", "float16": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8"}.get(key, key)
+    key = {"bfloat16": "bf16", "float16": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8"}.get(
+        key, key
+    )
     if key not in KV_BYTES_PER_ELEMENT:
         raise UserError(f"unknown KV-cache dtype '{name}'; known: {', '.join(KV_BYTES_PER_ELEMENT)}")
     return KV_BYTES_PER_ELEMENT[key]
@@ -120,7 +131,7 @@ class _ExcludeMatcher:
                 regexes.append(re.escape(pat))
         self._regex = re.compile("|".join(f"(?:{r})" for r in regexes)) if regexes else None
 
-    @lru_cache(maxsize=None)  # noqa: B019 - one matcher per scheme, few distinct names
+    @cache  # noqa: B019 - one matcher per scheme, few distinct names
     def excluded(self, module: str) -> bool:
         if self._regex is None:
             return False
@@ -179,9 +190,19 @@ def _matcher_for(patterns: tuple[str, ...]) -> _ExcludeMatcher:
 
 def _from_modelopt(q: dict[str, Any], source: str) -> QuantScheme:
     algo = str(q.get("quant_algo") or "").upper()
-    formats = {"NVFP4": "nvfp4", "FP8": "fp8", "W4A16_AWQ": "int4", "W4A8_AWQ": "int4", "MXFP4": "mxfp4",
-               "FP8_PER_CHANNEL_PER_TOKEN": "fp8", "FP8_BLOCK_SCALES": "fp8-block", "W8A16": "int8",
-               "INT8_SQ": "int8", "W4A8_NVFP4_FP8": "nvfp4", "NVFP4_AWQ": "nvfp4"}
+    formats = {
+        "NVFP4": "nvfp4",
+        "FP8": "fp8",
+        "W4A16_AWQ": "int4",
+        "W4A8_AWQ": "int4",
+        "MXFP4": "mxfp4",
+        "FP8_PER_CHANNEL_PER_TOKEN": "fp8",
+        "FP8_BLOCK_SCALES": "fp8-block",
+        "W8A16": "int8",
+        "INT8_SQ": "int8",
+        "W4A8_NVFP4_FP8": "nvfp4",
+        "NVFP4_AWQ": "nvfp4",
+    }
     if algo not in formats:
         raise UserError(f"{source}: unsupported ModelOpt quant_algo '{algo}'; pass --weights instead")
     kv_algo = str(q.get("kv_cache_quant_algo") or "").upper()
@@ -209,8 +230,12 @@ def scheme_from_quantization_config(qc: dict[str, Any], source: str) -> QuantSch
         group = int(qc.get("group_size", qc.get("q_group_size", 128)) or 128)
         if group <= 0:  # GPTQ's -1: one scale per output channel
             group = 4096
-        fmt = WeightFormat(f"int{bits}", bits + (16 + bits) / group, ("bf16",),
-                           f"{bits} bits + fp16 scale and {bits}-bit zero per {group}")
+        fmt = WeightFormat(
+            f"int{bits}",
+            bits + (16 + bits) / group,
+            ("bf16",),
+            f"{bits} bits + fp16 scale and {bits}-bit zero per {group}",
+        )
         return QuantScheme(fmt, exclude=exclude, source=source)
     raise UserError(f"{source}: unsupported quant_method '{method}'; pass --weights (and --kv) instead")
 
@@ -246,13 +271,22 @@ def with_overrides(scheme: QuantScheme, weights: str | None = None, kv: str | No
         scheme = QuantScheme(weight_format(weights), kv_dtype=scheme.kv_dtype, source=f"--weights {weights}")
     if kv is not None:
         kv_bytes(kv)  # validate
-        scheme = QuantScheme(scheme.weights, scheme.unquantized, kv.strip().lower().replace("fp8_e4m3", "fp8"),
-                             scheme.exclude, scheme.source + f", --kv {kv}")
+        scheme = QuantScheme(
+            scheme.weights,
+            scheme.unquantized,
+            kv.strip().lower().replace("fp8_e4m3", "fp8"),
+            scheme.exclude,
+            scheme.source + f", --kv {kv}",
+        )
     return scheme
 
 
-def resolve_quant(model_path: str | Path, quant_path: str | Path | None = None, weights: str | None = None,
-                  kv: str | None = None) -> QuantScheme:
+def resolve_quant(
+    model_path: str | Path,
+    quant_path: str | Path | None = None,
+    weights: str | None = None,
+    kv: str | None = None,
+) -> QuantScheme:
     """The scheme the floor command uses: --quant if given, else an hf_quant_config.json beside the model's
     config.json, else the config's own quantization_config, else BF16; then --weights / --kv on top."""
     from decodegap.model.config import read_config_json

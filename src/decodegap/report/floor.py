@@ -19,14 +19,18 @@ def _billions(n: int) -> str:
 
 
 def _headline(floor: Floor) -> str:
-    return (f"{floor.model_type} on {floor.tp} x {floor.gpu_id}, batch {floor.batch}, context {floor.context}: "
-            f"floor {floor.floor_ms:.3f} ms/step = {floor.tokens_per_s:.1f} tok/s per sequence "
-            f"({floor.aggregate_tokens_per_s:.1f} aggregate), {floor.bound}-bound")
+    return (
+        f"{floor.model_type} on {floor.tp} x {floor.gpu_id}, batch {floor.batch}, context {floor.context}: "
+        f"floor {floor.floor_ms:.3f} ms/step = {floor.tokens_per_s:.1f} tok/s per sequence "
+        f"({floor.aggregate_tokens_per_s:.1f} aggregate), {floor.bound}-bound"
+    )
 
 
 def _params_line(floor: Floor) -> str:
-    line = (f"params: {_billions(floor.params_total)} total, {_billions(floor.params_active)} active per token "
-            f"({_billions(floor.params_active_non_embedding)} without embeddings)")
+    line = (
+        f"params: {_billions(floor.params_total)} total, {_billions(floor.params_active)} active per token "
+        f"({_billions(floor.params_active_non_embedding)} without embeddings)"
+    )
     if floor.params_mtp:
         line += f", MTP {_billions(floor.params_mtp)} not counted"
     return line
@@ -36,8 +40,10 @@ def _replicated_line(floor: Floor) -> str | None:
     rep = floor.replicated
     if not rep.modules:
         return None
-    return (f"replicated by engines (not in the floor): {', '.join(rep.modules)}: "
-            f"+{_gb(rep.extra_bytes_per_gpu)} GB/GPU, +{rep.extra_ms:.3f} ms/step")
+    return (
+        f"replicated by engines (not in the floor): {', '.join(rep.modules)}: "
+        f"+{_gb(rep.extra_bytes_per_gpu)} GB/GPU, +{rep.extra_ms:.3f} ms/step"
+    )
 
 
 def _memory_bytes(floor: Floor) -> float:
@@ -49,8 +55,19 @@ def _rows(floor: Floor) -> list[list[str]]:
     rows = []
     for c in floor.components:
         share = c.ms / floor.floor_ms if floor.floor_ms else 0.0
-        rows.append([c.name, _gb(c.bytes_per_gpu), f"{c.memory_ms:.3f}", f"{c.compute_ms:.3f}", f"{c.ms:.3f}",
-                     f"{share:.1%}", c.bound, c.formats, c.detail])
+        rows.append(
+            [
+                c.name,
+                _gb(c.bytes_per_gpu),
+                f"{c.memory_ms:.3f}",
+                f"{c.compute_ms:.3f}",
+                f"{c.ms:.3f}",
+                f"{share:.1%}",
+                c.bound,
+                c.formats,
+                c.detail,
+            ]
+        )
     return rows
 
 
@@ -66,8 +83,18 @@ def render_text(floor: Floor, width: int = 140) -> str:
         table.add_column(head, justify="right" if 1 <= i <= 5 else "left")
     for row in _rows(floor):
         table.add_row(*row)
-    table.add_row("total", _gb(_memory_bytes(floor)), "", "", f"{floor.floor_ms:.3f}",
-                  "100%", floor.bound, "", "", style="bold")
+    table.add_row(
+        "total",
+        _gb(_memory_bytes(floor)),
+        "",
+        "",
+        f"{floor.floor_ms:.3f}",
+        "100%",
+        floor.bound,
+        "",
+        "",
+        style="bold",
+    )
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, highlight=False, markup=False)
     console.print(table)
@@ -83,11 +110,20 @@ def render_text(floor: Floor, width: int = 140) -> str:
 
 
 def render_markdown(floor: Floor) -> str:
-    lines = [f"**{_headline(floor)}**", "", "| " + " | ".join(HEADERS) + " |",
-             "|" + "|".join("---:" if 1 <= i <= 5 else "---" for i in range(len(HEADERS))) + "|"]
+    lines = [
+        f"**{_headline(floor)}**",
+        "",
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "|".join("---:" if 1 <= i <= 5 else "---" for i in range(len(HEADERS))) + "|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in _rows(floor)]
-    lines += [f"| **total** | {_gb(_memory_bytes(floor))} | | | **{floor.floor_ms:.3f}** | 100% | {floor.bound} | | |", "",
-              f"- {_params_line(floor)}", f"- quant: {floor.quant}"]
+    lines += [
+        f"| **total** | {_gb(_memory_bytes(floor))} | | | **{floor.floor_ms:.3f}** | 100% "
+        f"| {floor.bound} | | |",
+        "",
+        f"- {_params_line(floor)}",
+        f"- quant: {floor.quant}",
+    ]
     rep = _replicated_line(floor)
     if rep:
         lines.append(f"- {rep}")
