@@ -1,0 +1,437 @@
+"""The floor: the least time one decode step can take on given hardware, per component, and why.
+
+Every component is charged max(bytes / bandwidth, flops / peak TFLOPS); components add up; TP collectives add
+latency + bytes / link bandwidth. Everything favours the hardware, so the result is a lower bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from decodegap.errors import UserError
+from decodegap.model.config import ModelGeometry
+from decodegap.model.hardware import GpuSpec
+from decodegap.model.quant import QuantScheme, WeightFormat
+
+ACTIVATION_BYTES = 2  # bf16 hidden states crossing the all-reduce
+INDEXER_SCALE_BYTES = 4  # one fp32 scale per FP8 indexer key (DeepSeek-V3.2 cache layout)
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    category: (
+        str  # the measured-breakdown category this time shows up under (gemm, moe, attention, collective)
+    )
+    bytes_per_gpu: float
+    flops_per_gpu: float
+    memory_ms: float
+    compute_ms: float
+    ms: float
+    bound: str  # "memory" | "compute" | "latency" | "interconnect"
+    formats: str = ""  # weight format(s) or KV dtype
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "category": self.category,
+            "bytes_per_gpu": round(self.bytes_per_gpu),
+            "flops_per_gpu": round(self.flops_per_gpu),
+            "memory_ms": round(self.memory_ms, 6),
+            "compute_ms": round(self.compute_ms, 6),
+            "ms": round(self.ms, 6),
+            "bound": self.bound,
+            "formats": self.formats,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class ReplicatedWeights:
+    """Weights engines keep whole on every TP rank; the floor assumes them split: extra, shown apart."""
+
+    modules: tuple[str, ...]
+    extra_bytes_per_gpu: float
+    extra_ms: float
+
+
+@dataclass(frozen=True)
+class Floor:
+    model_type: str
+    gpu_id: str
+    tp: int
+    batch: int
+    context: int
+    floor_ms: float
+    tokens_per_s: float  # per sequence
+    bound: str
+    components: tuple[Component, ...]
+    params_total: int
+    params_active: int
+    params_active_non_embedding: int
+    params_mtp: int
+    replicated: ReplicatedWeights
+    quant: str
+    allreduce_us: float
+    assumptions: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def aggregate_tokens_per_s(self) -> float:
+        return self.tokens_per_s * self.batch
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        return sum(c.bytes_per_gpu for c in self.components if c.category in ("gemm", "moe"))
+
+    def component(self, name: str) -> Component:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": "decodegap.floor/1",
+            "model_type": self.model_type,
+            "gpu": self.gpu_id,
+            "tp": self.tp,
+            "batch": self.batch,
+            "context": self.context,
+            "quant": self.quant,
+            "floor_ms": round(self.floor_ms, 6),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "aggregate_tokens_per_s": round(self.aggregate_tokens_per_s, 3),
+            "bound": self.bound,
+            "allreduce_us": self.allreduce_us,
+            "params": {
+                "total": self.params_total,
+                "active": self.params_active,
+                "active_non_embedding": self.params_active_non_embedding,
+                "mtp": self.params_mtp,
+            },
+            "components": [c.to_dict() for c in self.components],
+            "replicated_weights": {
+                "modules": list(self.replicated.modules),
+                "extra_bytes_per_gpu": round(self.replicated.extra_bytes_per_gpu),
+                "extra_ms": round(self.replicated.extra_ms, 6),
+            },
+            "assumptions": list(self.assumptions),
+        }
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
+    """Distinct experts B tokens touch when each picks top_k of E uniformly: E * (1 - (1 - k/E)^B)."""
+    if num_experts <= 0 or top_k <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+class _Accumulator:
+    """Bytes, flops and compute time of one component, summed over layers that may differ in format."""
+
+    def __init__(self, gpu: GpuSpec):
+        self.gpu = gpu
+        self.bytes = 0.0
+        self.flops = 0.0
+        self.compute_ms = 0.0
+        self.formats: dict[str, None] = {}
+
+    def add(self, nbytes: float, flops: float, compute_dtypes: tuple[str, ...], label: str) -> None:
+        _, tflops = self.gpu.tflops_for(compute_dtypes)
+        self.bytes += nbytes
+        self.flops += flops
+        self.compute_ms += flops / (tflops * 1e12) * 1e3
+        self.formats[label] = None
+
+    def add_weights(self, params: float, fmt: WeightFormat, tp: int, tokens: float) -> None:
+        """`params` weights split over tp ranks, each multiplied by `tokens` token vectors."""
+        self.add(params * fmt.bytes_per_weight / tp, 2.0 * params * tokens / tp, fmt.compute, fmt.name)
+
+    def component(self, name: str, category: str, detail: str = "") -> Component:
+        memory_ms = self.bytes / (self.gpu.bandwidth_gbps * 1e9) * 1e3
+        bound = "compute" if self.compute_ms > memory_ms else "memory"
+        return Component(
+            name,
+            category,
+            self.bytes,
+            self.flops,
+            memory_ms,
+            self.compute_ms,
+            max(memory_ms, self.compute_ms),
+            bound,
+            "+".join(self.formats),
+            detail,
+        )
+
+
+def _attention_tokens(geometry: ModelGeometry, layer: int, context: int, sparse_attention: bool) -> int:
+    """KV tokens the attention of one layer reads for one sequence."""
+    if geometry.has_indexer and sparse_attention and geometry.indexer_topk:
+        return min(context, geometry.indexer_topk)
+    # gpt-oss lists its sliding layers first in each pair; which ones does not change the sum.
+    if geometry.sliding_window and layer < geometry.num_sliding_layers:
+        return min(context, geometry.sliding_window)
+    return context
+
+
+def compute_floor(
+    geometry: ModelGeometry,
+    quant: QuantScheme,
+    gpu: GpuSpec,
+    tp: int = 1,
+    batch: int = 1,
+    context: int = 4096,
+    allreduce_us: float | None = None,
+    sparse_attention: bool = True,
+) -> Floor:
+    """Least time of one decode step of `batch` sequences, each with `context` tokens of KV, on `tp` GPUs.
+
+    allreduce_us overrides the per-call all-reduce latency (default: by interconnect, see hardware.py).
+    sparse_attention=False runs a DSA model's attention densely over the whole context, as engines without a
+    sparse-MLA kernel do (and skips the indexer).
+    """
+    if tp < 1 or batch < 1 or context < 0:
+        raise UserError("--tp and --batch must be at least 1 and --context at least 0")
+    if allreduce_us is not None and allreduce_us < 0:
+        raise UserError("--allreduce-us must be at least 0")
+    g = geometry
+    use_indexer = g.has_indexer and sparse_attention
+    comps: list[Component] = []
+
+    # -- weights, ideally split over the TP ranks ------------------------------------------------------
+    attn = _Accumulator(gpu)
+    indexer = _Accumulator(gpu)
+    attn_params = g.attention_params_per_layer
+    for layer in range(g.num_layers):
+        attn.add_weights(attn_params, quant.format_for(g, "attention", layer), tp, batch)
+        if use_indexer:
+            indexer.add_weights(g.indexer_params_per_layer, quant.format_for(g, "indexer", layer), tp, batch)
+    comps.append(
+        attn.component("attention_weights", "gemm", f"{g.num_layers} layers x {attn_params / 1e6:.1f}M")
+    )
+    if use_indexer:
+        comps.append(
+            indexer.component(
+                "indexer_weights", "gemm", f"{g.num_layers} layers x {g.indexer_params_per_layer / 1e6:.2f}M"
+            )
+        )
+
+    if g.num_dense_layers:
+        dense = _Accumulator(gpu)
+        for layer in range(g.num_dense_layers):  # first-k-dense layers come first
+            dense.add_weights(g.dense_mlp_params, quant.format_for(g, "dense_mlp", layer), tp, batch)
+        comps.append(
+            dense.component(
+                "dense_mlp", "gemm", f"{g.num_dense_layers} layers x {g.dense_mlp_params / 1e6:.1f}M"
+            )
+        )
+
+    if g.is_moe:
+        touched = expected_distinct_experts(g.num_experts, g.experts_per_token, batch)
+        experts, shared, router = _Accumulator(gpu), _Accumulator(gpu), _Accumulator(gpu)
+        for layer in range(g.num_dense_layers, g.num_layers):
+            fmt = quant.format_for(g, "experts", layer)
+            # Bytes for the experts touched; flops for the k experts each token actually runs.
+            experts.add(
+                touched * g.expert_params * fmt.bytes_per_weight / tp,
+                2.0 * batch * g.experts_per_token * g.expert_params / tp,
+                fmt.compute,
+                fmt.name,
+            )
+            if g.shared_expert_params:
+                shared.add_weights(
+                    g.shared_expert_params, quant.format_for(g, "shared_experts", layer), tp, batch
+                )
+            router.add_weights(g.router_params, quant.format_for(g, "router", layer), tp, batch)
+        comps.append(
+            experts.component(
+                "experts",
+                "moe",
+                f"{g.num_moe_layers} layers x {touched:.1f} of {g.num_experts} experts"
+                f" x {g.expert_params / 1e6:.1f}M",
+            )
+        )
+        if g.shared_expert_params:
+            comps.append(
+                shared.component(
+                    "shared_experts",
+                    "gemm",
+                    f"{g.num_moe_layers} layers x {g.shared_expert_params / 1e6:.1f}M",
+                )
+            )
+        comps.append(
+            router.component("router", "moe", f"{g.num_moe_layers} layers x {g.router_params / 1e6:.2f}M")
+        )
+
+    head = _Accumulator(gpu)
+    head.add_weights(g.vocab * g.hidden, quant.format_for(g, "lm_head"), tp, batch)
+    comps.append(
+        head.component("lm_head", "gemm", f"{g.vocab} x {g.hidden}" + (" (tied)" if g.tie_embeddings else ""))
+    )
+
+    # -- KV cache: B sequences x their context, at the KV dtype ------------------------------------------
+    kv_elem = quant.kv_bytes_per_element
+    kv_dtypes = ("fp8", "bf16") if kv_elem == 1 else ("bf16",)
+    # MLA keeps one latent per token that every head reads, so each TP rank reads all of it; GQA splits the
+    # KV heads over min(tp, kv_heads) ranks (beyond that, ranks hold copies).
+    kv_shards = 1 if g.is_mla else min(tp, g.num_kv_heads)
+    kv = _Accumulator(gpu)
+    tokens_read = 0
+    for layer in range(g.num_layers):
+        tokens = _attention_tokens(g, layer, context, sparse_attention)
+        tokens_read += tokens
+        if g.is_mla:  # absorbed MLA: scores over the 576-wide latent, output over the 512-wide latent
+            flops = 2.0 * tokens * g.num_heads * (g.kv_width + g.kv_lora_rank) / tp
+        else:
+            flops = 2.0 * tokens * g.num_heads * g.head_dim * 2 / tp
+        kv.add(batch * tokens * g.kv_width * kv_elem / kv_shards, batch * flops, kv_dtypes, quant.kv_dtype)
+    comps.append(
+        kv.component(
+            "kv_cache",
+            "attention",
+            f"{batch} x {tokens_read / max(g.num_layers, 1):.0f} tokens/layer x "
+            f"{g.kv_width} x {kv_elem:g} B" + (" (latent, on every rank)" if g.is_mla else ""),
+        )
+    )
+    if use_indexer:
+        key_bytes = g.indexer_head_dim * kv_elem + (INDEXER_SCALE_BYTES if kv_elem == 1 else 0)
+        idx = _Accumulator(gpu)
+        for _ in range(g.num_layers):
+            idx.add(
+                batch * context * key_bytes,
+                2.0 * batch * context * g.indexer_heads * g.indexer_head_dim,
+                kv_dtypes,
+                quant.kv_dtype,
+            )
+        comps.append(
+            idx.component(
+                "indexer_cache",
+                "attention",
+                f"{batch} x {context} keys x {key_bytes:g} B, top-{g.indexer_topk}",
+            )
+        )
+
+    # -- collectives -----------------------------------------------------------------------------------
+    latency_us = gpu.default_allreduce_us if allreduce_us is None else float(allreduce_us)
+    if tp > 1:
+        calls = 2 * g.num_layers  # after attention and after the MLP/MoE of every layer
+        message = batch * g.hidden * ACTIVATION_BYTES
+        wire_bytes = 2.0 * (tp - 1) / tp * message  # ring all-reduce: each rank sends and receives this much
+        wire_us = wire_bytes / (gpu.interconnect_gbps * 1e9) * 1e6
+        ms = calls * (latency_us + wire_us) / 1e3
+        comps.append(
+            Component(
+                "allreduce",
+                "collective",
+                calls * wire_bytes,
+                0.0,
+                0.0,
+                0.0,
+                ms,
+                "latency" if latency_us >= wire_us else "interconnect",
+                gpu.interconnect,
+                f"{calls} calls x ({latency_us:g} us + {wire_us:.2f} us for {message} B)",
+            )
+        )
+
+    floor_ms = sum(c.ms for c in comps)
+    by_bound: dict[str, float] = {}
+    for c in comps:
+        key = "collective" if c.category == "collective" else c.bound
+        by_bound[key] = by_bound.get(key, 0.0) + c.ms
+    bound = max(by_bound, key=lambda k: by_bound[k]) if floor_ms > 0 else "memory"
+
+    replicated = _replicated_weights(g, quant, gpu, tp, use_indexer)
+    return Floor(
+        model_type=g.model_type,
+        gpu_id=gpu.id,
+        tp=tp,
+        batch=batch,
+        context=context,
+        floor_ms=floor_ms,
+        tokens_per_s=1e3 / floor_ms if floor_ms > 0 else float("inf"),
+        bound=bound,
+        components=tuple(comps),
+        params_total=g.params_total,
+        params_active=g.params_active,
+        params_active_non_embedding=g.params_active_non_embedding,
+        params_mtp=g.params_mtp,
+        replicated=replicated,
+        quant=quant.describe(),
+        allreduce_us=latency_us,
+        assumptions=_assumptions(g, gpu, tp, batch, context, latency_us, use_indexer),
+    )
+
+
+def _replicated_weights(
+    g: ModelGeometry, quant: QuantScheme, gpu: GpuSpec, tp: int, use_indexer: bool
+) -> ReplicatedWeights:
+    """What vLLM/SGLang keep whole on every rank: MLA's down-projections (q_a, kv_a), the DSA indexer, the MoE
+    router, and K/V projections once tp exceeds the KV heads. Extra bytes each rank reads beyond its 1/tp."""
+    if tp <= 1:
+        return ReplicatedWeights((), 0.0, 0.0)
+    modules: list[str] = []
+    extra = 0.0
+    if g.is_mla:
+        proj = g.attention_projection_params()
+        names = [n for n in ("q_a_proj", "kv_a_proj_with_mqa") if n in proj]
+        modules += [f"self_attn.{n}" for n in names]
+        for layer in range(g.num_layers):
+            fmt = quant.format_for(g, "attention", layer)
+            extra += sum(proj[n] for n in names) * fmt.bytes_per_weight * (1 - 1 / tp)
+    elif tp > g.num_kv_heads:
+        proj = g.attention_projection_params()
+        modules += ["self_attn.k_proj", "self_attn.v_proj"]
+        for layer in range(g.num_layers):
+            fmt = quant.format_for(g, "attention", layer)
+            extra += (proj["k_proj"] + proj["v_proj"]) * fmt.bytes_per_weight * (1 / g.num_kv_heads - 1 / tp)
+    if use_indexer:
+        modules.append("self_attn.indexer")
+        for layer in range(g.num_layers):
+            fmt = quant.format_for(g, "indexer", layer)
+            extra += g.indexer_params_per_layer * fmt.bytes_per_weight * (1 - 1 / tp)
+    if g.is_moe:
+        modules.append("mlp.gate (router)")
+        extra += (
+            g.num_moe_layers * g.router_params * quant.format_for(g, "router").bytes_per_weight * (1 - 1 / tp)
+        )
+    return ReplicatedWeights(tuple(modules), extra, extra / (gpu.bandwidth_gbps * 1e9) * 1e3)
+
+
+def _assumptions(
+    g: ModelGeometry, gpu: GpuSpec, tp: int, batch: int, context: int, latency_us: float, use_indexer: bool
+) -> tuple[str, ...]:
+    out = [
+        f"peak datasheet figures: {gpu.bandwidth_gbps:g} GB/s memory, dense tensor-core TFLOPS per dtype",
+        (
+            "each component costs max(bytes / bandwidth, flops / TFLOPS); components run back to back, "
+            "each at peak, with no launch gaps"
+        ),
+        f"weights split ideally 1/{tp} per GPU; engines replicate some (replicated_weights, not in the floor)"
+        if tp > 1
+        else "one GPU holds all weights",
+        "activations, norms, embedding lookup, rotary, sampling and the host are free",
+    ]
+    if g.is_moe:
+        out.append(
+            f"MoE: each of {batch} tokens picks {g.experts_per_token} of {g.num_experts} experts uniformly; "
+            f"distinct experts read per layer = E(1-(1-k/E)^B)"
+        )
+    if g.is_mla:
+        out.append("MLA: absorbed decode reads one latent per token per layer, the same on every TP rank")
+    else:
+        out.append(f"KV heads split over min(tp, kv_heads) = {min(tp, g.num_kv_heads)} ranks")
+    out.append(
+        f"every sequence has {context} tokens of KV"
+        + (f"; sliding layers read at most {g.sliding_window}" if g.sliding_window else "")
+    )
+    if use_indexer:
+        out.append(f"DSA: attention reads the top {g.indexer_topk} tokens; the indexer reads every key")
+    if tp > 1:
+        out.append(
+            f"2 all-reduces per layer, each {latency_us:g} us + ring bytes / {gpu.interconnect_gbps:g} GB/s; "
+            "logit gather and vocab-parallel embedding all-reduce not counted"
+        )
+    return tuple(out)
