@@ -191,9 +191,9 @@ def _group(trace: Trace, key: tuple, entry: list, n_steps: int, total_gpu_ns: in
         op_name = names[key[2]]
         tensors = shape_info.tensors(key[3], key[4])
         shapes_list = [[shape, dtype] for shape, dtype in tensors]
-        sizes = [shape_info.tensor_bytes(shape, dtype) for shape, dtype in tensors]
-        if tensors and all(s is not None for s in sizes):
-            bytes_per_call, bytes_source = sum(sizes), "shapes"
+        moved = shape_info.bytes_moved(op_name, tensors)
+        if moved is not None:
+            bytes_per_call, bytes_source = moved, "shapes"
             elements = max(shape_info.numel(shape) for shape, _ in tensors)
     else:
         op_name = names[key[4]] if key[4] >= 0 else None
@@ -236,6 +236,6 @@ def _longest_gaps(trace: Trace, decode, top: int = 5) -> list[HostGap]:
         gaps = idle_gaps_ns(gpu.ts_ns[r], gpu.end_ns[r])
         i = int(np.argmax(gaps))
         if gaps[i] > 0:
-            found.append(HostGap(gaps[i] / 1e3, trace.names[gpu.name_id[r[i - 1]]], trace.names[gpu.name_id[r[i]]]))
+            found.append(HostGap(float(gaps[i]) / 1e3, trace.names[gpu.name_id[r[i - 1]]], trace.names[gpu.name_id[r[i]]]))
     found.sort(key=lambda g: -g.gap_us)
     return found[:top]

@@ -82,3 +82,27 @@ def elements_from_launch(name: str, grid: str, block: str) -> int | None:
 def output_dtype_bytes_from_name(name: str) -> int | None:
     match = _LAMBDA_TYPE.search(name)
     return _NAME_TYPE_BYTES.get(match.group(1)) if match else None
+
+
+# Ops that touch only the indexed rows of their first input, not the whole tensor.
+INDEX_OPS = {"aten::index", "aten::index_put_", "aten::_index_put_impl_", "aten::index_select", "aten::gather",
+             "aten::scatter", "aten::scatter_", "aten::embedding", "aten::take", "aten::index_copy_"}
+
+
+def bytes_moved(op: str | None, tensors: list[tuple[list[int], str]]) -> int | None:
+    """Bytes one call reads and writes, from its inputs: every input read once (copy_(dst, src) counts the
+    destination as its write). Indexing ops count only the rows the index selects, read and written."""
+    if not tensors:
+        return None
+    sizes = [tensor_bytes(shape, dtype) for shape, dtype in tensors]
+    if any(s is None for s in sizes):
+        return None
+    if op in INDEX_OPS:
+        source, source_bytes = tensors[0][0], sizes[0]
+        index = [shape for shape, dtype in tensors[1:] if dtype in ("long int", "int")]
+        if not index or not source:
+            return None
+        rows = numel(index[0])
+        row_bytes = source_bytes // max(source[0], 1)
+        return 2 * rows * row_bytes
+    return sum(sizes)

@@ -1,4 +1,4 @@
-"""The Finding record every detector returns."""
+"""The Finding record every detector returns, and what detectors share."""
 
 from __future__ import annotations
 
@@ -10,10 +10,44 @@ class Finding:
     id: str  # stable snake_case word: kv_pool_cast, host_bound, ...
     title: str  # one sentence a user can act on
     ms_per_step: float  # time per decode step this cause costs
-    share: float  # of the decode step's wall time
+    share: float  # of the decode step's GPU time (host_bound, profiler_overhead: of its wall time)
     evidence: dict = field(default_factory=dict)  # numbers that back the title
     fix: str = ""
 
+    @property
+    def share_of(self) -> str:
+        """What `share` is a fraction of: the step's GPU time, or its wall time for host-side causes."""
+        return "step_wall" if self.id in WALL_TIME_FINDINGS else "step_gpu_time"
+
     def to_dict(self) -> dict:
-        return {"id": self.id, "title": self.title, "ms_per_step": self.ms_per_step, "share": self.share,
-                "evidence": self.evidence, "fix": self.fix}
+        return {"id": self.id, "title": self.title, "ms_per_step": round(self.ms_per_step, 4),
+                "share": round(self.share, 4), "share_of": self.share_of, "evidence": self.evidence,
+                "fix": self.fix}
+
+
+WALL_TIME_FINDINGS = {"host_bound", "profiler_overhead", "outside_step", "straggler_rank"}
+
+
+@dataclass(frozen=True)
+class StepContext:
+    step_ms: float  # median decode step, GPU timeline
+    gpu_ms: float  # GPU work per step
+    active_tokens: int | None  # batch x context when the user gave a model and context
+
+
+def step_context(report) -> StepContext | None:
+    b = report.main.breakdown
+    if not b.decode_count or b.step_ms.median <= 0:
+        return None
+    active = getattr(report.options, "active_tokens", None)
+    return StepContext(b.step_ms.median, b.gpu_ms_per_step, active)
+
+
+def layer_multiple(calls_per_step: float, layers: int | None) -> int | None:
+    """k when calls_per_step is k per layer (k = 1..4), allowing one extra call (a final norm, an lm_head)."""
+    if not layers:
+        return None
+    for k in (1, 2, 3, 4):
+        if abs(calls_per_step - k * layers) <= max(1.0, 0.02 * k * layers):
+            return k
+    return None

@@ -80,5 +80,15 @@ def profiler_check(report) -> dict | None:
             "source": source}
 
 
+def _plain(value):
+    """numpy scalars and arrays that slip into evidence become plain JSON numbers and lists."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_plain)
+
+
 def render_json(report) -> str:
-    return msgspec.json.format(msgspec.json.encode(report_dict(report)), indent=2).decode()
+    return msgspec.json.format(_encoder.encode(report_dict(report)), indent=2).decode()

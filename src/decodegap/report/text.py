@@ -53,7 +53,8 @@ def summary_lines(report) -> list[str]:
 
 def render_text(report, top: int = 15, full_names: bool = False, width: int | None = None) -> str:
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width or 160, force_terminal=False, color_system=None, highlight=False)
+    console = Console(file=buffer, width=width or 160, force_terminal=False, color_system=None, highlight=False,
+                      markup=False)
     for line in summary_lines(report):
         console.print(line)
     main = report.main
@@ -63,7 +64,8 @@ def render_text(report, top: int = 15, full_names: bool = False, width: int | No
         console.print("ROOT CAUSES (by time per step)")
         for i, f in enumerate(report.findings, 1):
             console.print(f"{i}. [{f.id}] {f.title}")
-            console.print(f"   {f.ms_per_step:.3f} ms/step ({f.share:.0%} of the step)")
+            basis = "of the step" if f.share_of == "step_wall" else "of the step's GPU time"
+            console.print(f"   {f.ms_per_step:.3f} ms/step ({f.share:.0%} {basis})")
             console.print(f"   fix: {f.fix}")
     if len(report.ranks) > 1:
         table = Table(title="ranks", title_justify="left")

@@ -1,0 +1,73 @@
+"""collective_bound: all-reduce / all-gather time that its message sizes do not explain, or ranks waiting
+on a straggler. Message bytes come from the communication op's metadata or input shapes."""
+
+from __future__ import annotations
+
+from decodegap.findings.base import Finding, step_context
+from decodegap.names import short_kernel_name
+
+MIN_SHARE = 0.15  # of GPU time, for the latency-bound case
+LATENCY_US = 10.0  # a well-behaved small all-reduce on NVLink; PCIe is ~2-3x that
+LINK_GBPS = 100.0  # a conservative per-GPU bus bandwidth
+STRAGGLER_SPREAD = 0.2  # collective time differing by this share of the step between ranks
+
+FIX_LATENCY = ("Collectives cost far more than their bytes: at decode batch sizes they are latency-bound. Use the "
+               "engine's custom one-shot all-reduce (SGLang/vLLM custom_all_reduce, symmetric memory), fuse the "
+               "all-reduce with the following norm, reduce TP degree for small models, or overlap communication "
+               "with compute.")
+FIX_STRAGGLER = ("Ranks wait inside collectives for the slowest rank: find what only that rank does (extra work, "
+                 "a host stall, a slower GPU or link, CPU contention/pinning) and even it out.")
+
+
+def _message_bytes(k) -> int | None:
+    if k.input_shapes:
+        from decodegap.shapes import tensor_bytes
+
+        sizes = [tensor_bytes(s, d) for s, d in k.input_shapes]
+        if sizes and all(v is not None for v in sizes):
+            return sum(sizes)
+    return None
+
+
+def detect(report) -> list[Finding]:
+    ctx = step_context(report)
+    if ctx is None:
+        return []
+    b = report.main.breakdown
+    groups = [k for k in b.kernels if k.category == "collective"]
+    total_ms = sum(k.ms_per_step for k in groups)
+    found = []
+    per_rank = {r.rank: round(r.collective_ms_per_step(), 3) for r in report.ranks}
+    if len(report.ranks) > 1 and total_ms > 0:
+        low_rank = min(per_rank, key=per_rank.get)
+        high_rank = max(per_rank, key=per_rank.get)
+        spread = per_rank[high_rank] - per_rank[low_rank]
+        if spread >= STRAGGLER_SPREAD * ctx.step_ms:
+            ev = {"collective_ms_per_step_by_rank": per_rank, "straggler_rank": low_rank,
+                  "max_wait_ms_per_step": round(spread, 3)}
+            title = (f"Rank {low_rank} is the straggler: the other ranks spend up to {spread:.2f} ms more per step "
+                     f"inside collectives waiting for it ({per_rank[low_rank]:.2f} ms on rank {low_rank} vs "
+                     f"{per_rank[high_rank]:.2f} ms on rank {high_rank})")
+            found.append(Finding("straggler_rank", title, spread, spread / ctx.step_ms, ev, FIX_STRAGGLER))
+    if not groups or total_ms / max(ctx.gpu_ms, 1e-9) < MIN_SHARE:
+        return found
+    calls = sum(k.calls_per_step for k in groups)
+    detail = []
+    excess_ms = 0.0
+    for k in groups:
+        nbytes = _message_bytes(k)
+        expected_us = LATENCY_US + (nbytes / (LINK_GBPS * 1e3) if nbytes else 0.0)
+        detail.append({"kernel": short_kernel_name(k.name), "calls_per_step": round(k.calls_per_step, 2),
+                       "us_per_call": round(k.us_per_call, 1), "bytes_per_call": nbytes,
+                       "expected_us_per_call": round(expected_us, 1),
+                       "slowdown": round(k.us_per_call / expected_us, 2)})
+        excess_ms += max(k.us_per_call - expected_us, 0.0) * k.calls_per_step / 1e3
+    ev = {"collective_ms_per_step": round(total_ms, 3), "calls_per_step": round(calls, 1),
+          "us_per_call": round(total_ms * 1e3 / calls, 1) if calls else None, "groups": detail,
+          "excess_ms_per_step": round(excess_ms, 3), "model": f"{LATENCY_US:g} us + bytes / {LINK_GBPS:g} GB/s"}
+    if len(report.ranks) > 1:
+        ev["collective_ms_per_step_by_rank"] = per_rank
+    title = (f"Collectives take {total_ms:.2f} ms per step ({total_ms / ctx.gpu_ms:.0%} of GPU time): {calls:.0f} "
+             f"calls at {ev['us_per_call']} us each, {excess_ms:.2f} ms more than their message sizes need")
+    found.append(Finding("collective_bound", title, total_ms, total_ms / ctx.gpu_ms, ev, FIX_LATENCY))
+    return found

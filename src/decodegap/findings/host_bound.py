@@ -1,0 +1,44 @@
+"""host_bound: inside decode steps the GPU waits on the CPU (launch overhead, Python, synchronisation)."""
+
+from __future__ import annotations
+
+from decodegap.findings.base import Finding, step_context
+from decodegap.names import short_kernel_name
+
+MAX_BUSY = 0.75  # GPU busy below this fraction of the step...
+MIN_IDLE_MS = 0.2  # ...and idle for at least this long per step
+
+FIX = ("Launch fewer, larger kernels: capture the decode step in a CUDA graph (SGLang/vLLM do unless disabled; "
+       "torch.compile(mode='reduce-overhead') or torch.cuda.CUDAGraph for a custom loop), fuse small ops "
+       "(torch.compile, fused norm/rope/activation kernels), and remove host syncs (.item(), .cpu(), "
+       "data-dependent shapes) from the step. Profiling inflates host time: compare with --tpot.")
+
+
+def detect(report) -> list[Finding]:
+    ctx = step_context(report)
+    main = report.main
+    b = main.breakdown
+    if ctx is None or not main.trace.has_gpu:
+        return []
+    idle_ms = max(ctx.step_ms - b.busy_ms_per_step, 0.0)
+    if b.gpu_busy_fraction >= MAX_BUSY or idle_ms < MIN_IDLE_MS:
+        return []
+    graph_share = sum(k.calls_per_step for k in b.kernels if k.from_graph) / max(b.kernels_per_step, 1)
+    evidence = {
+        "gpu_busy_fraction": round(b.gpu_busy_fraction, 4),
+        "idle_ms_per_step": round(idle_ms, 3),
+        "kernels_per_step": round(b.kernels_per_step, 1),
+        "launch_us_per_kernel": round(b.launch_us_per_kernel, 2) if b.launch_us_per_kernel else None,
+        "launch_ms_per_step": (round(b.launch_us_per_kernel * b.kernels_per_step / 1e3, 3)
+                               if b.launch_us_per_kernel else None),
+        "graph_replayed_fraction": round(graph_share, 3),
+        "longest_gaps_us": [{"gap_us": round(g.gap_us, 1), "after": short_kernel_name(g.before),
+                             "before": short_kernel_name(g.after)} for g in b.longest_gaps[:3]],
+    }
+    launches = (f"; {b.kernels_per_step:,.0f} launches per step at {b.launch_us_per_kernel:.1f} us each"
+                if b.launch_us_per_kernel else f"; {b.kernels_per_step:,.0f} launches per step")
+    title = (f"The GPU idles {idle_ms:.1f} ms of each {ctx.step_ms:.1f} ms step (busy {b.gpu_busy_fraction:.0%}): "
+             f"the step is host-bound{launches}")
+    if graph_share < 0.5:
+        title += ", no CUDA graph"
+    return [Finding("host_bound", title, idle_ms, idle_ms / ctx.step_ms, evidence, FIX)]
