@@ -12,6 +12,7 @@ The cache holds values divided by `kv_scale` (one per-tensor scale); attention u
 from __future__ import annotations
 
 import math
+import os
 from numbers import Real
 
 import torch
@@ -45,6 +46,8 @@ def mla_decode(
     if not _capturing(q):
         check_values(kv_cache, block_table, seq_lens)
     if impl == "triton":
+        if not q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise ValueError("impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1 to run it on the CPU)")
         # Imported here so that the torch paths work where triton is not installed.
         from decodegap.kernels.mla_decode_triton import mla_decode_triton
 
