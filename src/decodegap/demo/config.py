@@ -79,7 +79,7 @@ FULL = DemoConfig(layers=78, dense_layers=3, hidden=6144, heads=16, q_lora=1536,
 # pool-wide cast dominates the step as it did in the incident.
 TINY = DemoConfig(layers=4, dense_layers=1, hidden=256, heads=4, q_lora=128, kv_lora=512, rope=64, qk_nope=64,
                   v_head=64, experts=8, top_k=2, moe_intermediate=64, dense_intermediate=256, vocab=1024,
-                  pool_slots=32_768, context=256)
+                  pool_slots=24_576, context=256)
 PRESETS = {"full": FULL, "tiny": TINY}
 
 
