@@ -34,9 +34,11 @@ from decodegap.errors import UserError
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("decodegap-demo"),
               show_default=True, help="Folder for the traces.")
+@click.option("--markdown", "markdown_path", type=click.Path(path_type=Path),
+              help="With --compare: also write the table as Markdown to this file.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def command(kv_read, compare, scale, layers, pool_slots, context, batch, kv_dtype, cuda_graph, steps, warmup, timed,
-            record_shapes, device, out_dir, seed):
+            record_shapes, device, out_dir, markdown_path, seed):
     """Run a GLM-5-shaped decode loop (random weights, paged FP8 latent KV pool), record it with the project's
     own profiler window, and print the analysis: on full_cast it names kv_pool_cast."""
     try:
@@ -76,6 +78,11 @@ def command(kv_read, compare, scale, layers, pool_slots, context, batch, kv_dtyp
         rows = runner.compare(model, effective, cuda_graph, timed, out_dir, steps, warmup, record_shapes,
                               log=lambda m: click.echo(m, err=True))
         click.echo(runner.compare_table(rows), nl=False)
+        if markdown_path is not None:
+            try:
+                markdown_path.write_text(runner.compare_table(rows, markdown=True))
+            except OSError as exc:
+                raise UserError(f"{markdown_path}: cannot write ({exc.strerror})") from None
         for r in rows:
             click.echo(f"trace {r.kv_read}: {r.trace}")
         return
