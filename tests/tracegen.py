@@ -76,8 +76,8 @@ def decode_loop(steps: int = 5, layers: int = 4, markers: str | None = "gpu", ga
                     name, dur = "flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", dur * 8
                 op = {"gemm": "aten::mm", "attention": "flash_attn::fwd", "elementwise": "aten::add",
                       "norm": "vllm::rms_norm", "collective": "nccl:all_reduce"}[category]
-                dims = [[1, 4096], [4096, 4096]] if category == "gemm" else None
-                types = ["c10::BFloat16", "c10::BFloat16"] if dims else None
+                dims = {"gemm": [[1, 4096], [4096, 4096]], "collective": [[1, 4096]]}.get(category)
+                types = ["c10::BFloat16"] * len(dims) if dims else None
                 emit_kernel(name, dur * (8 if is_prefill and category == "gemm" else 1), op, dims, types)
         for name, dur in STEP_KERNELS[1:]:
             emit_kernel(name, dur, "aten::mm" if "nvjet" in name else "aten::argmax")
