@@ -27,7 +27,7 @@ run: $(VENV)/.installed
 	$(BIN)/decodegap analyze --example
 
 test: $(VENV)/.test-installed
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV)

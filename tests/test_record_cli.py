@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from decodegap.analyze import analyze_path
+from decodegap.report.json import report_dict
 from _record_helpers import TRACE_GLOB, all_files, load_trace, step_names, warning_lines
 
 from decodegap import cli
@@ -114,6 +116,11 @@ def test_two_processes_each_write_n_steps(tmp_path: Path, method: str) -> None:
         )
         assert path.name.split(".")[-7] == str(meta["pid"])  # <host>.<pid>.rank-0.decodegap.pt.trace.json.gz
         pids.add(meta["pid"])
+        # analyze reads the trace as a user would: exactly N decode steps, and the unprofiled time it stored.
+        report = analyze_path(path)
+        assert report.main.breakdown.decode_count == steps
+        assert report.main.steps.source.startswith("ProfilerStep annotations")
+        assert report_dict(report)["profiler_check"]["source"].startswith("decodegap record")
     assert len(pids) == 2
 
 

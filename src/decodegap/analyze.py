@@ -31,6 +31,7 @@ class AnalysisOptions:
     tpot_ms: float | None = None  # time per output token measured without the profiler
     model: object | None = None  # decodegap.model.ModelGeometry when --model is given
     floor: object | None = None  # decodegap.model.floor.Floor when --gpu is given too
+    active_tokens: int | None = None  # batch x context, when given: the KV a step really reads
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Report:
     options: AnalysisOptions
     findings: list = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    floor_dict: dict | None = None  # the floor (JSON form) when --model and --gpu were given
+    gap: dict | None = None  # the gap ledger, likewise
 
     @property
     def main(self) -> RankAnalysis:
@@ -70,4 +73,9 @@ def analyze_path(path: str | Path, options: AnalysisOptions | None = None) -> Re
             report.warnings.append(prefix + f"{r.steps.dropped_partial} partial step(s) at the trace edges "
                                    "were left out")
     report.findings = run_detectors(report)
+    if options.floor is not None:
+        from decodegap.gap import gap_ledger
+
+        report.floor_dict = options.floor.to_dict()
+        report.gap = gap_ledger(report)
     return report

@@ -116,6 +116,8 @@ def infer_layers(seq: np.ndarray) -> tuple[int | None, str]:
 
 
 def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
+    if not trace.has_gpu:
+        return compute_cpu_breakdown(trace, steps)
     gpu = trace.gpu
     decode = steps.decode
     n = max(len(decode), 1)
@@ -239,3 +241,75 @@ def _longest_gaps(trace: Trace, decode, top: int = 5) -> list[HostGap]:
             found.append(HostGap(float(gaps[i]) / 1e3, trace.names[gpu.name_id[r[i - 1]]], trace.names[gpu.name_id[r[i]]]))
     found.sort(key=lambda g: -g.gap_us)
     return found[:top]
+
+
+def _leaf_ops(trace: Trace, start_ns: int, end_ns: int) -> np.ndarray:
+    """CPU ops inside [start, end) that contain no other op on their thread: where the CPU time is spent."""
+    ops = trace.cpu_ops
+    inside = np.flatnonzero((ops.ts_ns >= start_ns) & (ops.ts_ns < end_ns))
+    if not len(inside):
+        return inside
+    order = inside[np.lexsort((ops.ts_ns[inside], ops.tid[inside]))]
+    ts, end, tid = ops.ts_ns[order], ops.ts_ns[order] + ops.dur_ns[order], ops.tid[order]
+    next_starts_inside = np.zeros(len(order), dtype=bool)
+    next_starts_inside[:-1] = (tid[1:] == tid[:-1]) & (ts[1:] < end[:-1])
+    return order[~next_starts_inside]
+
+
+def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
+    """For traces with no GPU activity (CPU runs, CPU-only captures): the same tables over leaf CPU ops."""
+    from decodegap.categories import categorize_cpu_op
+
+    decode = steps.decode
+    n = max(len(decode), 1)
+    ops = trace.cpu_ops
+    groups: dict[tuple, list] = {}
+    by_category: Counter = Counter()
+    for step in decode:
+        for i in _leaf_ops(trace, step.start_ns, step.end_ns).tolist():
+            key = (int(ops.name_id[i]), ops.input_dims[i], ops.input_types[i])
+            entry = groups.setdefault(key, [0, 0])
+            entry[0] += 1
+            entry[1] += int(ops.dur_ns[i])
+    total_ns = sum(e[1] for e in groups.values())
+    kernels = []
+    for (name_id, dims, types), (calls, dur_ns) in groups.items():
+        name = trace.names[name_id]
+        tensors = shape_info.tensors(dims, types)
+        category = categorize_cpu_op(name, [t for _, t in tensors])
+        by_category[category] += dur_ns
+        moved = shape_info.bytes_moved(name, tensors)
+        kernels.append(KernelGroup(
+            name=name, category=category, calls_per_step=calls / n, ms_per_step=dur_ns / 1e6 / n,
+            share=dur_ns / total_ns if total_ns else 0.0, us_per_call=dur_ns / 1e3 / calls, op=name,
+            input_shapes=[[s, d] for s, d in tensors] or None, grid=None, block=None, from_graph=False,
+            bytes_per_call=moved, bytes_source="shapes" if moved is not None else None,
+            elements_per_call=max((shape_info.numel(s) for s, _ in tensors), default=None),
+        ))
+    kernels.sort(key=lambda k: -k.ms_per_step)
+    wall = [s.wall_ns / 1e6 for s in decode]
+    step_ms = Spread.of(wall)
+    categories = [CategoryTime(c, by_category[c] / 1e6 / n, by_category[c] / total_ns if total_ns else 0.0,
+                               by_category[c] / 1e6 / n / (step_ms.median or 1.0))
+                  for c in CATEGORIES if by_category[c]]
+    categories.sort(key=lambda c: -c.ms_per_step)
+    layers, evidence = _layers_from_calls(kernels)
+    return Breakdown(
+        decode_count=len(decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
+        prefill_ms_each=[s.wall_ns / 1e6 for s in steps.prefill], gpu_ms_per_step=total_ns / 1e6 / n,
+        busy_ms_per_step=total_ns / 1e6 / n, gpu_busy_fraction=0.0,
+        kernels_per_step=sum(k.calls_per_step for k in kernels), launch_us_per_kernel=None,
+        categories=categories, kernels=kernels, layers=layers, layers_evidence=evidence,
+    )
+
+
+def _layers_from_calls(kernels: list[KernelGroup]) -> tuple[int | None, str]:
+    """Without a kernel sequence, the layer count is the calls-per-step value most op groups share (>= 2)."""
+    counts = Counter(round(k.calls_per_step) for k in kernels if k.calls_per_step >= 2
+                     and abs(k.calls_per_step - round(k.calls_per_step)) < 0.05)
+    if not counts:
+        return None, "no op repeats within a step"
+    value, groups = max(counts.items(), key=lambda item: (item[1], item[0]))
+    if groups < 3:
+        return None, "no op repeats within a step"
+    return value, f"{groups} CPU op groups run {value} times per step"

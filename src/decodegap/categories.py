@@ -68,3 +68,29 @@ def categorize(name: str, gpu_kind: str = "kernel") -> str:
         if pattern.search(name):
             return category
     return "other"
+
+
+# CPU-only traces (no GPU activity): the leaf aten ops do the work, so they are categorised by op name.
+_CPU_OP_RULES = [
+    ("gemm", r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|dot|mv|addmv)$"),
+    ("attention", r"scaled_dot_product|flash|attention|sdpa"),
+    ("collective", r"c10d::|nccl|gloo|all_reduce|allreduce|all_gather|broadcast_|reduce_scatter"),
+    ("norm", r"norm"),
+    ("copy", r"aten::(index|index_select|index_put_|_index_put_impl_|gather|scatter_?|cat|stack|clone|contiguous|"
+             r"embedding|take)$"),
+    ("sampling", r"aten::(topk|sort|argmax|multinomial|softmax|_softmax|log_softmax|cumsum)$"),
+    ("reduce", r"aten::(sum|mean|amax|max|min|prod|norm)$"),
+    ("elementwise", r"aten::"),
+]
+_CPU_COMPILED = [(c, re.compile(p, re.IGNORECASE)) for c, p in _CPU_OP_RULES]
+
+
+def categorize_cpu_op(name: str, input_types: list[str]) -> str:
+    """Category of a leaf CPU op; a copy between two dtypes is a cast."""
+    if name in ("aten::copy_", "aten::_to_copy", "aten::to"):
+        dtypes = {t for t in input_types if t and t not in ("Scalar", "")}
+        return "cast" if len(dtypes) > 1 else "copy"
+    for category, pattern in _CPU_COMPILED:
+        if pattern.search(name):
+            return category
+    return "other"

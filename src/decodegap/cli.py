@@ -16,6 +16,7 @@ COMMAND_MODULES = {
     "analyze": "decodegap.commands.analyze",
     "demo": "decodegap.commands.demo",
     "floor": "decodegap.commands.floor",
+    "record": "decodegap.commands.record",
 }
 
 

@@ -32,7 +32,8 @@ def example_path() -> Path:
 @click.option("--gpu", help="GPU for the floor and gap ledger (h100, h200, b200, a100, l40s, rtx-pro-6000, mi300x).")
 @click.option("--tp", type=click.IntRange(1, 1024), default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--batch", type=click.IntRange(1, 1_000_000), default=1, show_default=True)
-@click.option("--context", type=click.IntRange(1, 100_000_000), default=4096, show_default=True)
+@click.option("--context", type=click.IntRange(1, 100_000_000),
+              help="KV tokens per sequence (default for the floor: 4096); also sizes the active KV for findings.")
 @click.option("--allreduce-us", type=click.FloatRange(min=0), help="All-reduce latency for the floor, in us.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the report to a file instead of stdout.")
 def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_path, weights, kv_format, gpu, tp,

@@ -39,5 +39,5 @@ def detect(report) -> list[Finding]:
          "ms_per_step": round(k.ms_per_step, 3)} for k in groups[:6]]}
     ops = sorted({k.op for k in groups if k.op})
     title = (f"Same-dtype copies and gathers move {bytes_per_step / 1e9:.2f} GB per step "
-             f"({ms:.2f} ms, {len(groups)} kernel groups" + (f": {', '.join(ops[:3])}" if ops else "") + ")")
+             f"({ms:.2f} ms, {len(groups)} kernel group{'s' if len(groups) != 1 else ''}" + (f": {', '.join(ops[:3])}" if ops else "") + ")")
     return [Finding("weight_copy", title, ms, ms / ctx.gpu_ms, ev, FIX)]

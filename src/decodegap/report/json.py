@@ -59,10 +59,8 @@ def report_dict(report) -> dict:
         "profiler_check": profiler_check(report),
         "warnings": list(report.warnings),
     }
-    if getattr(report, "floor_dict", None) is not None:
-        out["floor"] = report.floor_dict
-    if getattr(report, "gap", None) is not None:
-        out["gap"] = report.gap
+    out["floor"] = report.floor_dict
+    out["gap"] = report.gap
     return out
 
 

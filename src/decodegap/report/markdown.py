@@ -43,8 +43,10 @@ def render_markdown(report, top: int = 15) -> str:
                           ((k.op or ("graph replay" if k.from_graph else "")) + " " + _shapes(k)).strip(),
                           _fmt_bytes(k.bytes_per_call), f"{k.gbps:.0f}" if k.gbps else ""]
                          for k in b.kernels[:top]])
-    for extra in getattr(report, "extra_markdown", []):
-        lines += ["", extra]
+    if report.gap is not None:
+        from decodegap.gap import render_gap_markdown
+
+        lines += ["", render_gap_markdown(report.gap)]
     if report.warnings:
         lines += ["", "### Warnings", ""] + [f"- {w}" for w in report.warnings]
     return "\n".join(lines) + "\n"

@@ -102,8 +102,10 @@ def render_text(report, top: int = 15, full_names: bool = False, width: int | No
                           f"{k.us_per_call:.1f}", op, _fmt_bytes(k.bytes_per_call),
                           f"{gbps:.0f}" if gbps else "")
         console.print(table)
-    for extra in getattr(report, "extra_sections", []):
-        console.print(extra)
+    if report.gap is not None:
+        from decodegap.gap import render_gap_text
+
+        console.print(render_gap_text(report.gap))
     if report.warnings:
         console.print()
         for w in report.warnings:

@@ -22,8 +22,11 @@ SEPARATOR = b"},\n  {"
 HEADER_MAX_BYTES = 64 << 20
 
 Consume = Callable[[list], None]
+# msgspec reports bad UTF-8 inside strings as UnicodeDecodeError rather than DecodeError.
+DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
 _event_list = msgspec.json.Decoder(list[schema.AnyEvent], strict=False)
 _document = msgspec.json.Decoder(schema.Document, strict=False)
+_one_event = msgspec.json.Decoder(schema.AnyEvent, strict=False)
 
 
 class _Batches:
@@ -32,20 +35,25 @@ class _Batches:
     def __init__(self, path: Path, consume: Consume) -> None:
         self.path, self.consume = path, consume
         self.skipped = 0
+        self.seen_separator = False
 
     def decode(self, text) -> list:
         try:
             return _event_list.decode(text)
         except msgspec.ValidationError:
             return self._tolerant(text)
-        except msgspec.DecodeError as exc:
+        except DECODE_ERRORS as exc:
             raise UserError(f"{self.path}: invalid JSON inside traceEvents ({exc})") from None
 
     def _tolerant(self, text) -> list:
         events = []
-        for item in msgspec.json.decode(text):
-            try:
-                events.append(msgspec.convert(item, schema.Event, strict=False))
+        try:
+            items = msgspec.json.decode(text)
+        except DECODE_ERRORS as exc:
+            raise UserError(f"{self.path}: invalid JSON inside traceEvents ({exc})") from None
+        for item in items:
+            try:  # through JSON again, so the Raw fields are filled as on the fast path
+                events.append(_one_event.decode(msgspec.json.encode(item)))
             except msgspec.ValidationError:
                 self.skipped += 1
         return events
@@ -86,18 +94,21 @@ def decode_trace(path: Path, consume: Consume) -> tuple[schema.TraceDocument, li
                     whole = bytearray(header_text) + pending
                     pending = bytearray()
                 continue
+            batches.seen_separator = True
             batches(b"[" + pending[: cut + 1] + b"]")
             del pending[: cut + 2]
     except TruncatedStream as exc:
         truncated = str(exc)
 
+    if whole is None and header_text is not None and not batches.seen_separator:
+        whole = bytearray(header_text) + pending  # one line or another layout: not Kineto's, decode it whole
     if whole is not None or header_text is None:
         text = whole if whole is not None else head
         if truncated:
             raise UserError(f"{path}: {truncated}")
         return _decode_whole(path, text, batches), warnings
 
-    events, footer = _split_tail(pending)
+    events, footer = _split_tail(pending, batches)
     if events is None:
         # The file was cut off (profiler killed mid-export, partial copy): keep every complete event.
         warnings.append(f"the trace is truncated ({truncated or 'the JSON ends early'}); "
@@ -122,7 +133,7 @@ def _decode_header(path: Path, text: bytes, fallback: bytes) -> schema.TraceDocu
         except msgspec.ValidationError:
             raw = msgspec.json.decode(candidate)
             return _pick_header(raw if isinstance(raw, dict) else {}, [])
-        except msgspec.DecodeError as exc:
+        except DECODE_ERRORS as exc:
             error = exc
     raise UserError(f"{path}: the trace header is not valid JSON ({error})")
 
@@ -141,17 +152,22 @@ def _pick_header(raw: dict, events: list) -> schema.TraceDocument:
     )
 
 
-def _split_tail(pending: bytearray) -> tuple[list | None, bytes]:
-    """Split `<last events> ] <rest of document>` at the bracket that closes traceEvents."""
-    start = 0
-    while True:
-        close = pending.find(b"]", start)
+def _split_tail(pending: bytearray, batches: _Batches, tries: int = 64) -> tuple[list | None, bytes]:
+    """Split `<last event> ] <rest of document>` at the bracket that closes traceEvents, trying the last
+    brackets first (the rest of the document is short); None when the text was cut off before it."""
+    close = len(pending)
+    for _ in range(tries):
+        close = pending.rfind(b"]", 0, close)
         if close < 0:
-            return None, b""
+            break
+        text = b"[" + pending[:close] + b"]"
         try:
-            return _event_list.decode(b"[" + pending[:close] + b"]"), bytes(pending[close + 1:])
-        except msgspec.DecodeError:
-            start = close + 1
+            return _event_list.decode(text), bytes(pending[close + 1:])
+        except msgspec.ValidationError:
+            return batches._tolerant(text), bytes(pending[close + 1:])
+        except DECODE_ERRORS:
+            continue
+    return None, b""
 
 
 def _decode_whole(path: Path, text, batches: _Batches) -> schema.TraceDocument:
@@ -161,7 +177,7 @@ def _decode_whole(path: Path, text, batches: _Batches) -> schema.TraceDocument:
         doc = _document.decode(text)
     except msgspec.ValidationError:
         doc = _tolerant_document(path, text, batches)
-    except msgspec.DecodeError as exc:
+    except DECODE_ERRORS as exc:
         if "truncated" in str(exc).lower():
             raise UserError(f"{path}: the JSON is truncated ({exc})") from None
         raise UserError(f"{path}: not a JSON trace ({exc})") from None
@@ -175,7 +191,10 @@ def _decode_whole(path: Path, text, batches: _Batches) -> schema.TraceDocument:
 
 
 def _tolerant_document(path: Path, text, batches: _Batches) -> schema.TraceDocument:
-    raw = msgspec.json.decode(text)
+    try:
+        raw = msgspec.json.decode(text)
+    except DECODE_ERRORS as exc:
+        raise UserError(f"{path}: not a JSON trace ({exc})") from None
     events = raw.get("traceEvents") if isinstance(raw, dict) else raw
     if not isinstance(events, list):
         raise UserError(f"{path}: not a profiler trace (no traceEvents list)")

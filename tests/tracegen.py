@@ -1,0 +1,121 @@
+"""Hand-built Kineto traces for edge cases: a tiny decode loop with layers, launches, ops and markers."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+LAYER_KERNELS = [("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", "gemm", 20.0),
+                 ("flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<64>>", "attention", 12.0),
+                 ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>",
+                  "elementwise", 3.0),
+                 ("void vllm::rms_norm_kernel<c10::BFloat16>", "norm", 4.0)]
+STEP_KERNELS = [("void at::native::index_select_kernel<c10::BFloat16>", 5.0),
+                ("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT", 40.0),
+                ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
+                 6.0)]
+
+
+def decode_loop(steps: int = 5, layers: int = 4, markers: str | None = "gpu", gap_us: float = 200.0,
+                graph: bool = False, rocm: bool = False, integer_us: bool = False, old_categories: bool = False,
+                prefill: bool = False, collective_us: float | None = None, rank: int | None = None,
+                base_us: float = 1_000_000.0) -> dict:
+    """A Kineto-shaped trace of `steps` decode steps of `layers` layers each."""
+    events: list[dict] = []
+    kernel_cat = "Kernel" if old_categories else "kernel"
+    runtime_cat = "Runtime" if old_categories else "cuda_runtime"
+    op_cat = "Operator" if old_categories else "cpu_op"
+    launch = "hipLaunchKernel" if rocm else "cudaLaunchKernel"
+    t_gpu = base_us
+    corr = 1000
+    ext = 1
+    layer_kernels = list(LAYER_KERNELS)
+    if rocm:
+        layer_kernels[0] = ("Cijk_Alik_Bljk_BBS_BH_MT64x16x64_MI16x16x16x1_SN_1LDSB0", "gemm", 22.0)
+    if collective_us is not None:
+        layer_kernels.append(("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                              "collective", collective_us))
+
+    def ts(v: float):
+        return int(round(v)) if integer_us else round(v, 3)
+
+    def emit_kernel(name: str, dur: float, op: str | None, dims=None, types=None) -> None:
+        nonlocal t_gpu, corr, ext
+        corr += 1
+        ext += 1
+        cpu_t = t_gpu - 50
+        if op is not None and not graph:
+            args = {"External id": ext}
+            if dims is not None:
+                args.update({"Input Dims": dims, "Input type": types})
+            events.append({"ph": "X", "cat": op_cat, "name": op, "pid": 1, "tid": 1, "ts": ts(cpu_t),
+                           "dur": 1.0, "args": args})
+        if not graph:
+            events.append({"ph": "X", "cat": runtime_cat, "name": launch, "pid": 1, "tid": 1,
+                           "ts": ts(cpu_t + 1), "dur": 5.0,
+                           "args": {"External id": ext, "correlation": corr}})
+        events.append({"ph": "X", "cat": kernel_cat, "name": name, "pid": 0, "tid": 7, "ts": ts(t_gpu),
+                       "dur": dur, "args": {"External id": -1 if graph else ext, "device": 0, "stream": 7,
+                                            "correlation": graph_corr if graph else corr,
+                                            "grid": [132, 1, 1], "block": [128, 1, 1]}})
+        t_gpu += dur + 1.0
+
+    total_steps = steps + (1 if prefill else 0)
+    for s in range(total_steps):
+        is_prefill = prefill and s == 0
+        step_start = t_gpu
+        graph_corr = 500_000 + s
+        if graph:
+            events.append({"ph": "X", "cat": runtime_cat, "name": "cudaGraphLaunch", "pid": 1, "tid": 1,
+                           "ts": ts(t_gpu - 30), "dur": 9.0, "args": {"correlation": graph_corr, "External id": 0}})
+        emit_kernel(STEP_KERNELS[0][0], STEP_KERNELS[0][1], "aten::embedding")
+        for _ in range(layers):
+            for name, category, dur in layer_kernels:
+                if is_prefill and category == "attention":
+                    name, dur = "flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", dur * 8
+                op = {"gemm": "aten::mm", "attention": "flash_attn::fwd", "elementwise": "aten::add",
+                      "norm": "vllm::rms_norm", "collective": "nccl:all_reduce"}[category]
+                dims = {"gemm": [[1, 4096], [4096, 4096]], "collective": [[1, 4096]]}.get(category)
+                types = ["c10::BFloat16"] * len(dims) if dims else None
+                emit_kernel(name, dur * (8 if is_prefill and category == "gemm" else 1), op, dims, types)
+        for name, dur in STEP_KERNELS[1:]:
+            emit_kernel(name, dur, "aten::mm" if "nvjet" in name else "aten::argmax")
+        step_end = t_gpu
+        if markers:
+            name = f"ProfilerStep#{s}"
+            events.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1,
+                           "ts": ts(step_start - 60), "dur": step_end - step_start + 10, "args": {}})
+            if markers == "gpu":
+                events.append({"ph": "X", "cat": "gpu_user_annotation", "name": name, "pid": 0, "tid": 7,
+                               "ts": ts(step_start), "dur": round(step_end - step_start, 3), "args": {}})
+        t_gpu += gap_us
+    doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "AMD Instinct MI300X" if rocm else
+                                                     "NVIDIA H200"}],
+           "traceEvents": events}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 2}
+    return doc
+
+
+def write(doc, path: Path, gz: bool | None = None) -> Path:
+    gz = path.name.endswith(".gz") if gz is None else gz
+    text = json.dumps(doc)
+    if gz:
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def write_kineto_layout(doc, path: Path) -> Path:
+    """Like torch's exporter: one event per block, separated by '},\\n  {' (the streaming decoder's path)."""
+    head = {k: v for k, v in doc.items() if k != "traceEvents"}
+    parts = ["{"] + [f'  "{k}": {json.dumps(v)},' for k, v in head.items()] + ['  "traceEvents": [']
+    body = ",\n".join("  " + json.dumps(e) for e in doc["traceEvents"])
+    text = "\n".join(parts) + "\n" + body + "\n  ],\n  \"traceName\": \"x\"\n}\n"
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "wt") as f:
+        f.write(text)
+    return path
