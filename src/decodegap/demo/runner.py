@@ -105,19 +105,10 @@ def hf_config(c: DemoConfig) -> dict:
 
 
 def analyze(trace_path: Path, config: DemoConfig):
-    """The project's analysis of a demo trace, with the CPU-op breakdown when the trace has no GPU events."""
+    """The project's analysis of a demo trace (on a CPU-only trace the analyzer breaks down CPU ops instead)."""
     from decodegap.analyze import analyze_path
-    from decodegap.cpu_breakdown import cpu_breakdown, detect_kv_pool_cast, render_cpu_table
 
-    report = analyze_path(trace_path, model_options(config))
-    if not report.main.trace.has_gpu:
-        # The GPU detectors need kernels; on a CPU run the cast shows up as a CPU op instead.
-        found = detect_kv_pool_cast(report, layers=config.layers)
-        report.findings = sorted(report.findings + found, key=lambda f: -f.ms_per_step)
-        b = cpu_breakdown(report.main)
-        if b is not None:
-            report.extra_sections = [render_cpu_table(b)]
-    return report
+    return analyze_path(trace_path, model_options(config))
 
 
 @dataclass
