@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/demo_gpu"))
     parser.add_argument("--smoke", action="store_true", help="tiny geometry on a CPU: check the code paths")
     parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--stages", default="compare_graph,compare_eager,fixtures,record",
+                        help="comma-separated: compare_graph, compare_eager, fixtures, record, example")
     args = parser.parse_args()
     out, work = args.out, args.work
     out.mkdir(parents=True, exist_ok=True)
@@ -113,9 +115,11 @@ def main() -> None:
     geometry = ["--scale", "tiny", "--layers", "2", "--device", "cpu"] if smoke else ["--scale", "full"]
     graph = [] if smoke else ["--cuda-graph"]
     budget = args.budget_s
+    stages = set(args.stages.split(","))
 
     # 1. the compare table with CUDA graphs (the issue's target: fused >= 3x faster than full_cast)
-    stage("compare, CUDA graphs", budget)(lambda: cli(
+    if "compare_graph" in stages:
+        stage("compare, CUDA graphs", budget)(lambda: cli(
         ["demo", "--compare", *geometry, *graph, "--timed", "20", "--steps", "3", "--warmup", "2", "--no-shapes",
          "--out", str(work / "compare_graph"), "--markdown", str(out / "compare_graph.md")]))
 
@@ -129,7 +133,8 @@ def main() -> None:
         if size <= 3.2e6:
             shutil.copy(example, fixtures / "example_trace.json.gz")
 
-    stage("compare, eager", budget)(eager_compare)
+    if "compare_eager" in stages:
+        stage("compare, eager", budget)(eager_compare)
     free_cuda()
 
     # 3. fixtures: 12 layers (78 in --smoke: 2) but the real 495,552-slot pool
@@ -153,7 +158,8 @@ def main() -> None:
             cli(["analyze", str(fixtures / f"{name}.json.gz"), "--top", "8"])
         del model
 
-    stage("fixtures", budget)(make_fixtures)
+    if "fixtures" in stages:
+        stage("fixtures", budget)(make_fixtures)
     free_cuda()
 
     # 4. the issue-5 check: `decodegap record` around an unchanged decode loop, in a subprocess
@@ -169,7 +175,30 @@ def main() -> None:
         log(f"record trace {trace.name}: {trace.stat().st_size / 1e6:.2f} MB")
         cli(["analyze", str(trace), "--top", "8"])
 
-    stage("record subprocess", budget + 60)(record_subprocess)
+    if "record" in stages:
+        stage("record subprocess", budget + 60)(record_subprocess)
+
+    # 5. the bundled example alone: full geometry, full_cast, eager, shapes on; 2 steps and 1 step, raw and trimmed
+    def example() -> None:
+        from decodegap.demo.config import make_config
+        from decodegap.demo.model import DemoModel
+        from decodegap.demo.runner import record
+
+        model = DemoModel(make_config("tiny", layers=2) if smoke else make_config("full"), "cpu" if smoke else "cuda")
+        for steps in (2, 1):
+            path = record(model, work / f"example_{steps}", steps=steps, warmup=2, timed_steps=5, record_shapes=True)
+            raw = fixtures / f"example_raw_{steps}step.json.gz"
+            shutil.copy(path, raw)
+            trimmed = fixtures / f"example_trim_{steps}step.json.gz"
+            trim = Path(__file__).resolve().parents[1] / "scripts" / "trim_trace.py"
+            subprocess.run([sys.executable, str(trim), str(raw), str(trimmed), "--window", "0", "1e30"], check=True)
+            log(f"example {steps} step(s): raw {raw.stat().st_size / 1e6:.2f} MB, trimmed "
+                f"{trimmed.stat().st_size / 1e6:.2f} MB")
+            cli(["analyze", str(trimmed), "--top", "5"])
+        del model
+
+    if "example" in stages:
+        stage("example", budget)(example)
 
     with tarfile.open(out / "fixtures.tar", "w") as tar:
         for f in sorted(fixtures.iterdir()):
