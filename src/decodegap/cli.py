@@ -14,6 +14,7 @@ from decodegap.errors import UserError
 # `decodegap analyze` never pays for torch-backed commands.
 COMMAND_MODULES = {
     "analyze": "decodegap.commands.analyze",
+    "diff": "decodegap.commands.diff",
     "floor": "decodegap.commands.floor",
     "record": "decodegap.commands.record",
 }
