@@ -32,6 +32,16 @@ def _shapes(k) -> str:
     return ""
 
 
+def _terminal_width() -> int:
+    """The real terminal's width when there is one (at least 120), else 160 for files and pipes."""
+    import shutil
+    import sys
+
+    if sys.stdout.isatty():
+        return max(shutil.get_terminal_size((160, 40)).columns, 120)
+    return 160
+
+
 def summary_lines(report) -> list[str]:
     main = report.main
     b, steps = main.breakdown, main.steps
@@ -53,8 +63,8 @@ def summary_lines(report) -> list[str]:
 
 def render_text(report, top: int = 15, full_names: bool = False, width: int | None = None) -> str:
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width or 160, force_terminal=False, color_system=None, highlight=False,
-                      markup=False)
+    console = Console(file=buffer, width=width or _terminal_width(), force_terminal=False, color_system=None,
+                      highlight=False, markup=False)
     for line in summary_lines(report):
         console.print(line)
     main = report.main
@@ -91,9 +101,12 @@ def render_text(report, top: int = 15, full_names: bool = False, width: int | No
                       title_justify="left")
         for col in ("kernel", "category", "calls/step", "ms/step", "share", "us/call", "op / shapes", "bytes/call",
                     "GB/s"):
-            table.add_column(col, justify="left" if col in ("kernel", "category", "op / shapes") else "right",
-                             overflow="fold" if col == "kernel" and full_names else "ellipsis",
-                             no_wrap=not (col == "kernel" and full_names))
+            text_col = col in ("kernel", "category", "op / shapes")
+            folded = col == "kernel" and full_names
+            table.add_column(col, justify="left" if text_col else "right", no_wrap=not folded,
+                             overflow="fold" if folded else "ellipsis",
+                             max_width={"kernel": None if folded else 42, "op / shapes": 32}.get(col),
+                             min_width=11 if col == "category" else None if text_col else len(col))
         for k in b.kernels[:top]:
             name = k.name if full_names else short_kernel_name(k.name)
             op = (k.op or ("graph replay" if k.from_graph else "")) + (" " + _shapes(k) if _shapes(k) else "")
