@@ -164,10 +164,11 @@ class Config:
 
 
 def default_config(num_heads: int, kv_dtype: torch.dtype) -> Config:
-    """Tile shapes per head count and cache dtype: the fastest in the H200 sweep (benchmarks/results/)."""
+    """Tile shapes per head count and cache dtype: the fastest in the H200 sweep at B=32, ctx 4096
+    (benchmarks/results/mla_decode_h200_2026-11-29.md)."""
     if kv_dtype == torch.float8_e4m3fn:
-        return Config(16, 64, 4, 2) if num_heads <= 16 else Config(64, 32, 8, 2)
-    return Config(16, 32, 4, 2) if num_heads <= 16 else Config(64, 16, 8, 2)
+        return Config(16, 32, 4, 2, kt=True) if num_heads <= 16 else Config(64, 32, 8, 2, kt=True)
+    return Config(16, 32, 4, 2, kt=True) if num_heads <= 16 else Config(64, 32, 8, 2)
 
 
 @functools.lru_cache(maxsize=8)
