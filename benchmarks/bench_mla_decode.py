@@ -1,0 +1,316 @@
+"""Time every MLA decode path on a GPU against the measured device copy bandwidth; print and write a table.
+
+    PYTHONPATH=src python3 benchmarks/bench_mla_decode.py [--sweep] [--out benchmarks/results/X.md]
+
+Bytes counted per call: the KV of every active token once (576 B/token in FP8, 1152 in BF16) + q + output.
+full_cast/gather_cast/reference are credited with the same FP8 bytes, so their GB/s is what they deliver, not
+what they move. Copy bandwidth counts bytes read + written. Timings: triton.testing.do_bench medians with the
+L2 flushed before each call; the Triton path is one captured CUDA graph (split + merge kernels) per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from decodegap.kernels.mla_decode import HEAD_DIM, LATENT_DIM, full_cast, gather_cast, reference
+from decodegap.kernels.mla_decode_triton import (
+    Config,
+    _num_sms,
+    default_config,
+    mla_decode_triton,
+    pick_num_splits,
+)
+
+POOL_SLOTS = 495_552  # the incident's preallocated SGLang pool
+SM_SCALE = 1 / 16
+KV_SCALE = 0.8
+FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
+BATCHES = (1, 8, 32, 128)
+CONTEXTS = (1024, 4096, 16384, 65536)
+HEADS = (8, 16, 128)
+DEVICE = "cuda"
+
+
+def copy_bandwidth_gbps() -> float:
+    """Device-to-device copy of 2 GiB, counting bytes read + written."""
+    x = torch.randn(2**30, device=DEVICE, dtype=BF16)
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
+    del x, y
+    return 2 * 2**31 / (ms * 1e-3) / 1e9
+
+
+@dataclass
+class Pools:
+    """One (batch, context) problem: an FP8 and a BF16 pool of >= 495,552 slots and a shuffled page table."""
+
+    batch: int
+    ctx: int
+    page_size: int
+    fp8: torch.Tensor
+    bf16: torch.Tensor
+    table: torch.Tensor
+    lens: torch.Tensor
+
+
+def make_pools(batch: int, ctx: int, page_size: int) -> Pools:
+    pages_per_seq = -(-ctx // page_size)
+    num_pages = max(-(-POOL_SLOTS // page_size), batch * pages_per_seq)
+    bf16 = (torch.randn(num_pages, page_size, HEAD_DIM, device=DEVICE, dtype=BF16) * (0.5 / KV_SCALE))
+    fp8 = bf16.to(FP8)
+    table = torch.randperm(num_pages, device=DEVICE)[: batch * pages_per_seq].view(batch, -1).int()
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEVICE)
+    return Pools(batch, ctx, page_size, fp8, bf16, table, lens)
+
+
+def time_graph(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
+    """Median ms of one replay of a CUDA graph holding fn (compiled and warmed first), and fn's output."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up on the capture stream, as CUDA graphs want
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    ms = do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+    return ms, out
+
+
+def time_eager(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
+    out = fn()
+    ms = do_bench(fn, warmup=5, rep=40, return_mode="median")
+    return ms, out
+
+
+def bytes_moved(batch: int, ctx: int, heads: int, kv_elem_bytes: int) -> int:
+    return batch * ctx * HEAD_DIM * kv_elem_bytes + batch * heads * HEAD_DIM * 2 + batch * heads * LATENT_DIM * 2
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@dataclass
+class Row:
+    batch: int
+    ctx: int
+    heads: int
+    splits: int
+    ms: dict[str, float | str] = field(default_factory=dict)  # impl -> ms, or the reason it was skipped
+    err: float = float("nan")  # triton fp8 vs gather_cast (a sanity check, not the correctness test)
+
+
+def run_case(p: Pools, heads: int, copy_gbps: float, deadline: float,
+             tuned: dict[tuple[str, int], Config]) -> Row:
+    q = torch.randn(p.batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
+    hclass = 16 if heads <= 16 else 128
+    cfg = tuned.get(("fp8", hclass)) or default_config(heads, FP8)
+    cfg16 = tuned.get(("bf16", hclass)) or default_config(heads, BF16)
+    splits = pick_num_splits(p.batch, -(-heads // cfg.block_h), p.table.shape[1] * p.page_size, heads,
+                             _num_sms(q.device.index), cfg.block_n)
+    row = Row(p.batch, p.ctx, heads, splits)
+    args = (p.table, p.lens, SM_SCALE, KV_SCALE)
+    row.ms["triton_fp8"], out_fp8 = time_graph(lambda: mla_decode_triton(q, p.fp8, *args, config=cfg))
+    row.ms["triton_bf16"], _ = time_graph(lambda: mla_decode_triton(q, p.bf16, *args, config=cfg16))
+    tokens = p.batch * p.ctx
+    torch_paths = {
+        "gather_cast": (gather_cast, None),
+        "full_cast": (full_cast, None),
+        "reference": (reference, "oracle skipped: > 2^20 tokens or 2^25 scores (slow)"
+                      if tokens > 2**20 or tokens * heads > 2**25 else None),
+    }
+    for name, (path, skip) in torch_paths.items():
+        if skip:
+            row.ms[name] = skip
+            continue
+        if time.monotonic() > deadline:
+            row.ms[name] = "skipped: time budget"
+            continue
+        try:
+            row.ms[name], out = time_eager(lambda: path(q, p.fp8, *args, p.ctx, False)[0])
+            if name == "gather_cast":
+                row.err = rel_err(out_fp8, out)
+            del out
+        except torch.cuda.OutOfMemoryError:
+            row.ms[name] = "OOM"
+        torch.cuda.empty_cache()
+    return row
+
+
+def fmt_row(r: Row, copy_gbps: float) -> list[str]:
+    def cell(impl: str, kv_bytes: int) -> list[str]:
+        v = r.ms[impl]
+        if isinstance(v, str):
+            return [v, "", ""]
+        gbps = bytes_moved(r.batch, r.ctx, r.heads, kv_bytes) / (v * 1e-3) / 1e9
+        return [f"{v * 1e3:.1f}", f"{gbps:.0f}", f"{100 * gbps / copy_gbps:.0f}%"]
+
+    def slow(impl: str) -> str:
+        v = r.ms[impl]
+        return v if isinstance(v, str) else f"{v * 1e3:.0f} ({v / r.ms['triton_fp8']:.1f}x)"
+
+    return ([str(r.batch), str(r.ctx), str(r.heads), str(r.splits)] + cell("triton_fp8", 1)
+            + cell("triton_bf16", 2) + [slow("gather_cast"), slow("full_cast"), slow("reference"), f"{r.err:.1e}"])
+
+
+HEADER = ["B", "ctx", "H", "splits", "fp8 µs", "fp8 GB/s", "fp8 %copy", "bf16 µs", "bf16 GB/s", "bf16 %copy",
+          "gather_cast µs (x fp8)", "full_cast µs (x fp8)", "reference µs (x fp8)", "err vs gather"]
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+SWEEP = {  # (cache, heads) -> candidate tile configs, timed at B=32, ctx 4096
+    ("fp8", 16): [Config(16, 64, 4, 2), Config(16, 32, 4, 2), Config(16, 64, 4, 2, kt=True),
+                  Config(16, 32, 4, 2, kt=True), Config(16, 32, 4, 3, kt=True)],
+    ("fp8", 128): [Config(64, 32, 8, 2), Config(64, 16, 8, 2), Config(16, 32, 4, 2, kt=True),
+                   Config(32, 32, 4, 2, kt=True), Config(64, 32, 8, 2, kt=True)],
+    ("bf16", 16): [Config(16, 32, 4, 2), Config(16, 32, 4, 2, kt=True), Config(16, 32, 8, 2)],
+    ("bf16", 128): [Config(64, 16, 8, 2), Config(16, 32, 4, 2, kt=True), Config(64, 32, 8, 2)],
+}
+
+
+def cfg_name(c: Config) -> str:
+    return f"H{c.block_h} N{c.block_n} w{c.num_warps} s{c.num_stages}{' qKt' if c.kt else ' kqT'}"
+
+
+def sweep(copy_gbps: float) -> tuple[list[list[str]], dict[tuple[str, int], Config]]:
+    """Time candidate tile configs (heuristic split count, and twice that) at B=32, ctx 4096; the fastest per
+    (cache dtype, head class) is used for the main table."""
+    rows, best = [], {}
+    batch, ctx = 32, 4096
+    p = make_pools(batch, ctx, 64)
+    for (dtype, heads), configs in SWEEP.items():
+        cache = p.fp8 if dtype == "fp8" else p.bf16
+        q = torch.randn(batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
+        top = (math.inf, None)
+        for cfg in configs:
+            base = pick_num_splits(batch, -(-heads // cfg.block_h), ctx, heads, _num_sms(0), cfg.block_n)
+            for splits in (base, 2 * base):
+                try:
+                    ms, _ = time_graph(lambda: mla_decode_triton(
+                        q, cache, p.table, p.lens, SM_SCALE, KV_SCALE, config=cfg, num_splits=splits))
+                except Exception as e:  # a config that does not fit (shared memory) is a result too
+                    rows.append([str(heads), dtype, cfg_name(cfg), str(splits), f"failed: {type(e).__name__}", "", ""])
+                    break
+                if splits == base and ms < top[0]:
+                    top = (ms, cfg)
+                gbps = bytes_moved(batch, ctx, heads, 1 if dtype == "fp8" else 2) / (ms * 1e-3) / 1e9
+                rows.append([str(heads), dtype, cfg_name(cfg), str(splits), f"{ms * 1e3:.1f}", f"{gbps:.0f}",
+                             f"{100 * gbps / copy_gbps:.0f}%"])
+                print(" | ".join(rows[-1]), flush=True)
+        best[(dtype, heads)] = top[1]
+    del p
+    torch.cuda.empty_cache()
+    return rows, best
+
+
+def page_size_rows(copy_gbps: float, cfg: Config | None) -> list[list[str]]:
+    """The same problem (B=32, ctx 4096, H=16, FP8) in SGLang's token slots, and pages of 16 and 64."""
+    rows = []
+    for page_size in (1, 16, 64):
+        p = make_pools(32, 4096, page_size)
+        q = torch.randn(32, 16, HEAD_DIM, device=DEVICE).to(BF16)
+        ms, _ = time_graph(lambda: mla_decode_triton(q, p.fp8, p.table, p.lens, SM_SCALE, KV_SCALE, config=cfg))
+        gbps = bytes_moved(32, 4096, 16, 1) / (ms * 1e-3) / 1e9
+        rows.append([str(page_size), f"{ms * 1e3:.1f}", f"{gbps:.0f}", f"{100 * gbps / copy_gbps:.0f}%"])
+        del p
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="markdown file to write (default: benchmarks/results/mla_decode_<gpu>_<date>.md)")
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--sweep", action="store_true", help="also time tile configs and split counts")
+    ap.add_argument("--budget-s", type=float, default=200, help="after this, skip the slow torch paths")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_mla_decode: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    gpu = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    copy_gbps = copy_bandwidth_gbps()
+    print(f"{gpu}: device copy {copy_gbps:.0f} GB/s (read + write), {_num_sms(0)} SMs", flush=True)
+
+    sweep_rows, tuned = sweep(copy_gbps) if args.sweep else ([], {})
+    print("tile configs used:", {k: cfg_name(v) for k, v in tuned.items() if v}, flush=True)
+    rows: list[Row] = []
+    for batch in BATCHES:
+        for ctx in CONTEXTS:
+            p = make_pools(batch, ctx, args.page_size)
+            for heads in HEADS:
+                rows.append(run_case(p, heads, copy_gbps, t0 + args.budget_s, tuned))
+                print(" | ".join(fmt_row(rows[-1], copy_gbps)), flush=True)
+            del p
+            torch.cuda.empty_cache()
+    ps_rows = page_size_rows(copy_gbps, tuned.get(("fp8", 16)))
+
+    def pct(r: Row) -> float:
+        return 100 * bytes_moved(r.batch, r.ctx, r.heads, 1) / (r.ms["triton_fp8"] * 1e-3) / 1e9 / copy_gbps
+
+    target = [r for r in rows if r.batch >= 32 and r.ctx >= 4096]
+    summary = []
+    for heads in HEADS:
+        worst = min((r for r in target if r.heads == heads), key=pct)
+        summary.append(f"- FP8, B>=32, ctx>=4k, H={heads}: worst {pct(worst):.0f}% of copy bandwidth "
+                       f"(B={worst.batch}, ctx={worst.ctx}) — target 80%: {'met' if pct(worst) >= 80 else 'MISSED'}")
+    for r in rows:
+        if r.batch == 32 and r.ctx == 4096:
+            fc, gc = r.ms["full_cast"], r.ms["gather_cast"]
+            if isinstance(fc, float) and isinstance(gc, float):
+                f, g = fc / r.ms["triton_fp8"], gc / r.ms["triton_fp8"]
+                summary.append(f"- B=32, ctx 4096, H={r.heads}: {f:.0f}x faster than full_cast (target 30x: "
+                               f"{'met' if f >= 30 else 'MISSED'}), {g:.1f}x faster than gather_cast "
+                               f"(target 5x: {'met' if g >= 5 else 'MISSED'})")
+    md = [
+        f"# MLA decode on {gpu}, {date}",
+        "",
+        f"torch {torch.__version__}, triton {triton.__version__}; device copy bandwidth {copy_gbps:.0f} GB/s "
+        f"(read + write, 2 GiB); page size {args.page_size}; pool max(495,552, B x ctx) slots; kv_scale "
+        f"{KV_SCALE}; timings are do_bench medians with L2 flushed; Triton as one CUDA graph replay.",
+        "GB/s counts the KV of each active token once (FP8 576 B, BF16 1152 B) + q + out; the torch paths are "
+        "credited with the FP8 bytes. `(x fp8)` = time / Triton FP8 time. `splits` = KV splits per sequence.",
+        "Tile configs (fastest in the sweep below; H<=16 uses the H=16 pick, H>16 the H=128 pick): "
+        + (", ".join(f"{d} H{h}: {cfg_name(c)}" for (d, h), c in tuned.items() if c) or "defaults"),
+        "",
+        "## Targets",
+        *summary,
+        "",
+        "## All shapes",
+        markdown_table(HEADER, [fmt_row(r, copy_gbps) for r in rows]),
+        "",
+        "## Page size (Triton FP8, B=32, ctx 4096, H=16)",
+        markdown_table(["page size", "µs", "GB/s", "% copy"], ps_rows),
+    ]
+    if sweep_rows:
+        md += ["", "## Sweep: tile configs x split counts (Triton, B=32, ctx 4096)",
+               markdown_table(["H", "cache", "config", "splits", "µs", "GB/s", "% copy"], sweep_rows)]
+    text = "\n".join(md) + "\n"
+    out = args.out or f"benchmarks/results/mla_decode_{gpu.split()[-1].lower()}_{date}.md"
+    with open(out, "w") as fh:
+        fh.write(text)
+    print(text)
+    print(f"wrote {out} in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""MLA decode over a paged KV cache: every path against the float32 oracle, on fresh random inputs each run.
+
+Runs on the CPU (Triton through TRITON_INTERPRET=1) or on a GPU: DECODEGAP_TEST_DEVICE=cuda|cpu, default cuda
+when available. Unused cache slots and table entries hold poison (NaN rows, out-of-range page ids) that a
+correct kernel never reads; outputs and split workspaces start as NaN so every element must be written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+DEVICE = os.environ.get("DECODEGAP_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the triton module is first imported
+
+from decodegap.kernels import mla_decode  # noqa: E402
+from decodegap.kernels.mla_decode import HEAD_DIM, LATENT_DIM  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+SM_SCALE = 1 / 16  # GLM-5: 1/sqrt(192 + 64)
+REL_TOL = 2e-2
+
+needs_cuda = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")
+
+
+def needs_triton() -> None:
+    pytest.importorskip("triton")
+
+
+@dataclass
+class Case:
+    q: torch.Tensor
+    kv_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    kv_scale: float
+
+
+def make_case(batch: int, heads: int, page_size: int, kv_dtype: torch.dtype, lens: list[int],
+              kv_scale: float, device: str = DEVICE, spare_pages: int = 3) -> Case:
+    """Random q and live rows (cached as x / kv_scale); pages in shuffled order; everything else poisoned."""
+    max_pages = max(-(-max(lens) // page_size), 1) + 1  # one spare column: a dead entry past every end
+    num_pages = sum(-(-n // page_size) for n in lens) + spare_pages
+    cache = torch.full((num_pages, page_size, HEAD_DIM), float("nan"), device=device).to(kv_dtype)
+    table = torch.full((batch, max_pages), num_pages + 7, dtype=torch.int32, device=device)  # dead: out of range
+    perm = torch.randperm(num_pages, device=device)
+    used = 0
+    for b, n in enumerate(lens):
+        need = -(-n // page_size)
+        pages = perm[used:used + need]
+        used += need
+        table[b, :need] = pages.int()
+        rows = torch.randn(need * page_size, HEAD_DIM, device=device) * 0.5 / kv_scale
+        slots = cache[pages].reshape(-1, HEAD_DIM)
+        slots[:n] = rows[:n].to(kv_dtype)  # slots past the end of the last page keep their NaN poison
+        cache[pages] = slots.reshape(need, page_size, HEAD_DIM)
+    q = torch.randn(batch, heads, HEAD_DIM, device=device).to(BF16)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    return Case(q, cache, table, seq_lens, kv_scale)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def check_against_reference(case: Case, out: torch.Tensor, lse: torch.Tensor | None = None,
+                            lse_atol: float = 2e-3) -> None:
+    ref, ref_lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE,
+                              kv_scale=case.kv_scale, impl="reference", return_lse=True)
+    assert out.shape == (case.q.shape[0], case.q.shape[1], LATENT_DIM) and out.dtype == BF16
+    assert torch.isfinite(out.float()).all(), "an output element was not written (or NaN poison leaked in)"
+    assert rel_err(out, ref) < REL_TOL
+    empty = case.seq_lens == 0
+    assert (out[empty].float() == 0).all()
+    if lse is not None:
+        assert lse.shape == ref_lse.shape and lse.dtype == torch.float32
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+        live = ~torch.isinf(ref_lse)
+        assert torch.allclose(lse[live], ref_lse[live], rtol=1e-3, atol=lse_atol)
+
+
+# (batch, heads, page_size, kv dtype, lengths, kv_scale, forced split count or None for the heuristic)
+CASES = [
+    (1, 8, 1, FP8, [1], 1.0, None),                    # one token, token-slot layout
+    (3, 16, 16, FP8, [37, 1, 100], 0.37, 3),           # odd lengths, several pages and splits
+    (3, 64, 64, BF16, [130, 65, 7], 2.5, None),        # bf16 cache, pages of 64, GLM-5 head count
+    (1, 128, 16, FP8, [77], 0.5, 4),                   # DeepSeek head count: several head blocks
+    (3, 8, 64, FP8, [200, 129, 3], 0.37, 5),           # some splits of the short sequence are empty
+    (1, 16, 1, BF16, [150], 1.0, None),                # token slots, heuristic split
+    (3, 128, 1, FP8, [9, 33, 0], 1.7, 2),              # an empty sequence
+    (3, 16, 64, FP8, [1, 64, 65], 1.0, 1),             # no split: the single-pass store, page boundaries
+]
+IDS = [f"B{c[0]}-H{c[1]}-ps{c[2]}-{'fp8' if c[3] == FP8 else 'bf16'}-S{c[6]}" for c in CASES]
+
+
+@pytest.mark.parametrize("batch,heads,page_size,kv_dtype,lens,kv_scale,num_splits", CASES, ids=IDS)
+def test_triton_matches_reference(batch, heads, page_size, kv_dtype, lens, kv_scale, num_splits):
+    needs_triton()
+    from decodegap.kernels.mla_decode_triton import mla_decode_triton
+
+    case = make_case(batch, heads, page_size, kv_dtype, lens, kv_scale)
+    want_lse = batch == 3
+    if num_splits is None:  # the public entry, with its own split heuristic
+        res = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE,
+                         kv_scale=kv_scale, impl="triton", return_lse=want_lse)
+    else:
+        out = torch.full((batch, heads, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
+        res = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, kv_scale,
+                                return_lse=want_lse, num_splits=num_splits, out=out, poison_workspace=True)
+        assert (res[0] if want_lse else res) is out
+    out, lse = res if want_lse else (res, None)
+    check_against_reference(case, out, lse)
+
+
+@pytest.mark.parametrize("kt", [False, True], ids=["kq", "qkt"])
+@pytest.mark.parametrize("block_h,block_n", [(16, 32), (64, 16)])
+def test_triton_tile_variants(kt, block_h, block_n):
+    """Both score-dot formulations and other tile shapes compute the same function."""
+    needs_triton()
+    from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
+
+    case = make_case(3, 24, 16, FP8, [45, 3, 70], 0.6)
+    out = torch.full((3, 24, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
+    res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
+                                 return_lse=True, num_splits=2, out=out, poison_workspace=True,
+                                 config=Config(block_h, block_n, 4, 2, kt=kt))
+    check_against_reference(case, res, lse)
+
+
+@pytest.mark.parametrize("impl", ["full_cast", "gather_cast"])
+@pytest.mark.parametrize("batch,heads,page_size,kv_dtype,lens,kv_scale,num_splits", CASES, ids=IDS)
+def test_torch_paths_match_reference(impl, batch, heads, page_size, kv_dtype, lens, kv_scale, num_splits):
+    case = make_case(batch, heads, page_size, kv_dtype, lens, kv_scale)
+    out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE,
+                          kv_scale=kv_scale, impl=impl, return_lse=True)
+    check_against_reference(case, out, lse, lse_atol=3e-2)  # these paths round the scores to bf16
+
+
+@needs_cuda
+@pytest.mark.parametrize("heads,kv_dtype", [(16, FP8), (128, FP8), (64, BF16)])
+def test_triton_at_benchmark_scale(heads, kv_dtype):
+    """Long contexts and a real batch, where the split heuristic picks many splits (GPU only)."""
+    needs_triton()
+    lens = [4096, 4001, 17, 2500, 1] * 6 + [3333, 64]
+    case = make_case(len(lens), heads, 64, kv_dtype, lens, 0.8)
+    out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE,
+                          kv_scale=0.8, impl="triton", return_lse=True)
+    check_against_reference(case, out, lse)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Argument checks
+
+
+def _args(**over):
+    case = make_case(2, 8, 16, FP8, [5, 20], 1.0, device="cpu")
+    args = dict(q=case.q, kv_cache=case.kv_cache, block_table=case.block_table, seq_lens=case.seq_lens,
+                sm_scale=SM_SCALE, kv_scale=1.0, impl="reference")
+    args.update(over)
+    return args
+
+
+BAD_ARGS = [
+    ("impl", lambda a: {"impl": "flash"}, ValueError, "impl must be one of"),
+    ("q-type", lambda a: {"q": [1, 2]}, TypeError, "q must be a torch.Tensor"),
+    ("q-dtype", lambda a: {"q": a["q"].float()}, TypeError, "q must be bfloat16"),
+    ("q-shape", lambda a: {"q": a["q"][..., :512]}, ValueError, "q must have shape"),
+    ("kv-dtype", lambda a: {"kv_cache": a["kv_cache"].half()}, TypeError, "kv_cache must be float8_e4m3fn"),
+    ("kv-shape", lambda a: {"kv_cache": a["kv_cache"][0]}, ValueError, "kv_cache must have shape"),
+    ("kv-stride", lambda a: {"kv_cache": a["kv_cache"].to(BF16).transpose(1, 2).contiguous().transpose(1, 2)},
+     ValueError, "rows must be contiguous"),
+    ("table-dtype", lambda a: {"block_table": a["block_table"].long()}, TypeError, "block_table must be int32"),
+    ("table-batch", lambda a: {"block_table": a["block_table"][:1]}, ValueError, "block_table must have shape"),
+    ("lens-dtype", lambda a: {"seq_lens": a["seq_lens"].long()}, TypeError, "seq_lens must be int32"),
+    ("lens-shape", lambda a: {"seq_lens": a["seq_lens"][None]}, ValueError, "seq_lens must have shape"),
+    ("lens-negative", lambda a: {"seq_lens": torch.tensor([-1, 3], dtype=torch.int32)}, ValueError, ">= 0"),
+    ("lens-too-long", lambda a: {"seq_lens": torch.tensor([5, 10_000], dtype=torch.int32)}, ValueError,
+     r"max_pages \* page_size"),
+    ("page-out-of-range", lambda a: {"block_table": a["block_table"].clone().fill_(a["kv_cache"].shape[0])},
+     ValueError, "is outside the cache's"),
+    ("page-negative", lambda a: {"block_table": a["block_table"].clone().fill_(-1)}, ValueError, "outside"),
+    ("sm-scale-type", lambda a: {"sm_scale": "0.1"}, TypeError, "sm_scale must be a real number"),
+    ("sm-scale-value", lambda a: {"sm_scale": float("nan")}, ValueError, "sm_scale must be finite"),
+    ("kv-scale-bool", lambda a: {"kv_scale": True}, TypeError, "kv_scale must be a real number"),
+    ("kv-scale-zero", lambda a: {"kv_scale": 0.0}, ValueError, "kv_scale must be finite and > 0"),
+]
+
+
+@pytest.mark.parametrize("name,change,exc,msg", BAD_ARGS, ids=[b[0] for b in BAD_ARGS])
+def test_bad_arguments_raise_one_line_errors(name, change, exc, msg):
+    args = _args()
+    args.update(change(args))
+    with pytest.raises(exc, match=msg) as info:
+        mla_decode(**args)
+    assert "\n" not in str(info.value)
+
+
+def test_dead_table_entries_are_ignored():
+    """Entries past a sequence's last page may hold anything (engines leave stale ids there)."""
+    args = _args()
+    assert (args["block_table"][:, -1] >= args["kv_cache"].shape[0]).all()  # make_case poisons them
+    mla_decode(**args)
+
+
+def test_triton_on_cpu_without_interpreter_says_so(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        mla_decode(**_args(impl="triton"))
+
+
+@needs_cuda
+def test_mixed_devices_are_refused():
+    args = _args()
+    args["q"] = args["q"].cuda()
+    with pytest.raises(ValueError, match="on one device"):
+        mla_decode(**args)
+
+
+def test_torch_paths_work_without_triton():
+    """Importing decodegap.kernels must not import triton; the torch paths run where it is missing."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'triton' or name.startswith('triton.'): raise ImportError('no triton here')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import torch\n"
+        "from decodegap.kernels import mla_decode\n"
+        "q = torch.randn(1, 2, 576).bfloat16(); kv = torch.randn(4, 1, 576).to(torch.float8_e4m3fn)\n"
+        "t = torch.arange(4, dtype=torch.int32)[None]; n = torch.tensor([3], dtype=torch.int32)\n"
+        "for impl in ('reference', 'full_cast', 'gather_cast'): mla_decode(q, kv, t, n, 0.1, impl=impl)\n"
+        "assert 'triton' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ)
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
