@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # CPU torch for the capture/kernel/demo tests (pip takes 2.13.0 from the local wheel store when there is one);
 # the analysis core itself never imports torch.
 TORCH_SPEC  ?= torch==2.13.0
-TRITON_SPEC ?= triton==3.6.0
+TRITON_SPEC ?= triton==3.8.0
 
 .PHONY: run test bench clean
 

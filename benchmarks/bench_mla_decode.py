@@ -113,15 +113,18 @@ class Row:
     err: float = float("nan")  # triton fp8 vs gather_cast (a sanity check, not the correctness test)
 
 
-def run_case(p: Pools, heads: int, copy_gbps: float, deadline: float) -> Row:
+def run_case(p: Pools, heads: int, copy_gbps: float, deadline: float,
+             tuned: dict[tuple[str, int], Config]) -> Row:
     q = torch.randn(p.batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
-    cfg = default_config(heads, FP8)
+    hclass = 16 if heads <= 16 else 128
+    cfg = tuned.get(("fp8", hclass)) or default_config(heads, FP8)
+    cfg16 = tuned.get(("bf16", hclass)) or default_config(heads, BF16)
     splits = pick_num_splits(p.batch, -(-heads // cfg.block_h), p.table.shape[1] * p.page_size, heads,
                              _num_sms(q.device.index), cfg.block_n)
     row = Row(p.batch, p.ctx, heads, splits)
     args = (p.table, p.lens, SM_SCALE, KV_SCALE)
-    row.ms["triton_fp8"], out_fp8 = time_graph(lambda: mla_decode_triton(q, p.fp8, *args))
-    row.ms["triton_bf16"], _ = time_graph(lambda: mla_decode_triton(q, p.bf16, *args))
+    row.ms["triton_fp8"], out_fp8 = time_graph(lambda: mla_decode_triton(q, p.fp8, *args, config=cfg))
+    row.ms["triton_bf16"], _ = time_graph(lambda: mla_decode_triton(q, p.bf16, *args, config=cfg16))
     tokens = p.batch * p.ctx
     torch_paths = {
         "gather_cast": (gather_cast, None),
@@ -172,51 +175,58 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-SWEEP_CONFIGS = {
-    16: [Config(16, 32, 8, 3), Config(16, 32, 8, 2), Config(16, 32, 4, 2), Config(16, 64, 8, 2),
-         Config(16, 64, 4, 2)],
-    128: [Config(32, 32, 8, 2), Config(16, 32, 8, 3), Config(64, 32, 8, 2), Config(32, 32, 8, 3),
-          Config(64, 16, 8, 2)],
+SWEEP = {  # (cache, heads) -> candidate tile configs, timed at B=32, ctx 4096
+    ("fp8", 16): [Config(16, 64, 4, 2), Config(16, 32, 4, 2), Config(16, 64, 4, 2, kt=True),
+                  Config(16, 32, 4, 2, kt=True), Config(16, 32, 4, 3, kt=True)],
+    ("fp8", 128): [Config(64, 32, 8, 2), Config(64, 16, 8, 2), Config(16, 32, 4, 2, kt=True),
+                   Config(32, 32, 4, 2, kt=True), Config(64, 32, 8, 2, kt=True)],
+    ("bf16", 16): [Config(16, 32, 4, 2), Config(16, 32, 4, 2, kt=True), Config(16, 32, 8, 2)],
+    ("bf16", 128): [Config(64, 16, 8, 2), Config(16, 32, 4, 2, kt=True), Config(64, 32, 8, 2)],
 }
 
 
-def sweep(copy_gbps: float) -> list[list[str]]:
-    """Tile configs and split counts at the target shapes: the evidence behind default_config/pick_num_splits."""
-    rows = []
-    for batch, ctx in ((32, 4096), (128, 16384)):
-        p = make_pools(batch, ctx, 64)
-        for heads, configs in SWEEP_CONFIGS.items():
-            q = torch.randn(batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
-            for dtype, cache in (("fp8", p.fp8), ("bf16", p.bf16)):
-                if dtype == "bf16" and (heads != 16 or batch != 32):
-                    continue
-                for cfg in configs:
-                    base = pick_num_splits(batch, -(-heads // cfg.block_h), ctx, heads, _num_sms(0), cfg.block_n)
-                    for splits in sorted({max(1, base // 4), max(1, base // 2), base, base * 2}):
-                        try:
-                            ms, _ = time_graph(lambda: mla_decode_triton(
-                                q, cache, p.table, p.lens, SM_SCALE, KV_SCALE, config=cfg, num_splits=splits))
-                        except Exception as e:  # a config that does not compile (shared memory) is a result too
-                            rows.append([str(batch), str(ctx), str(heads), dtype, str(cfg), str(splits),
-                                         f"failed: {type(e).__name__}", "", ""])
-                            continue
-                        gbps = bytes_moved(batch, ctx, heads, 1 if dtype == "fp8" else 2) / (ms * 1e-3) / 1e9
-                        rows.append([str(batch), str(ctx), str(heads), dtype,
-                                     f"H{cfg.block_h} N{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}",
-                                     str(splits), f"{ms * 1e3:.1f}", f"{gbps:.0f}", f"{100 * gbps / copy_gbps:.0f}%"])
-                        print(" | ".join(rows[-1]), flush=True)
-        del p
-        torch.cuda.empty_cache()
-    return rows
+def cfg_name(c: Config) -> str:
+    return f"H{c.block_h} N{c.block_n} w{c.num_warps} s{c.num_stages}{' qKt' if c.kt else ' kqT'}"
 
 
-def page_size_rows(copy_gbps: float) -> list[list[str]]:
+def sweep(copy_gbps: float) -> tuple[list[list[str]], dict[tuple[str, int], Config]]:
+    """Time candidate tile configs (heuristic split count, and twice that) at B=32, ctx 4096; the fastest per
+    (cache dtype, head class) is used for the main table."""
+    rows, best = [], {}
+    batch, ctx = 32, 4096
+    p = make_pools(batch, ctx, 64)
+    for (dtype, heads), configs in SWEEP.items():
+        cache = p.fp8 if dtype == "fp8" else p.bf16
+        q = torch.randn(batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
+        top = (math.inf, None)
+        for cfg in configs:
+            base = pick_num_splits(batch, -(-heads // cfg.block_h), ctx, heads, _num_sms(0), cfg.block_n)
+            for splits in (base, 2 * base):
+                try:
+                    ms, _ = time_graph(lambda: mla_decode_triton(
+                        q, cache, p.table, p.lens, SM_SCALE, KV_SCALE, config=cfg, num_splits=splits))
+                except Exception as e:  # a config that does not fit (shared memory) is a result too
+                    rows.append([str(heads), dtype, cfg_name(cfg), str(splits), f"failed: {type(e).__name__}", "", ""])
+                    break
+                if splits == base and ms < top[0]:
+                    top = (ms, cfg)
+                gbps = bytes_moved(batch, ctx, heads, 1 if dtype == "fp8" else 2) / (ms * 1e-3) / 1e9
+                rows.append([str(heads), dtype, cfg_name(cfg), str(splits), f"{ms * 1e3:.1f}", f"{gbps:.0f}",
+                             f"{100 * gbps / copy_gbps:.0f}%"])
+                print(" | ".join(rows[-1]), flush=True)
+        best[(dtype, heads)] = top[1]
+    del p
+    torch.cuda.empty_cache()
+    return rows, best
+
+
+def page_size_rows(copy_gbps: float, cfg: Config | None) -> list[list[str]]:
     """The same problem (B=32, ctx 4096, H=16, FP8) in SGLang's token slots, and pages of 16 and 64."""
     rows = []
     for page_size in (1, 16, 64):
         p = make_pools(32, 4096, page_size)
         q = torch.randn(32, 16, HEAD_DIM, device=DEVICE).to(BF16)
-        ms, _ = time_graph(lambda: mla_decode_triton(q, p.fp8, p.table, p.lens, SM_SCALE, KV_SCALE))
+        ms, _ = time_graph(lambda: mla_decode_triton(q, p.fp8, p.table, p.lens, SM_SCALE, KV_SCALE, config=cfg))
         gbps = bytes_moved(32, 4096, 16, 1) / (ms * 1e-3) / 1e9
         rows.append([str(page_size), f"{ms * 1e3:.1f}", f"{gbps:.0f}", f"{100 * gbps / copy_gbps:.0f}%"])
         del p
@@ -240,17 +250,18 @@ def main() -> int:
     copy_gbps = copy_bandwidth_gbps()
     print(f"{gpu}: device copy {copy_gbps:.0f} GB/s (read + write), {_num_sms(0)} SMs", flush=True)
 
-    sweep_rows = sweep(copy_gbps) if args.sweep else []
+    sweep_rows, tuned = sweep(copy_gbps) if args.sweep else ([], {})
+    print("tile configs used:", {k: cfg_name(v) for k, v in tuned.items() if v}, flush=True)
     rows: list[Row] = []
     for batch in BATCHES:
         for ctx in CONTEXTS:
             p = make_pools(batch, ctx, args.page_size)
             for heads in HEADS:
-                rows.append(run_case(p, heads, copy_gbps, t0 + args.budget_s))
+                rows.append(run_case(p, heads, copy_gbps, t0 + args.budget_s, tuned))
                 print(" | ".join(fmt_row(rows[-1], copy_gbps)), flush=True)
             del p
             torch.cuda.empty_cache()
-    ps_rows = page_size_rows(copy_gbps)
+    ps_rows = page_size_rows(copy_gbps, tuned.get(("fp8", 16)))
 
     def pct(r: Row) -> float:
         return 100 * bytes_moved(r.batch, r.ctx, r.heads, 1) / (r.ms["triton_fp8"] * 1e-3) / 1e9 / copy_gbps
@@ -277,6 +288,8 @@ def main() -> int:
         f"{KV_SCALE}; timings are do_bench medians with L2 flushed; Triton as one CUDA graph replay.",
         "GB/s counts the KV of each active token once (FP8 576 B, BF16 1152 B) + q + out; the torch paths are "
         "credited with the FP8 bytes. `(x fp8)` = time / Triton FP8 time. `splits` = KV splits per sequence.",
+        "Tile configs (fastest in the sweep below; H<=16 uses the H=16 pick, H>16 the H=128 pick): "
+        + (", ".join(f"{d} H{h}: {cfg_name(c)}" for (d, h), c in tuned.items() if c) or "defaults"),
         "",
         "## Targets",
         *summary,
@@ -288,8 +301,8 @@ def main() -> int:
         markdown_table(["page size", "µs", "GB/s", "% copy"], ps_rows),
     ]
     if sweep_rows:
-        md += ["", "## Sweep: tile configs x split counts (Triton)",
-               markdown_table(["B", "ctx", "H", "cache", "config", "splits", "µs", "GB/s", "% copy"], sweep_rows)]
+        md += ["", "## Sweep: tile configs x split counts (Triton, B=32, ctx 4096)",
+               markdown_table(["H", "cache", "config", "splits", "µs", "GB/s", "% copy"], sweep_rows)]
     text = "\n".join(md) + "\n"
     out = args.out or f"benchmarks/results/mla_decode_{gpu.split()[-1].lower()}_{date}.md"
     with open(out, "w") as fh:

@@ -86,3 +86,37 @@ def test_kv_pool_cast_silent_for_a_model_with_another_kv_width():
     prepare_model_options(options, FIXTURES / "configs" / "llama-3.1-8b.json", None, None, None, None, 1, 1, None,
                           None)
     assert "kv_pool_cast" not in _ids(analyze_path(CAST, options))
+
+
+FULL_POOL_CAST = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+                  "::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1}, "
+                  "std::array<char*, 2ul>, 4, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, "
+                  "unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >")
+
+
+def _graph_cast_trace(tmp_path):
+    doc = decode_loop(steps=3, layers=6, graph=True, gap_us=2.0, extra_layer_kernels=((FULL_POOL_CAST, "cast", 860.0),))
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel" and e["name"] == FULL_POOL_CAST:
+            e["args"]["grid"], e["args"]["block"] = [557496, 1, 1], [128, 1, 1]
+    return write(doc, tmp_path / "graph.json")
+
+
+def test_kv_pool_cast_under_cuda_graph_from_launch_shape(tmp_path):
+    # hand-built like the incident under CUDA-graph replay: no CPU op, so no shapes; grid x block x 4 elements
+    report = analyze_path(_graph_cast_trace(tmp_path))
+    cast = report.findings[0]
+    assert cast.id == "kv_pool_cast" and cast.evidence["from_graph"] is True
+    assert cast.evidence["elements_per_call"] == 557496 * 128 * 4
+    assert cast.evidence["bytes_source"] == "launch"
+    assert cast.evidence["calls_per_step"] == 6 and cast.evidence["layers"] == 6
+
+
+def test_kv_pool_cast_under_cuda_graph_with_model_finds_the_pool(tmp_path):
+    options = AnalysisOptions()
+    prepare_model_options(options, FIXTURES / "configs" / "deepseek-v3.json", None, None, None, None, 1, 1, 2048,
+                          None)
+    cast = analyze_path(_graph_cast_trace(tmp_path), options).findings[0]
+    assert cast.evidence["pool_slots"] == 495552 and cast.evidence["row_elements"] == 576
+    assert cast.evidence["matches_model_kv_width"] is True
+    assert cast.evidence["active_fraction"] == round(2048 / 495552, 6)

@@ -120,6 +120,21 @@ def test_triton_matches_reference(batch, heads, page_size, kv_dtype, lens, kv_sc
     check_against_reference(case, out, lse)
 
 
+@pytest.mark.parametrize("kt", [False, True], ids=["kq", "qkt"])
+@pytest.mark.parametrize("block_h,block_n", [(16, 32), (64, 16)])
+def test_triton_tile_variants(kt, block_h, block_n):
+    """Both score-dot formulations and other tile shapes compute the same function."""
+    needs_triton()
+    from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
+
+    case = make_case(3, 24, 16, FP8, [45, 3, 70], 0.6)
+    out = torch.full((3, 24, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
+    res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
+                                 return_lse=True, num_splits=2, out=out, poison_workspace=True,
+                                 config=Config(block_h, block_n, 4, 2, kt=kt))
+    check_against_reference(case, res, lse)
+
+
 @pytest.mark.parametrize("impl", ["full_cast", "gather_cast"])
 @pytest.mark.parametrize("batch,heads,page_size,kv_dtype,lens,kv_scale,num_splits", CASES, ids=IDS)
 def test_torch_paths_match_reference(impl, batch, heads, page_size, kv_dtype, lens, kv_scale, num_splits):

@@ -20,7 +20,7 @@ STEP_KERNELS = [("void at::native::index_select_kernel<c10::BFloat16>", 5.0),
 def decode_loop(steps: int = 5, layers: int = 4, markers: str | None = "gpu", gap_us: float = 200.0,
                 graph: bool = False, rocm: bool = False, integer_us: bool = False, old_categories: bool = False,
                 prefill: bool = False, collective_us: float | None = None, rank: int | None = None,
-                base_us: float = 1_000_000.0) -> dict:
+                base_us: float = 1_000_000.0, extra_layer_kernels: tuple = ()) -> dict:
     """A Kineto-shaped trace of `steps` decode steps of `layers` layers each."""
     events: list[dict] = []
     kernel_cat = "Kernel" if old_categories else "kernel"
@@ -33,6 +33,7 @@ def decode_loop(steps: int = 5, layers: int = 4, markers: str | None = "gpu", ga
     layer_kernels = list(LAYER_KERNELS)
     if rocm:
         layer_kernels[0] = ("Cijk_Alik_Bljk_BBS_BH_MT64x16x64_MI16x16x16x1_SN_1LDSB0", "gemm", 22.0)
+    layer_kernels += list(extra_layer_kernels)
     if collective_us is not None:
         layer_kernels.append(("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
                               "collective", collective_us))
@@ -75,7 +76,7 @@ def decode_loop(steps: int = 5, layers: int = 4, markers: str | None = "gpu", ga
                 if is_prefill and category == "attention":
                     name, dur = "flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", dur * 8
                 op = {"gemm": "aten::mm", "attention": "flash_attn::fwd", "elementwise": "aten::add",
-                      "norm": "vllm::rms_norm", "collective": "nccl:all_reduce"}[category]
+                      "norm": "vllm::rms_norm", "collective": "nccl:all_reduce", "cast": "aten::copy_"}[category]
                 dims = {"gemm": [[1, 4096], [4096, 4096]], "collective": [[1, 4096]]}.get(category)
                 types = ["c10::BFloat16"] * len(dims) if dims else None
                 emit_kernel(name, dur * (8 if is_prefill and category == "gemm" else 1), op, dims, types)

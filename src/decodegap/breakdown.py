@@ -243,21 +243,30 @@ def _longest_gaps(trace: Trace, decode, top: int = 5) -> list[HostGap]:
     return found[:top]
 
 
-def _leaf_ops(trace: Trace, start_ns: int, end_ns: int) -> np.ndarray:
-    """CPU ops inside [start, end) that contain no other op on their thread: where the CPU time is spent."""
+def _self_times(trace: Trace, start_ns: int, end_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """CPU ops starting inside [start, end) and their self time (duration minus their direct children's), the
+    way profilers attribute CPU time: aten::mm's own work, not the resolve_conj it calls."""
     ops = trace.cpu_ops
     inside = np.flatnonzero((ops.ts_ns >= start_ns) & (ops.ts_ns < end_ns))
     if not len(inside):
-        return inside
-    order = inside[np.lexsort((ops.ts_ns[inside], ops.tid[inside]))]
-    ts, end, tid = ops.ts_ns[order], ops.ts_ns[order] + ops.dur_ns[order], ops.tid[order]
-    next_starts_inside = np.zeros(len(order), dtype=bool)
-    next_starts_inside[:-1] = (tid[1:] == tid[:-1]) & (ts[1:] < end[:-1])
-    return order[~next_starts_inside]
+        return inside, np.empty(0, dtype=np.int64)
+    order = inside[np.lexsort((-ops.dur_ns[inside], ops.ts_ns[inside], ops.tid[inside]))]
+    ts, dur, tid = ops.ts_ns[order].tolist(), ops.dur_ns[order].tolist(), ops.tid[order].tolist()
+    self_ns = list(dur)
+    stack: list[int] = []  # open ops on the current thread, innermost last
+    for i in range(len(order)):
+        if stack and tid[stack[-1]] != tid[i]:
+            stack.clear()
+        while stack and ts[i] >= ts[stack[-1]] + dur[stack[-1]]:
+            stack.pop()
+        if stack:
+            self_ns[stack[-1]] -= dur[i]
+        stack.append(i)
+    return order, np.maximum(np.asarray(self_ns, dtype=np.int64), 0)
 
 
 def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
-    """For traces with no GPU activity (CPU runs, CPU-only captures): the same tables over leaf CPU ops."""
+    """For traces with no GPU activity (CPU runs, CPU-only captures): the same tables over CPU ops' self time."""
     from decodegap.categories import categorize_cpu_op
 
     decode = steps.decode
@@ -266,11 +275,12 @@ def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
     groups: dict[tuple, list] = {}
     by_category: Counter = Counter()
     for step in decode:
-        for i in _leaf_ops(trace, step.start_ns, step.end_ns).tolist():
+        rows, self_ns = _self_times(trace, step.start_ns, step.end_ns)
+        for i, own in zip(rows.tolist(), self_ns.tolist()):
             key = (int(ops.name_id[i]), ops.input_dims[i], ops.input_types[i])
             entry = groups.setdefault(key, [0, 0])
             entry[0] += 1
-            entry[1] += int(ops.dur_ns[i])
+            entry[1] += own
     total_ns = sum(e[1] for e in groups.values())
     kernels = []
     for (name_id, dims, types), (calls, dur_ns) in groups.items():

@@ -15,6 +15,7 @@ from decodegap.errors import UserError
 COMMAND_MODULES = {
     "analyze": "decodegap.commands.analyze",
     "demo": "decodegap.commands.demo",
+    "diff": "decodegap.commands.diff",
     "floor": "decodegap.commands.floor",
     "record": "decodegap.commands.record",
 }

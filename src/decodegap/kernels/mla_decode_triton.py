@@ -38,7 +38,7 @@ def _split_kernel(
     stride_ob, stride_oh, stride_pb, stride_ph,
     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DL: tl.constexpr, DR: tl.constexpr, SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, KT: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -54,38 +54,60 @@ def _split_kernel(
     mask_h = offs_h < num_heads
     offs_l = tl.arange(0, DL)
     offs_r = tl.arange(0, DR)
-    # q is held transposed ([576, BLOCK_H]) so that the score dot takes the KV tile as its A operand
-    # (s^T = k . q^T) and the output dot as its B operand (acc += p . v), neither transposed. The latent part
-    # is loaded once per dot: each load then feeds one dot and is staged through shared memory by the
-    # software pipeliner; the second read of the same lines is served by L2 (a transposed 8-bit operand, or a
-    # load with two consumers, would instead go through registers unpipelined).
-    q_col = q_ptr + pid_b * stride_qb + offs_h[None, :] * stride_qh
-    q_lat = tl.load(q_col + offs_l[:, None], mask=mask_h[None, :], other=0.0).to(DOT_DTYPE)
-    q_rope = tl.load(q_col + DL + offs_r[:, None], mask=mask_h[None, :], other=0.0).to(DOT_DTYPE)
-
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, DL], dtype=tl.float32)
     table_row = table_ptr + pid_b * stride_tb
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        page = tl.load(table_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-        row = kv_ptr + page * stride_page + (offs_n % PAGE_SIZE) * stride_slot
-        # Masked rows are never read (they may belong to another sequence or hold garbage).
-        k_lat = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
-        k_rope = tl.load(row[:, None] + DL + offs_r[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
-        s = tl.dot(k_lat, q_lat)
-        s = tl.dot(k_rope, q_rope, s)  # [BLOCK_N, BLOCK_H]
-        s = tl.where(mask_n[:, None], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p, 0)
-        v = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0,
-                    eviction_policy="evict_first").to(DOT_DTYPE)  # distinct from k_lat: not merged by CSE
-        acc = tl.dot(tl.trans(p.to(DOT_DTYPE)), v, acc * alpha[:, None])
-        m_i = m_new
+    if KT:
+        # Scores as q . K^T with K^T gathered directly as [576, BLOCK_N] tiles; V loaded again as [BLOCK_N, 512].
+        q_row = q_ptr + pid_b * stride_qb + offs_h[:, None] * stride_qh
+        q_lat = tl.load(q_row + offs_l[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+        q_rope = tl.load(q_row + DL + offs_r[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < end
+            page = tl.load(table_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+            row = kv_ptr + page * stride_page + (offs_n % PAGE_SIZE) * stride_slot
+            kt_lat = tl.load(row[None, :] + offs_l[:, None], mask=mask_n[None, :], other=0.0).to(DOT_DTYPE)
+            kt_rope = tl.load(row[None, :] + DL + offs_r[:, None], mask=mask_n[None, :], other=0.0).to(DOT_DTYPE)
+            s = tl.dot(q_lat, kt_lat)
+            s = tl.dot(q_rope, kt_rope, s)  # [BLOCK_H, BLOCK_N]
+            s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+            acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None])
+            m_i = m_new
+    else:
+        # q is held transposed ([576, BLOCK_H]) so that the score dot takes the KV tile as its A operand
+        # (s^T = k . q^T) and the output dot as its B operand (acc += p . v), neither transposed. The latent
+        # part is loaded once per dot: each load then feeds one dot and is staged through shared memory by
+        # the software pipeliner; the second read of the same lines is served by L2 (a transposed 8-bit
+        # operand, or one load with two consumers, would go through registers unpipelined).
+        q_col = q_ptr + pid_b * stride_qb + offs_h[None, :] * stride_qh
+        q_lat = tl.load(q_col + offs_l[:, None], mask=mask_h[None, :], other=0.0).to(DOT_DTYPE)
+        q_rope = tl.load(q_col + DL + offs_r[:, None], mask=mask_h[None, :], other=0.0).to(DOT_DTYPE)
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < end
+            page = tl.load(table_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+            row = kv_ptr + page * stride_page + (offs_n % PAGE_SIZE) * stride_slot
+            # Masked rows are never read (they may belong to another sequence or hold garbage).
+            k_lat = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+            k_rope = tl.load(row[:, None] + DL + offs_r[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+            s = tl.dot(k_lat, q_lat)
+            s = tl.dot(k_rope, q_rope, s)  # [BLOCK_N, BLOCK_H]
+            s = tl.where(mask_n[:, None], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+            v = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0,
+                        eviction_policy="evict_first").to(DOT_DTYPE)  # distinct from k_lat: not merged by CSE
+            acc = tl.dot(tl.trans(p.to(DOT_DTYPE)), v, acc * alpha[:, None])
+            m_i = m_new
 
     # An empty slice (short sequence, many splits) leaves l_i = 0: output 0 with lse -inf, which the merge ignores.
     has = l_i > 0
@@ -138,14 +160,15 @@ class Config:
     block_n: int
     num_warps: int
     num_stages: int
+    kt: bool = False  # score dot as q . K^T (K^T gathered by pointers) instead of K . q^T
 
 
 def default_config(num_heads: int, kv_dtype: torch.dtype) -> Config:
-    """Tile shapes per head count and cache dtype. Eight warps keep the staged tiles, the [BLOCK_H, 512]
-    accumulator and the converted operands within 255 registers without spills (ptxas report, sm_90)."""
+    """Tile shapes per head count and cache dtype: the fastest in the H200 sweep at B=32, ctx 4096
+    (benchmarks/results/mla_decode_h200_2026-11-29.md)."""
     if kv_dtype == torch.float8_e4m3fn:
-        return Config(block_h=16, block_n=32, num_warps=8, num_stages=3) if num_heads <= 16 else Config(32, 32, 8, 2)
-    return Config(block_h=16, block_n=32, num_warps=8, num_stages=2)
+        return Config(16, 32, 4, 2, kt=True) if num_heads <= 16 else Config(64, 32, 8, 2, kt=True)
+    return Config(16, 32, 4, 2, kt=True) if num_heads <= 16 else Config(64, 32, 8, 2)
 
 
 @functools.lru_cache(maxsize=8)
@@ -213,7 +236,7 @@ def mla_decode_triton(
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
         out.stride(0), out.stride(1), num_heads * num_splits, num_splits,
         PAGE_SIZE=page_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=LATENT_DIM, DR=ROPE_DIM,
-        SPLIT=split, RETURN_LSE=return_lse, DOT_DTYPE=tl.float32 if _INTERPRETED else tl.bfloat16,
+        SPLIT=split, RETURN_LSE=return_lse, DOT_DTYPE=tl.float32 if _INTERPRETED else tl.bfloat16, KT=cfg.kt,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:

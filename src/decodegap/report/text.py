@@ -32,6 +32,16 @@ def _shapes(k) -> str:
     return ""
 
 
+def _terminal_width() -> int:
+    """The real terminal's width when there is one (at least 120), else 160 for files and pipes."""
+    import shutil
+    import sys
+
+    if sys.stdout.isatty():
+        return max(shutil.get_terminal_size((160, 40)).columns, 120)
+    return 160
+
+
 def summary_lines(report) -> list[str]:
     main = report.main
     b, steps = main.breakdown, main.steps
@@ -41,9 +51,13 @@ def summary_lines(report) -> list[str]:
         lines.append(f"decode steps: {b.decode_count} (+{b.prefill_count} prefill) found by {steps.source}")
         lines.append(f"step time: median {s.median:.3f} ms  (min {s.min:.3f}, p90 {s.p90:.3f}, max {s.max:.3f})  "
                      f"= {1000 / s.median:.1f} tok/s per sequence" if s.median else "step time: n/a")
-        lines.append(f"GPU busy {b.gpu_busy_fraction:.0%} of the step; {b.gpu_ms_per_step:.3f} ms of GPU work and "
-                     f"{b.kernels_per_step:.0f} GPU activities per step"
-                     + (f"; {b.layers} layers ({b.layers_evidence})" if b.layers else ""))
+        layers = f"; {b.layers} layers ({b.layers_evidence})" if b.layers else ""
+        if main.trace.has_gpu:
+            lines.append(f"GPU busy {b.gpu_busy_fraction:.0%} of the step; {b.gpu_ms_per_step:.3f} ms of GPU work and "
+                         f"{b.kernels_per_step:.0f} GPU activities per step" + layers)
+        else:
+            lines.append(f"no GPU events: {b.gpu_ms_per_step:.3f} ms of CPU op self time and "
+                         f"{b.kernels_per_step:.0f} CPU ops per step" + layers)
     check = profiler_check(report)
     if check:
         lines.append(f"profiled {check['profiled_ms']:.3f} ms vs unprofiled {check['unprofiled_ms']:.3f} ms per step "
@@ -53,8 +67,8 @@ def summary_lines(report) -> list[str]:
 
 def render_text(report, top: int = 15, full_names: bool = False, width: int | None = None) -> str:
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width or 160, force_terminal=False, color_system=None, highlight=False,
-                      markup=False)
+    console = Console(file=buffer, width=width or _terminal_width(), force_terminal=False, color_system=None,
+                      highlight=False, markup=False)
     for line in summary_lines(report):
         console.print(line)
     main = report.main
@@ -77,23 +91,30 @@ def render_text(report, top: int = 15, full_names: bool = False, width: int | No
                           f"{r.breakdown.gpu_busy_fraction:.0%}", f"{r.collective_ms_per_step():.3f}")
         console.print(table)
     if b.categories:
+        unit = "GPU" if main.trace.has_gpu else "CPU op"
         table = Table(title="time per decode step by category" + (f" (rank {main.rank})" if len(report.ranks) > 1
                                                                    else ""), title_justify="left")
-        for col in ("category", "ms/step", "% GPU time", "% of step"):
+        for col in ("category", "ms/step", f"% {unit} time", "% of step"):
             table.add_column(col, justify="right" if col != "category" else "left")
         for c in b.categories:
             table.add_row(c.name, f"{c.ms_per_step:.3f}", f"{c.share:.1%}", f"{c.share_of_step:.1%}")
         idle = max(b.step_ms.median - b.busy_ms_per_step, 0.0)
-        table.add_row("(GPU idle)", f"{idle:.3f}", "", f"{idle / b.step_ms.median:.1%}" if b.step_ms.median else "")
+        if main.trace.has_gpu:
+            table.add_row("(GPU idle)", f"{idle:.3f}", "",
+                          f"{idle / b.step_ms.median:.1%}" if b.step_ms.median else "")
         console.print(table)
     if b.kernels:
-        table = Table(title=f"top kernels ({min(top, len(b.kernels))} of {len(b.kernels)} groups)",
+        what = "kernels" if main.trace.has_gpu else "CPU ops (self time)"
+        table = Table(title=f"top {what} ({min(top, len(b.kernels))} of {len(b.kernels)} groups)",
                       title_justify="left")
         for col in ("kernel", "category", "calls/step", "ms/step", "share", "us/call", "op / shapes", "bytes/call",
                     "GB/s"):
-            table.add_column(col, justify="left" if col in ("kernel", "category", "op / shapes") else "right",
-                             overflow="fold" if col == "kernel" and full_names else "ellipsis",
-                             no_wrap=not (col == "kernel" and full_names))
+            text_col = col in ("kernel", "category", "op / shapes")
+            folded = col == "kernel" and full_names
+            table.add_column(col, justify="left" if text_col else "right", no_wrap=not folded,
+                             overflow="fold" if folded else "ellipsis",
+                             max_width={"kernel": None if folded else 42, "op / shapes": 32}.get(col),
+                             min_width=11 if col == "category" else None if text_col else len(col))
         for k in b.kernels[:top]:
             name = k.name if full_names else short_kernel_name(k.name)
             op = (k.op or ("graph replay" if k.from_graph else "")) + (" " + _shapes(k) if _shapes(k) else "")
