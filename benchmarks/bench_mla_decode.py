@@ -176,17 +176,20 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 SWEEP = {  # (cache, heads) -> candidate tile configs, timed at B=32, ctx 4096
-    ("fp8", 16): [Config(16, 64, 4, 2), Config(16, 32, 4, 2), Config(16, 64, 4, 2, kt=True),
-                  Config(16, 32, 4, 2, kt=True), Config(16, 32, 4, 3, kt=True)],
-    ("fp8", 128): [Config(64, 32, 8, 2), Config(64, 16, 8, 2), Config(16, 32, 4, 2, kt=True),
-                   Config(32, 32, 4, 2, kt=True), Config(64, 32, 8, 2, kt=True)],
-    ("bf16", 16): [Config(16, 32, 4, 2), Config(16, 32, 4, 2, kt=True), Config(16, 32, 8, 2)],
-    ("bf16", 128): [Config(64, 16, 8, 2), Config(16, 32, 4, 2, kt=True), Config(64, 32, 8, 2)],
+    ("fp8", 16): [Config(16, 32, 4, 2, kt=True, widen="bf16"),  # the 2026-11-29 default (bf16 dots)
+                  Config(16, 32, 4, 2, kt=True), Config(16, 64, 4, 2, kt=True), Config(16, 32, 8, 2, kt=True),
+                  Config(16, 32, 4, 2, kt=True, reuse_v=True), Config(16, 64, 4, 2, kt=True, reuse_v=True),
+                  Config(16, 32, 8, 2, kt=True, reuse_v=True)],
+    ("fp8", 128): [Config(64, 32, 8, 2, kt=True, widen="bf16"), Config(64, 32, 8, 2, kt=True),
+                   Config(64, 32, 8, 2, kt=True, reuse_v=True), Config(64, 32, 8, 2)],
+    ("bf16", 16): [Config(16, 32, 4, 2, kt=True), Config(16, 32, 4, 2, kt=True, reuse_v=True)],
+    ("bf16", 128): [Config(64, 32, 8, 2), Config(64, 32, 8, 2, kt=True, reuse_v=True)],
 }
 
 
 def cfg_name(c: Config) -> str:
-    return f"H{c.block_h} N{c.block_n} w{c.num_warps} s{c.num_stages}{' qKt' if c.kt else ' kqT'}"
+    return (f"H{c.block_h} N{c.block_n} w{c.num_warps} s{c.num_stages}{' qKt' if c.kt else ' kqT'}"
+            f"{' reuseV' if c.reuse_v else ''}{' bf16dots' if c.widen == 'bf16' else ''}")
 
 
 def sweep(copy_gbps: float) -> tuple[list[list[str]], dict[tuple[str, int], Config]]:

@@ -121,9 +121,12 @@ def test_triton_matches_reference(batch, heads, page_size, kv_dtype, lens, kv_sc
 
 
 @pytest.mark.parametrize("kt", [False, True], ids=["kq", "qkt"])
-@pytest.mark.parametrize("block_h,block_n", [(16, 32), (64, 16)])
-def test_triton_tile_variants(kt, block_h, block_n):
-    """Both score-dot formulations and other tile shapes compute the same function."""
+@pytest.mark.parametrize("reuse_v", [False, True], ids=["reload_v", "reuse_v"])
+@pytest.mark.parametrize("block_h,block_n,num_warps", [(16, 32, 4), (16, 64, 4), (16, 32, 8), (64, 16, 4),
+                                                         (64, 32, 8)])
+def test_triton_tile_variants(kt, reuse_v, block_h, block_n, num_warps):
+    """Both score-dot formulations, with V re-read or reused from the K tile, and other tile shapes compute
+    the same function (every candidate the benchmark may time, so its pick is tested too)."""
     needs_triton()
     from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
 
@@ -131,8 +134,37 @@ def test_triton_tile_variants(kt, block_h, block_n):
     out = torch.full((3, 24, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
     res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
                                  return_lse=True, num_splits=2, out=out, poison_workspace=True,
-                                 config=Config(block_h, block_n, 4, 2, kt=kt))
+                                 config=Config(block_h, block_n, num_warps, 2, kt=kt, reuse_v=reuse_v))
     check_against_reference(case, res, lse)
+
+
+@pytest.mark.parametrize("kv_dtype,widen", [(FP8, "bf16"), (BF16, "auto")], ids=["fp8_bf16dots", "bf16"])
+@pytest.mark.parametrize("reuse_v", [False, True], ids=["reload_v", "reuse_v"])
+def test_triton_dot_dtypes(kv_dtype, widen, reuse_v):
+    """FP8 caches with bf16 dots (the old widening) and BF16 caches (bf16 dots) with either V source."""
+    needs_triton()
+    from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
+
+    case = make_case(2, 16, 64, kv_dtype, [130, 77], 1.3)
+    out = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 1.3, num_splits=3,
+                            config=Config(16, 32, 4, 2, kt=True, reuse_v=reuse_v, widen=widen))
+    check_against_reference(case, out)
+
+
+@pytest.mark.parametrize("sm_scale,kv_scale,q_mag", [(1 / 16, 0.8, 1.0), (1.0, 40.0, 1e-3), (1e-3, 1e-2, 3e3)])
+def test_fp16_dots_keep_q_in_range(sm_scale, kv_scale, q_mag):
+    """FP8 caches run fp16 dots on q * 2^e (2^e ~ the score scale): far-off scales and query magnitudes stay
+    finite and accurate."""
+    needs_triton()
+    from decodegap.kernels.mla_decode_triton import mla_decode_triton
+
+    case = make_case(2, 16, 16, FP8, [40, 9], kv_scale)
+    case.q = (case.q.float() * q_mag).to(BF16)
+    out = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, sm_scale, kv_scale)
+    ref = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, sm_scale, kv_scale=kv_scale,
+                     impl="reference")
+    assert torch.isfinite(out.float()).all()
+    assert rel_err(out, ref) < REL_TOL
 
 
 @pytest.mark.parametrize("impl", ["full_cast", "gather_cast"])

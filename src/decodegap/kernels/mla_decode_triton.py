@@ -33,12 +33,12 @@ def _split_kernel(
     q_ptr, kv_ptr, table_ptr, lens_ptr,
     out_ptr, lse_ptr,  # final output / lse (used when not SPLIT)
     part_ptr, part_lse_ptr,  # [B, H, S, 512] fp32 / [B, H, S] fp32 (used when SPLIT)
-    qk_scale, out_scale, num_heads, num_splits,
+    q_scale, s_scale, out_scale, num_heads, num_splits,
     stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
     stride_ob, stride_oh, stride_pb, stride_ph,
     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DL: tl.constexpr, DR: tl.constexpr, SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, KT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, KT: tl.constexpr, REUSE_V: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -58,37 +58,51 @@ def _split_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, DL], dtype=tl.float32)
     table_row = table_ptr + pid_b * stride_tb
+    # q is pre-multiplied by q_scale (a power of two: exact, and it keeps an fp16 q in range) before the cast
+    # to the dot dtype; s_scale (= sm_scale * kv_scale * log2(e) / q_scale) is applied to the fp32 scores.
     if KT:
-        # Scores as q . K^T with K^T gathered directly as [576, BLOCK_N] tiles; V loaded again as [BLOCK_N, 512].
         q_row = q_ptr + pid_b * stride_qb + offs_h[:, None] * stride_qh
-        q_lat = tl.load(q_row + offs_l[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
-        q_rope = tl.load(q_row + DL + offs_r[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+        q_lat = (tl.load(q_row + offs_l[None, :], mask=mask_h[:, None], other=0.0).to(tl.float32)
+                 * q_scale).to(DOT_DTYPE)
+        q_rope = (tl.load(q_row + DL + offs_r[None, :], mask=mask_h[:, None], other=0.0).to(tl.float32)
+                  * q_scale).to(DOT_DTYPE)
         for n0 in range(start, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < end
             page = tl.load(table_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
             row = kv_ptr + page * stride_page + (offs_n % PAGE_SIZE) * stride_slot
-            kt_lat = tl.load(row[None, :] + offs_l[:, None], mask=mask_n[None, :], other=0.0).to(DOT_DTYPE)
-            kt_rope = tl.load(row[None, :] + DL + offs_r[:, None], mask=mask_n[None, :], other=0.0).to(DOT_DTYPE)
-            s = tl.dot(q_lat, kt_lat)
-            s = tl.dot(q_rope, kt_rope, s)  # [BLOCK_H, BLOCK_N]
-            s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+            if REUSE_V:
+                # One [BLOCK_N, 576] read per tile: the latent part is both K (transposed into the score dot)
+                # and V (the output dot). Masked rows are never read (another sequence's, or garbage).
+                k_lat = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+                k_rope = tl.load(row[:, None] + DL + offs_r[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+                s = tl.dot(q_lat, tl.trans(k_lat))
+                s = tl.dot(q_rope, tl.trans(k_rope), s)  # [BLOCK_H, BLOCK_N]
+            else:
+                # K^T gathered directly as [576, BLOCK_N] tiles; V loaded again as [BLOCK_N, 512].
+                kt_lat = tl.load(row[None, :] + offs_l[:, None], mask=mask_n[None, :], other=0.0).to(DOT_DTYPE)
+                kt_rope = tl.load(row[None, :] + DL + offs_r[:, None], mask=mask_n[None, :], other=0.0).to(DOT_DTYPE)
+                s = tl.dot(q_lat, kt_lat)
+                s = tl.dot(q_rope, kt_rope, s)  # [BLOCK_H, BLOCK_N]
+            s = tl.where(mask_n[None, :], s * s_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+            if REUSE_V:
+                v = k_lat
+            else:
+                v = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
             acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None])
             m_i = m_new
     else:
         # q is held transposed ([576, BLOCK_H]) so that the score dot takes the KV tile as its A operand
-        # (s^T = k . q^T) and the output dot as its B operand (acc += p . v), neither transposed. The latent
-        # part is loaded once per dot: each load then feeds one dot and is staged through shared memory by
-        # the software pipeliner; the second read of the same lines is served by L2 (a transposed 8-bit
-        # operand, or one load with two consumers, would go through registers unpipelined).
+        # (s^T = k . q^T, M = BLOCK_N) and the output dot as its B operand (acc += p . v).
         q_col = q_ptr + pid_b * stride_qb + offs_h[None, :] * stride_qh
-        q_lat = tl.load(q_col + offs_l[:, None], mask=mask_h[None, :], other=0.0).to(DOT_DTYPE)
-        q_rope = tl.load(q_col + DL + offs_r[:, None], mask=mask_h[None, :], other=0.0).to(DOT_DTYPE)
+        q_lat = (tl.load(q_col + offs_l[:, None], mask=mask_h[None, :], other=0.0).to(tl.float32)
+                 * q_scale).to(DOT_DTYPE)
+        q_rope = (tl.load(q_col + DL + offs_r[:, None], mask=mask_h[None, :], other=0.0).to(tl.float32)
+                  * q_scale).to(DOT_DTYPE)
         for n0 in range(start, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < end
@@ -99,13 +113,16 @@ def _split_kernel(
             k_rope = tl.load(row[:, None] + DL + offs_r[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
             s = tl.dot(k_lat, q_lat)
             s = tl.dot(k_rope, q_rope, s)  # [BLOCK_N, BLOCK_H]
-            s = tl.where(mask_n[:, None], s * qk_scale, float("-inf"))
+            s = tl.where(mask_n[:, None], s * s_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 0))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[None, :])
             l_i = l_i * alpha + tl.sum(p, 0)
-            v = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0,
-                        eviction_policy="evict_first").to(DOT_DTYPE)  # distinct from k_lat: not merged by CSE
+            if REUSE_V:
+                v = k_lat
+            else:
+                v = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0,
+                            eviction_policy="evict_first").to(DOT_DTYPE)  # distinct from k_lat: not merged by CSE
             acc = tl.dot(tl.trans(p.to(DOT_DTYPE)), v, acc * alpha[:, None])
             m_i = m_new
 
@@ -160,15 +177,28 @@ class Config:
     block_n: int
     num_warps: int
     num_stages: int
-    kt: bool = False  # score dot as q . K^T (K^T gathered by pointers) instead of K . q^T
+    kt: bool = False  # score dot as q . K^T instead of K . q^T
+    reuse_v: bool = False  # read each KV tile once: its latent part is both K and V (else V is loaded again)
+    widen: str = "auto"  # FP8 caches: "auto" = fp16 dots (hardware e4m3 -> f16 cvt), "bf16" = bf16 dots
 
 
 def default_config(num_heads: int, kv_dtype: torch.dtype) -> Config:
-    """Tile shapes per head count and cache dtype: the fastest in the H200 sweep at B=32, ctx 4096
-    (benchmarks/results/mla_decode_h200_2026-11-29.md)."""
+    """Tile shapes per head count and cache dtype (benchmarks/results/mla_decode_h200_2026-11-29.md)."""
     if kv_dtype == torch.float8_e4m3fn:
-        return Config(16, 32, 4, 2, kt=True) if num_heads <= 16 else Config(64, 32, 8, 2, kt=True)
+        return (Config(16, 64, 4, 2, kt=True, reuse_v=True) if num_heads <= 16
+                else Config(64, 32, 8, 2, kt=True, reuse_v=True))
     return Config(16, 32, 4, 2, kt=True) if num_heads <= 16 else Config(64, 32, 8, 2)
+
+
+def dot_dtype(kv_dtype: torch.dtype, cfg: Config):
+    """The tensor-core operand dtype: FP8 caches widen to fp16 (sm_90 converts e4m3x2 -> f16x2 in one
+    instruction; e4m3 -> bf16 takes several), BF16 caches stay bf16. The CPU interpreter uses float32, because
+    it multiplies bf16/fp16 dot operands as their raw bits (triton 3.6-3.8)."""
+    if _INTERPRETED:
+        return tl.float32
+    if kv_dtype == torch.float8_e4m3fn and cfg.widen != "bf16":
+        return tl.float16
+    return tl.bfloat16
 
 
 @functools.lru_cache(maxsize=8)
@@ -223,6 +253,12 @@ def mla_decode_triton(
         num_sms = _num_sms(q.device.index if q.is_cuda else None)
         num_splits = pick_num_splits(batch, head_blocks, max_len, num_heads, num_sms, cfg.block_n)
     split = num_splits > 1
+    dtype = dot_dtype(kv_cache.dtype, cfg)
+    qk_scale = float(sm_scale) * float(kv_scale) * _LOG2E
+    # fp16 dots: q * 2^e with 2^e ~ qk_scale is exact (a bf16 value has 8 significant bits, fp16 11) and keeps the
+    # scaled q (|q| * qk_scale ~ a score's scale) far inside fp16's range; the rest of qk_scale multiplies the
+    # fp32 scores. bf16 dots: q as is.
+    q_scale = 2.0 ** round(math.log2(qk_scale)) if dtype == tl.float16 else 1.0
     if split:
         make = torch.full if poison_workspace else (lambda shape, _v, **kw: torch.empty(shape, **kw))
         part = make((batch, num_heads, num_splits, LATENT_DIM), math.nan, dtype=torch.float32, device=q.device)
@@ -232,11 +268,11 @@ def mla_decode_triton(
     _split_kernel[(head_blocks, num_splits, batch)](
         q, kv_cache, block_table, seq_lens,
         out, lse, part, part_lse,
-        float(sm_scale) * float(kv_scale) * _LOG2E, float(kv_scale), num_heads, num_splits,
+        q_scale, qk_scale / q_scale, float(kv_scale), num_heads, num_splits,
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
         out.stride(0), out.stride(1), num_heads * num_splits, num_splits,
         PAGE_SIZE=page_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=LATENT_DIM, DR=ROPE_DIM,
-        SPLIT=split, RETURN_LSE=return_lse, DOT_DTYPE=tl.float32 if _INTERPRETED else tl.bfloat16, KT=cfg.kt,
+        SPLIT=split, RETURN_LSE=return_lse, DOT_DTYPE=dtype, KT=cfg.kt, REUSE_V=cfg.reuse_v,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:
