@@ -15,7 +15,6 @@ import contextlib
 import gc
 import glob
 import io
-import os
 import shutil
 import subprocess
 import sys

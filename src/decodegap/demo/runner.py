@@ -154,6 +154,6 @@ def compare_table(rows: list[CompareRow], markdown: bool = False) -> str:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(b) + " |" for b in body]
         return "\n".join(lines) + "\n"
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
     fmt = "  ".join("{:<%d}" % w if i in (0, 5) else "{:>%d}" % w for i, w in enumerate(widths))
     return "\n".join(fmt.format(*line) for line in [head, *body]) + "\n"
