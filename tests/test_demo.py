@@ -100,7 +100,8 @@ def test_demo_compare_cpu(tmp_path, capsys):
             (["full_cast"], ["gather_cast"], ["fused"])}
     assert "kv_pool_cast" in rows["full_cast"]
     assert "kv_pool_cast" not in rows["gather_cast"]
-    assert set(rows) == ({"full_cast", "gather_cast", "fused"} if INTERPRETED else {"full_cast", "gather_cast"})
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # read now: other tests may set it
+    assert set(rows) == ({"full_cast", "gather_cast", "fused"} if interpreted else {"full_cast", "gather_cast"})
     assert "1.00x" in rows["full_cast"]
     assert (tmp_path / "table.md").read_text().startswith("| kv read | ms/step | tok/s |")
     assert len(list(tmp_path.glob("*/*.decodegap.pt.trace.json.gz"))) == len(rows)
