@@ -223,12 +223,19 @@ def _classify(pieces, trace: Trace, source: str, edges_may_be_partial: bool = Fa
     reference = Counter(names[reference_piece[2]].tolist())
     steps, dropped = [], 0
     for i, (start, end, rows) in enumerate(pieces):
-        mix = _mix_overlap(Counter(names[rows].tolist()), reference)
+        mix = Counter(names[rows].tolist())
+        overlap = _mix_overlap(mix, reference)
+        # A piece made only of a typical step's kernels, but fewer of them, is a cut-off step (the trace started
+        # or stopped mid-step, or the profiler lost the end of the last one), not a prefill.
+        contained = sum(min(count, reference[key]) for key, count in mix.items()) / max(len(rows), 1)
         at_edge = i in (0, len(pieces) - 1)
-        if mix >= SAME_MIX:
+        if overlap >= SAME_MIX:
             kind = "decode"
+        elif contained >= 0.95 and len(rows) < typical_len:
+            dropped += 1
+            continue
         elif len(rows) >= 0.5 * typical_len and not (edges_may_be_partial and at_edge and len(rows) < typical_len
-                                                     and mix >= 0.5):
+                                                     and overlap >= 0.5):
             kind = "prefill"
         else:
             dropped += 1

@@ -10,15 +10,20 @@ import click
 from decodegap.errors import UserError
 
 EXAMPLE = "example_trace.json.gz"
+# The example is the demo's GLM-5-shaped rank (decodegap.demo) replayed from a CUDA graph on an H200: its model
+# config travels with it, and the demo keeps 2,048 active tokens in the pool.
+EXAMPLE_MODEL = "example_model_config.json"
+EXAMPLE_CONTEXT = 2048
 
 
-def example_path() -> Path:
-    return Path(str(resources.files("decodegap") / "data" / EXAMPLE))
+def example_path(name: str = EXAMPLE) -> Path:
+    return Path(str(resources.files("decodegap") / "data" / name))
 
 
 @click.command("analyze")
 @click.argument("trace", required=False, type=click.Path(path_type=Path))
-@click.option("--example", is_flag=True, help="Analyze the bundled example trace (the incident, reproduced on an H200).")
+@click.option("--example", is_flag=True,
+              help="Analyze the bundled example: the incident reproduced on an H200 (with its GLM-5 config).")
 @click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text", show_default=True)
 @click.option("--top", type=click.IntRange(1, 10_000), default=15, show_default=True, help="Kernel groups to list.")
 @click.option("--full-names", is_flag=True, help="Show full kernel names in the text report.")
@@ -47,6 +52,8 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
     if not example and trace is None:
         raise UserError("missing TRACE (a .json/.json.gz trace or a folder of them); try --example")
     path = example_path() if example else trace
+    if example and model_path is None:
+        model_path, context = example_path(EXAMPLE_MODEL), context or EXAMPLE_CONTEXT
     options = AnalysisOptions(tpot_ms=tpot_ms)
     if model_path is not None or gpu is not None:
         from decodegap.gap import prepare_model_options

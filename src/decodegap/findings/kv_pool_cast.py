@@ -19,6 +19,18 @@ FIX = ("Cast only the KV the step reads: gather the active slots first, then con
        "In SGLang look for `get_key_buffer(layer_id).to(q.dtype)` in the attention backend.")
 
 
+# Elements from grid x block x per-thread work overshoot by up to one block's work (the last block is partial).
+LAUNCH_SLACK = 1024
+
+
+def _slots_from_launch(elements: int | None, row_width: int) -> int | None:
+    """Rows of `row_width` that a launch of `elements` (an upper bound) covers, if a whole number fits."""
+    if not elements:
+        return None
+    rows = elements // row_width
+    return rows if rows and elements - rows * row_width < LAUNCH_SLACK else None
+
+
 def _short_dtype(dtype: str) -> str:
     return dtype.replace("c10::", "").replace("Float8_e4m3fn", "fp8_e4m3").replace("BFloat16", "bf16")
 
@@ -77,8 +89,9 @@ def detect(report) -> list[Finding]:
                 continue  # without shapes, only a kernel that converts dtypes qualifies
             evidence["elements_per_call"] = k.elements_per_call
             active = None
-            if model is not None and k.elements_per_call and k.elements_per_call % model.kv_width == 0:
-                pool_rows, row_width = k.elements_per_call // model.kv_width, model.kv_width
+            slots = _slots_from_launch(k.elements_per_call, model.kv_width) if model is not None else None
+            if slots:
+                pool_rows, row_width = slots, model.kv_width
                 evidence.update({"pool_slots": pool_rows, "row_elements": row_width})
             elif k.elements_per_call:
                 evidence["note"] = ("no shapes under CUDA-graph replay: elements from grid x block x per-thread "
@@ -102,8 +115,14 @@ def detect(report) -> list[Finding]:
 def _finding(k, ev: dict, ctx, model) -> Finding:
     per_call_mb = ev["bytes_per_call"] / 1e6
     per_step_gb = ev["bytes_per_step"] / 1e9
-    what = (f"[{', '.join(str(d) for d in ev['shape'])}] {ev.get('dtype_from', '?')} -> {ev.get('dtype_to', '?')}"
-            if "shape" in ev else f"{ev.get('elements_per_call') or 0:,} elements")
+    if "shape" in ev:
+        what = f"[{', '.join(str(d) for d in ev['shape'])}] {ev.get('dtype_from', '?')} -> {ev.get('dtype_to', '?')}"
+    elif "pool_slots" in ev:
+        what = (f"of {ev['pool_slots']:,} slots x {ev['row_elements']} (from the launch shape: no op shapes under "
+                "CUDA-graph replay)")
+    else:
+        what = (f"(~{(ev.get('elements_per_call') or 0) / 1e6:.1f}M elements per call from grid x block x per-thread "
+                "work: no op shapes under CUDA-graph replay)")
     active = (f" for {ev['active_tokens']:,} active tokens ({ev['active_fraction']:.2%} of the "
               f"{ev['pool_slots']:,}-slot pool)") if "active_tokens" in ev else ""
     layers = f", once per layer ({ev['layers']} layers)" if ev["calls_per_layer"] == 1 else (
