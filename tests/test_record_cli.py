@@ -136,7 +136,8 @@ def test_never_called_exit_code_and_existing_sitecustomize(tmp_path: Path) -> No
     site.mkdir()
     (site / "sitecustomize.py").write_text("import os\nos.environ['CHAINED_SITECUSTOMIZE'] = 'yes'\n")
     (tmp_path / "prog.py").write_text(NO_TORCH_PROGRAM)
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    # the program's own PYTHONPATH entries stay (and decodegap's, where it is not installed)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
     rec = _record(
         tmp_path,
         ["--target", "nowhere.mod:f", "--out", str(tmp_path / "t")],
