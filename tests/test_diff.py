@@ -55,3 +55,13 @@ def test_diff_missing_input(tmp_path, capsys):
         assert exc.code == 2
     err = capsys.readouterr().err
     assert err.startswith("decodegap: error:") and "no such file" in err
+
+
+def test_diff_of_the_demo_fix_on_h200_fixtures():
+    # the demo on an H200, eager: full_cast before, gather_cast after (tests/fixtures/traces, made by the demo)
+    d = diff_reports(load_report(FIXTURES / "cast_eager.json.gz"), load_report(FIXTURES / "gather_cast_eager.json.gz"))
+    assert "kv_pool_cast" in d["findings_vanished"] and "kv_pool_cast" not in d["findings_appeared"]
+    gone = [k for k in d["kernels"] if k["status"] == "gone" and k["category"] == "cast"]
+    assert gone and max(k["before_ms"] for k in gone) > 10
+    cats = {c["name"]: c for c in d["categories"]}
+    assert cats["cast"]["delta_ms"] < -10

@@ -16,7 +16,6 @@ import pytest
 
 from decodegap.analyze import analyze_path
 from decodegap.capture import METADATA_KEY
-from decodegap.commands.analyze import example_path
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
 POOL_ELEMENTS = 495_552 * 576
