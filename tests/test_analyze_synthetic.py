@@ -96,3 +96,12 @@ def test_cut_off_last_step_is_dropped_not_called_prefill(tmp_path):
     assert d["steps"]["decode"]["count"] == 3 and d["steps"]["prefill"]["count"] == 0
     assert d["steps"]["dropped_partial"] == 1
     assert any("partial" in w for w in d["warnings"])
+
+
+def test_two_traces_claiming_one_rank_are_flagged(tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    write(decode_loop(steps=3, layers=3), folder / "host.1.rank-0.decodegap.pt.trace.json.gz")
+    write(decode_loop(steps=3, layers=3), folder / "host.2.rank-0.decodegap.pt.trace.json.gz")
+    d = report_dict(analyze_path(folder))
+    assert any("two traces claim rank 0" in w for w in d["warnings"])

@@ -62,6 +62,12 @@ def analyze_path(path: str | Path, options: AnalysisOptions | None = None) -> Re
     options = options or AnalysisOptions()
     ranks = [analyze_trace(t) for t in load_traces(path)]
     report = Report(Path(path), ranks, options)
+    seen: dict[int, str] = {}
+    for r in ranks:
+        if r.rank in seen and len(ranks) > 1:
+            report.warnings.append(f"two traces claim rank {r.rank} ({seen[r.rank]} and {r.trace.path.name}): "
+                                   "are they from different runs?")
+        seen.setdefault(r.rank, r.trace.path.name)
     for r in ranks:
         prefix = f"rank {r.rank}: " if len(ranks) > 1 else ""
         report.warnings.extend(prefix + w for w in r.trace.warnings)
