@@ -127,7 +127,8 @@ def _finding(k, ev: dict, ctx, model) -> Finding:
               f"{ev['pool_slots']:,}-slot pool)") if "active_tokens" in ev else ""
     layers = f", once per layer ({ev['layers']} layers)" if ev["calls_per_layer"] == 1 else (
         f", {ev['calls_per_layer']} per layer" if ev["layers"] else "")
-    title = (f"{ev['calls_per_step']:g} times per step{layers}, a kernel casts the whole KV pool {what}: "
+    actor = "an op" if k.op == k.name else "a kernel"  # CPU-only traces group ops, not kernels
+    title = (f"{ev['calls_per_step']:g} times per step{layers}, {actor} casts the whole KV pool {what}: "
              f"{per_call_mb:,.0f} MB per call, {per_step_gb:,.1f} GB per step{active}")
     if model is not None and ev.get("matches_model_kv_width"):
         title += (f"; the row width {ev['row_elements']} is the model's KV width "

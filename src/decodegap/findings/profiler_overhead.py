@@ -11,7 +11,7 @@ TOLERANCE = 0.15
 FIX_SLOWER = ("Trust the ratios more than the absolute times: profiling (especially record_shapes and with_stack) "
               "slows the host, so host-bound steps look slower than they are. Capture fewer steps with "
               "record_shapes off to confirm, or compare with CUDA-graph replay.")
-FIX_FASTER = ("The unprofiled time per token is longer than the profiled GPU step: time is spent outside the "
+FIX_FASTER = ("The unprofiled time per token is longer than the profiled step: time is spent outside the "
               "captured region (scheduler, detokenizer, sampling on the CPU, host syncs between steps). Profile "
               "the whole loop, or time the pieces between steps.")
 
@@ -29,6 +29,6 @@ def detect(report) -> list[Finding]:
         title = (f"The profiled step ({profiled:.1f} ms) is {diff:.1f} ms slower than without the profiler "
                  f"({unprofiled:.1f} ms): profiler overhead inflates the host-bound part of the step")
         return [Finding("profiler_overhead", title, diff, diff / profiled, ev, FIX_SLOWER)]
-    title = (f"Without the profiler a token takes {unprofiled:.1f} ms, {-diff:.1f} ms more than the profiled GPU step "
+    title = (f"Without the profiler a token takes {unprofiled:.1f} ms, {-diff:.1f} ms more than the profiled step "
              f"({profiled:.1f} ms): time goes outside the captured step")
     return [Finding("outside_step", title, -diff, -diff / unprofiled, ev, FIX_FASTER)]

@@ -20,7 +20,8 @@ def render_markdown(report, top: int = 15) -> str:
     if report.findings:
         lines += ["", "### Root causes", ""]
         for i, f in enumerate(report.findings, 1):
-            basis = "of the step" if f.share_of == "step_wall" else "of GPU time"
+            work = "GPU" if report.main.trace.has_gpu else "CPU op"
+            basis = "of the step" if f.share_of == "step_wall" else f"of {work} time"
             lines.append(f"{i}. **`{f.id}`** {f.title} — **{f.ms_per_step:.3f} ms/step ({f.share:.0%} {basis})**  ")
             lines.append(f"   Fix: {f.fix}")
     if len(report.ranks) > 1:

@@ -78,7 +78,8 @@ def render_text(report, top: int = 15, full_names: bool = False, width: int | No
         console.print("ROOT CAUSES (by time per step)")
         for i, f in enumerate(report.findings, 1):
             console.print(f"{i}. [{f.id}] {f.title}")
-            basis = "of the step" if f.share_of == "step_wall" else "of the step's GPU time"
+            work = "GPU" if report.main.trace.has_gpu else "CPU op"
+            basis = "of the step" if f.share_of == "step_wall" else f"of the step's {work} time"
             console.print(f"   {f.ms_per_step:.3f} ms/step ({f.share:.0%} {basis})")
             console.print(f"   fix: {f.fix}")
     if len(report.ranks) > 1:
