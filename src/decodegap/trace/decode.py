@@ -15,7 +15,7 @@ import msgspec
 
 from decodegap.errors import UserError
 from decodegap.trace import schema
-from decodegap.trace.read import CHUNK_BYTES, TruncatedStream, iter_text_chunks, text_limit_bytes
+from decodegap.trace.read import CHUNK_BYTES, TruncatedStream, iter_text_chunks, text_limit_bytes, too_big
 
 EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 SEPARATOR = b"},\n  {"
@@ -72,9 +72,12 @@ def decode_trace(path: Path, consume: Consume) -> tuple[schema.TraceDocument, li
     whole: bytearray | None = None
     truncated: str | None = None
     try:
-        for chunk in iter_text_chunks(path, text_limit_bytes()):
+        whole_limit = text_limit_bytes(streaming=False)
+        for chunk in iter_text_chunks(path, text_limit_bytes(streaming=True)):
             if whole is not None:
                 whole += chunk
+                if whole_limit is not None and len(whole) > whole_limit:
+                    raise too_big(path, len(whole), whole_limit)
                 continue
             if header_text is None:
                 head += chunk

@@ -12,9 +12,10 @@ from pathlib import Path
 from decodegap.errors import UserError
 
 CHUNK_BYTES = 1 << 23
-# The streaming decoder holds about one chunk of text plus compact columns, but the fallback path for
-# unusually formatted files holds the whole text plus its records: refuse what cannot fit rather than swap.
-MEMORY_FACTOR = 2.5
+# Memory per byte of trace text: the streaming decoder keeps only columns (about a sixth of the text), the
+# whole-text fallback for other layouts keeps the text plus its records. Refuse what cannot fit rather than swap.
+STREAMING_TEXT_PER_MEMORY = 4.0
+WHOLE_TEXT_PER_MEMORY = 1 / 2.5
 
 
 class TruncatedStream(Exception):
@@ -32,7 +33,8 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def text_limit_bytes() -> int | None:
+def text_limit_bytes(streaming: bool = True) -> int | None:
+    """The most trace text this machine can decode: DECODEGAP_MAX_TRACE_BYTES, else from available memory."""
     env = os.environ.get("DECODEGAP_MAX_TRACE_BYTES")
     if env:
         try:
@@ -40,7 +42,9 @@ def text_limit_bytes() -> int | None:
         except ValueError:
             raise UserError(f"DECODEGAP_MAX_TRACE_BYTES={env!r} is not a number of bytes") from None
     available = available_memory_bytes()
-    return None if available is None else int(available / MEMORY_FACTOR)
+    if available is None:
+        return None
+    return int(available * (STREAMING_TEXT_PER_MEMORY if streaming else WHOLE_TEXT_PER_MEMORY))
 
 
 def too_big(path: Path, size: int, limit: int) -> UserError:
