@@ -45,9 +45,8 @@ def _split_kernel(
     # Axis 0 = (head block, output slice) with the slice fastest: the DL // BLOCK_DV programs that share one
     # head block and KV slice (each computes the same scores, then its own columns of p . v) run side by side,
     # so the siblings' K/V reads hit L2.
-    NUM_DV: tl.constexpr = DL // BLOCK_DV
-    pid_v = tl.program_id(0) % NUM_DV
-    pid_h = tl.program_id(0) // NUM_DV
+    pid_v = tl.program_id(0) % (DL // BLOCK_DV)
+    pid_h = tl.program_id(0) // (DL // BLOCK_DV)
     pid_s = tl.program_id(1)
     pid_b = tl.program_id(2).to(tl.int64)
 
