@@ -9,10 +9,12 @@ err is against the float32 reference where B x ctx <= 2^17, else against gather_
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 
 import torch
 
-from bench_mla_decode import BF16, FP8, HEAD_DIM, KV_SCALE, SM_SCALE, bytes_moved, copy_bandwidth_gbps, \
+from bench_mla_decode import BF16, DEVICE, FP8, HEAD_DIM, KV_SCALE, SM_SCALE, bytes_moved, copy_bandwidth_gbps, \
     make_pools, time_graph
 from decodegap.kernels.mla_decode import gather_cast, reference
 from decodegap.kernels.mla_decode_triton import Config, _num_sms, mla_decode_triton, pick_num_splits
@@ -51,7 +53,10 @@ def splits_for(batch: int, ctx: int, heads: int, cfg: Config) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", type=int, nargs="*", default=[16, 128])
-    ap.add_argument("--shapes", default="32x4096,128x16384")
+    ap.add_argument("--shapes", default="32x4096,128x16384",
+                    help="BxCTX[:H+H...] list; heads from --heads where not given")
+    ap.add_argument("--pick", help="write the fastest variant per (cache, head class) here as JSON (for "
+                    "bench_mla_decode.py --tuned): least total time over the shapes measured, error < 2e-2")
     ap.add_argument("--splits2", action="store_true", help="also time twice the heuristic split count")
     ap.add_argument("--only", nargs="*", help="variant names (default: all)")
     ap.add_argument("--warm", action="store_true", help="compile only (one call per variant and shape), no timing")
@@ -61,18 +66,20 @@ def main() -> None:
         print(f"copy {copy:.0f} GB/s")
         print("| B | ctx | H | cache | variant | splits | µs | %copy | err vs fp32 ref |")
         print("|---|---|---|---|---|---|---|---|---|")
+    times: dict[tuple[str, int], dict[str, list[float]]] = {}
+    cfgs: dict[str, Config] = {}
     for shape in args.shapes.split(","):
+        shape, _, hs = shape.partition(":")
         batch, ctx = map(int, shape.split("x"))
+        heads_here = [int(h) for h in hs.split("+")] if hs else args.heads
         p = make_pools(batch, ctx, 64) if not args.warm else make_pools(batch, min(ctx, 1024), 64)
-        for heads in args.heads:
-            q = torch.randn(batch, heads, HEAD_DIM, device="cuda").to(BF16)
+        for heads in heads_here:
+            q = torch.randn(batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
             a = (p.table, p.lens, SM_SCALE, KV_SCALE)
-            ref = None
+            refs = {}  # per cache dtype: the bf16 pool is not the fp8 pool widened
             if not args.warm:
-                if batch * ctx <= 2**17:
-                    ref = reference(q, p.fp8, *a, ctx, False)[0].float()
-                else:
-                    ref = gather_cast(q, p.fp8, *a, ctx, False)[0].float()
+                oracle = reference if batch * ctx <= 2**17 else gather_cast
+                refs = {d: oracle(q, c, *a, ctx, False)[0].float() for d, c in (("fp8", p.fp8), ("bf16", p.bf16))}
             variants = [("fp8", n, c) for n, c in (H16 if heads <= 16 else H128).items()]
             if heads <= 16:
                 variants += [("bf16", n, c) for n, c in BF16_H16.items()]
@@ -91,12 +98,27 @@ def main() -> None:
                         print(f"| {batch} | {ctx} | {heads} | {dtype} | {name} | {splits} | failed: {type(e).__name__} "
                               f"{str(e)[:120]} | | |", flush=True)
                         break
+                    ref = refs[dtype]
                     err = ((out.float() - ref).norm() / ref.norm()).item()
+                    if splits == base:
+                        t = times.setdefault((dtype, 16 if heads <= 16 else 128), {}).setdefault(name, [])
+                        t.append(ms if err < 2e-2 else float("inf"))
+                        cfgs[name] = cfg
                     pct = 100 * bytes_moved(batch, ctx, heads, 1 if dtype == "fp8" else 2) / (ms * 1e-3) / 1e9 / copy
                     print(f"| {batch} | {ctx} | {heads} | {dtype} | {name} | {splits} | {ms * 1e3:.1f} | {pct:.0f}% | "
                           f"{err:.1e} |", flush=True)
         del p
         torch.cuda.empty_cache()
+    if args.pick and not args.warm:
+        picks = {}
+        for (dtype, hclass), by_name in times.items():
+            most = max(len(v) for v in by_name.values())
+            name = min((n for n, v in by_name.items() if len(v) == most), key=lambda n: sum(by_name[n]))
+            picks[f"{dtype},{hclass}"] = {"name": name, "config": dataclasses.asdict(cfgs[name]),
+                                          "ms": by_name[name]}
+            print(f"pick {dtype} H{hclass}: {name} ({', '.join(f'{1e3 * x:.1f}' for x in by_name[name])} µs)")
+        with open(args.pick, "w") as fh:
+            json.dump(picks, fh, indent=1)
 
 
 if __name__ == "__main__":

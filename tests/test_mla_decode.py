@@ -164,6 +164,42 @@ def test_triton_output_slices_and_wide_v(kt, block_dv, v_wide, num_splits, kv_dt
     check_against_reference(case, res, lse)
 
 
+# Every tile config the device A/B (benchmarks/ab_mla_decode.py) may pick as a default: (block_h, block_n,
+# num_warps, num_stages, kt, reuse_v, block_dv, v_wide). Compiling them all is slow in the interpreter: GPU only.
+AB_CANDIDATES = [
+    (16, 32, 4, 2, True, False, 512, False), (16, 32, 4, 2, True, False, 512, True),
+    (16, 32, 4, 3, True, False, 512, True), (16, 32, 8, 2, True, False, 512, True),
+    (16, 32, 4, 2, True, False, 256, False), (16, 32, 4, 2, True, False, 256, True),
+    (16, 32, 4, 3, True, False, 256, True), (16, 64, 4, 2, True, False, 256, True),
+    (16, 32, 8, 2, True, False, 256, True), (16, 64, 8, 2, True, False, 256, True),
+    (16, 64, 4, 2, True, False, 128, True), (64, 32, 8, 2, False, False, 512, False),
+    (64, 32, 8, 2, False, False, 256, False), (64, 32, 8, 2, True, False, 256, True),
+    (16, 32, 4, 2, True, True, 512, False), (16, 32, 8, 2, True, False, 256, False),
+]
+
+
+AB_BF16 = [(16, 32, 4, 2, True, True, 512, False), (16, 32, 4, 2, True, False, 256, False),
+           (16, 32, 8, 2, True, False, 256, False)]
+AB_CASES = [(c, FP8) for c in AB_CANDIDATES] + [(c, BF16) for c in AB_BF16]
+
+
+@needs_cuda
+@pytest.mark.parametrize("cand,kv_dtype", AB_CASES, ids=["H{}-N{}-w{}-s{}-{}{}-dv{}{}-{}".format(
+    c[0], c[1], c[2], c[3], "qkt" if c[4] else "kq", "-reuse" if c[5] else "", c[6], "-vwide" if c[7] else "",
+    "fp8" if d == FP8 else "bf16") for c, d in AB_CASES])
+def test_triton_ab_candidates(cand, kv_dtype):
+    needs_triton()
+    from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
+
+    bh, bn, nw, ns, kt, reuse, dv, wide = cand
+    case = make_case(3, 24, 64, kv_dtype, [300, 3, 129], 0.6)
+    out = torch.full((3, 24, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
+    res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
+                                 return_lse=True, num_splits=3, out=out, poison_workspace=True,
+                                 config=Config(bh, bn, nw, ns, kt=kt, reuse_v=reuse, block_dv=dv, v_wide=wide))
+    check_against_reference(case, res, lse)
+
+
 def test_config_rejects_bad_slices():
     from decodegap.kernels.mla_decode_triton import Config
 
