@@ -208,7 +208,9 @@ class Config:
 def default_config(num_heads: int, kv_dtype: torch.dtype) -> Config:
     """Tile shapes per head count and cache dtype: the fastest in the H200 sweep at B=32, ctx 4096
     (benchmarks/results/mla_decode_h200_2026-11-29.md). Reusing the K tile as V wins for BF16 caches (83 vs 94 µs)
-    but not for FP8 (104 vs 92 µs): with two consumers the 8-bit tile is not staged by cp.async and spills."""
+    but not for FP8 (104 vs 92 µs): with two consumers the 8-bit tile is not staged by cp.async and spills.
+    Neither `v_wide` (92.6 vs 91.9 µs) nor `block_dv=256` (110-151 µs) beat these in the third pass's A/B: the
+    FP8 loop is bound by instructions per token, which those do not cut (block_dv doubles the score work)."""
     if kv_dtype == torch.float8_e4m3fn:
         return Config(16, 32, 4, 2, kt=True) if num_heads <= 16 else Config(64, 32, 8, 2)
     return Config(16, 32, 4, 2, kt=True, reuse_v=True) if num_heads <= 16 else Config(64, 32, 8, 2)
