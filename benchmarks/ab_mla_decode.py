@@ -1,76 +1,124 @@
-"""Quick A/B of Triton tile variants on a GPU: FP8 (and one BF16 row) at B=32 ctx 4096 and B=128 ctx 16384.
+"""Quick A/B of Triton tile variants on a GPU: FP8 (and BF16 at H<=16) at B=32 ctx 4096 and B=128 ctx 16384.
 
-    PYTHONPATH=src python3 benchmarks/ab_mla_decode.py [--heads 16 128]
+    PYTHONPATH=src python3 benchmarks/ab_mla_decode.py [--heads 16 128] [--shapes 32x4096,128x16384]
+    PYTHONPATH=src python3 benchmarks/ab_mla_decode.py --warm --only NAME...   # compile only (fill triton's cache)
+
+err is against the float32 reference where B x ctx <= 2^17, else against gather_cast (bf16 math).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 
 import torch
 
-from bench_mla_decode import BF16, FP8, HEAD_DIM, KV_SCALE, SM_SCALE, bytes_moved, copy_bandwidth_gbps, \
+from bench_mla_decode import BF16, DEVICE, FP8, HEAD_DIM, KV_SCALE, SM_SCALE, bytes_moved, copy_bandwidth_gbps, \
     make_pools, time_graph
 from decodegap.kernels.mla_decode import gather_cast, reference
 from decodegap.kernels.mla_decode_triton import Config, _num_sms, mla_decode_triton, pick_num_splits
 
 H16 = {
-    "old qKt bf16-widen N32 w4 s2": Config(16, 32, 4, 2, kt=True, widen="bf16"),
-    "qKt fp16 N32 w4 s2": Config(16, 32, 4, 2, kt=True),
-    "qKt fp16 N64 w4 s2": Config(16, 64, 4, 2, kt=True),
-    "qKt fp16 N32 w8 s2": Config(16, 32, 8, 2, kt=True),
-    "qKt reuse fp16 N32 w4 s2": Config(16, 32, 4, 2, kt=True, reuse_v=True),
-    "qKt reuse fp16 N64 w4 s2": Config(16, 64, 4, 2, kt=True, reuse_v=True),
-    "qKt reuse fp16 N32 w8 s2": Config(16, 32, 8, 2, kt=True, reuse_v=True),
+    "old default qKt N32 w4 s2": Config(16, 32, 4, 2, kt=True),
+    "qKt vwide N32 w4 s2": Config(16, 32, 4, 2, kt=True, v_wide=True),
+    "qKt vwide N32 w4 s3": Config(16, 32, 4, 3, kt=True, v_wide=True),
+    "qKt vwide N32 w8 s2": Config(16, 32, 8, 2, kt=True, v_wide=True),
+    "qKt dv256 N32 w4 s2": Config(16, 32, 4, 2, kt=True, block_dv=256),
+    "qKt dv256 vwide N32 w4 s2": Config(16, 32, 4, 2, kt=True, block_dv=256, v_wide=True),
+    "qKt dv256 vwide N32 w4 s3": Config(16, 32, 4, 3, kt=True, block_dv=256, v_wide=True),
+    "qKt dv256 vwide N64 w4 s2": Config(16, 64, 4, 2, kt=True, block_dv=256, v_wide=True),
+    "qKt dv256 vwide N32 w8 s2": Config(16, 32, 8, 2, kt=True, block_dv=256, v_wide=True),
+    "qKt dv256 vwide N64 w8 s2": Config(16, 64, 8, 2, kt=True, block_dv=256, v_wide=True),
+    "qKt dv128 vwide N64 w4 s2": Config(16, 64, 4, 2, kt=True, block_dv=128, v_wide=True),
 }
 H128 = {
-    "old H64 qKt bf16-widen N32 w8": Config(64, 32, 8, 2, kt=True, widen="bf16"),
-    "H64 qKt fp16 N32 w8": Config(64, 32, 8, 2, kt=True),
-    "H64 qKt reuse fp16 N32 w8": Config(64, 32, 8, 2, kt=True, reuse_v=True),
-    "H64 kqT fp16 N32 w8": Config(64, 32, 8, 2),
+    "old default H64 kqT N32 w8 s2": Config(64, 32, 8, 2),
+    "H64 kqT dv256 N32 w8 s2": Config(64, 32, 8, 2, block_dv=256),
+    "H64 qKt dv256 vwide N32 w8 s2": Config(64, 32, 8, 2, kt=True, block_dv=256, v_wide=True),
 }
+BF16_H16 = {
+    "bf16 old default qKt reuseV N32 w4 s2": Config(16, 32, 4, 2, kt=True, reuse_v=True),
+    "bf16 qKt dv256 N32 w4 s2": Config(16, 32, 4, 2, kt=True, block_dv=256),
+    "bf16 qKt dv256 N32 w8 s2": Config(16, 32, 8, 2, kt=True, block_dv=256),
+}
+
+
+def splits_for(batch: int, ctx: int, heads: int, cfg: Config) -> int:
+    """The split count mla_decode_triton's heuristic picks (output slices count as programs)."""
+    programs = -(-heads // cfg.block_h) * (512 // cfg.block_dv)
+    return pick_num_splits(batch, programs, ctx, heads, _num_sms(0), cfg.block_n)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", type=int, nargs="*", default=[16, 128])
-    ap.add_argument("--shapes", default="32x4096,128x16384")
+    ap.add_argument("--shapes", default="32x4096,128x16384",
+                    help="BxCTX[:H+H...] list; heads from --heads where not given")
+    ap.add_argument("--pick", help="write the fastest variant per (cache, head class) here as JSON (for "
+                    "bench_mla_decode.py --tuned): least total time over the shapes measured, error < 2e-2")
     ap.add_argument("--splits2", action="store_true", help="also time twice the heuristic split count")
+    ap.add_argument("--only", nargs="*", help="variant names (default: all)")
+    ap.add_argument("--warm", action="store_true", help="compile only (one call per variant and shape), no timing")
     args = ap.parse_args()
-    copy = copy_bandwidth_gbps()
-    print(f"copy {copy:.0f} GB/s")
-    print("| B | ctx | H | variant | splits | µs | %copy | err vs fp32 ref |")
-    print("|---|---|---|---|---|---|---|---|")
+    copy = 0.0 if args.warm else copy_bandwidth_gbps()
+    if not args.warm:
+        print(f"copy {copy:.0f} GB/s")
+        print("| B | ctx | H | cache | variant | splits | µs | %copy | err vs fp32 ref |")
+        print("|---|---|---|---|---|---|---|---|---|")
+    times: dict[tuple[str, int], dict[str, list[float]]] = {}
+    cfgs: dict[str, Config] = {}
     for shape in args.shapes.split(","):
+        shape, _, hs = shape.partition(":")
         batch, ctx = map(int, shape.split("x"))
-        p = make_pools(batch, ctx, 64)
-        for heads in args.heads:
-            q = torch.randn(batch, heads, HEAD_DIM, device="cuda").to(BF16)
+        heads_here = [int(h) for h in hs.split("+")] if hs else args.heads
+        p = make_pools(batch, ctx, 64) if not args.warm else make_pools(batch, min(ctx, 1024), 64)
+        for heads in heads_here:
+            q = torch.randn(batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
             a = (p.table, p.lens, SM_SCALE, KV_SCALE)
-            ref = None
-            if batch * ctx <= 2**17:
-                ref = reference(q, p.fp8, *a, ctx, False)[0].float()
-            else:
-                ref = gather_cast(q, p.fp8, *a, ctx, False)[0].float()
-            variants = H16 if heads <= 16 else H128
-            for name, cfg in variants.items():
-                base = pick_num_splits(batch, -(-heads // cfg.block_h), ctx, heads, _num_sms(0), cfg.block_n)
+            refs = {}  # per cache dtype: the bf16 pool is not the fp8 pool widened
+            if not args.warm:
+                oracle = reference if batch * ctx <= 2**17 else gather_cast
+                refs = {d: oracle(q, c, *a, ctx, False)[0].float() for d, c in (("fp8", p.fp8), ("bf16", p.bf16))}
+            variants = [("fp8", n, c) for n, c in (H16 if heads <= 16 else H128).items()]
+            if heads <= 16:
+                variants += [("bf16", n, c) for n, c in BF16_H16.items()]
+            for dtype, name, cfg in variants:
+                if args.only and name not in args.only:
+                    continue
+                cache = p.fp8 if dtype == "fp8" else p.bf16
+                base = splits_for(batch, ctx, heads, cfg)
                 for splits in sorted({base, 2 * base} if args.splits2 else {base}):
                     try:
-                        ms, out = time_graph(lambda: mla_decode_triton(q, p.fp8, *a, config=cfg, num_splits=splits))
+                        if args.warm:
+                            mla_decode_triton(q, cache, *a, config=cfg, num_splits=splits)
+                            continue
+                        ms, out = time_graph(lambda: mla_decode_triton(q, cache, *a, config=cfg, num_splits=splits))
                     except Exception as e:  # noqa: BLE001
-                        print(f"| {batch} | {ctx} | {heads} | {name} | {splits} | failed: {type(e).__name__} {str(e)[:120]} | | |")
+                        print(f"| {batch} | {ctx} | {heads} | {dtype} | {name} | {splits} | failed: {type(e).__name__} "
+                              f"{str(e)[:120]} | | |", flush=True)
                         break
+                    ref = refs[dtype]
                     err = ((out.float() - ref).norm() / ref.norm()).item()
-                    pct = 100 * bytes_moved(batch, ctx, heads, 1) / (ms * 1e-3) / 1e9 / copy
-                    print(f"| {batch} | {ctx} | {heads} | {name} | {splits} | {ms * 1e3:.1f} | {pct:.0f}% | {err:.1e} |",
-                          flush=True)
-            cfg16 = Config(16, 32, 4, 2, kt=True) if heads <= 16 else Config(64, 32, 8, 2)
-            ms, _ = time_graph(lambda: mla_decode_triton(q, p.bf16, *a, config=cfg16))
-            pct = 100 * bytes_moved(batch, ctx, heads, 2) / (ms * 1e-3) / 1e9 / copy
-            print(f"| {batch} | {ctx} | {heads} | bf16 cache (default) | auto | {ms * 1e3:.1f} | {pct:.0f}% | |", flush=True)
+                    if splits == base:
+                        t = times.setdefault((dtype, 16 if heads <= 16 else 128), {}).setdefault(name, [])
+                        t.append(ms if err < 2e-2 else float("inf"))
+                        cfgs[name] = cfg
+                    pct = 100 * bytes_moved(batch, ctx, heads, 1 if dtype == "fp8" else 2) / (ms * 1e-3) / 1e9 / copy
+                    print(f"| {batch} | {ctx} | {heads} | {dtype} | {name} | {splits} | {ms * 1e3:.1f} | {pct:.0f}% | "
+                          f"{err:.1e} |", flush=True)
         del p
         torch.cuda.empty_cache()
+    if args.pick and not args.warm:
+        picks = {}
+        for (dtype, hclass), by_name in times.items():
+            most = max(len(v) for v in by_name.values())
+            name = min((n for n, v in by_name.items() if len(v) == most), key=lambda n: sum(by_name[n]))
+            picks[f"{dtype},{hclass}"] = {"name": name, "config": dataclasses.asdict(cfgs[name]),
+                                          "ms": by_name[name]}
+            print(f"pick {dtype} H{hclass}: {name} ({', '.join(f'{1e3 * x:.1f}' for x in by_name[name])} µs)")
+        with open(args.pick, "w") as fh:
+            json.dump(picks, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import sys
 import time
@@ -119,8 +120,8 @@ def run_case(p: Pools, heads: int, copy_gbps: float, deadline: float,
     hclass = 16 if heads <= 16 else 128
     cfg = tuned.get(("fp8", hclass)) or default_config(heads, FP8)
     cfg16 = tuned.get(("bf16", hclass)) or default_config(heads, BF16)
-    splits = pick_num_splits(p.batch, -(-heads // cfg.block_h), p.table.shape[1] * p.page_size, heads,
-                             _num_sms(q.device.index), cfg.block_n)
+    splits = pick_num_splits(p.batch, -(-heads // cfg.block_h) * (LATENT_DIM // cfg.block_dv),
+                             p.table.shape[1] * p.page_size, heads, _num_sms(q.device.index), cfg.block_n)
     row = Row(p.batch, p.ctx, heads, splits)
     args = (p.table, p.lens, SM_SCALE, KV_SCALE)
     row.ms["triton_fp8"], out_fp8 = time_graph(lambda: mla_decode_triton(q, p.fp8, *args, config=cfg))
@@ -189,7 +190,8 @@ SWEEP = {  # (cache, heads) -> candidate tile configs, timed at B=32, ctx 4096
 
 def cfg_name(c: Config) -> str:
     return (f"H{c.block_h} N{c.block_n} w{c.num_warps} s{c.num_stages}{' qKt' if c.kt else ' kqT'}"
-            f"{' reuseV' if c.reuse_v else ''}{' bf16dots' if c.widen == 'bf16' else ''}")
+            f"{' reuseV' if c.reuse_v else ''}{' bf16dots' if c.widen == 'bf16' else ''}"
+            f"{f' dv{c.block_dv}' if c.block_dv != 512 else ''}{' vwide' if c.v_wide else ''}")
 
 
 def sweep(copy_gbps: float) -> tuple[list[list[str]], dict[tuple[str, int], Config]]:
@@ -203,7 +205,8 @@ def sweep(copy_gbps: float) -> tuple[list[list[str]], dict[tuple[str, int], Conf
         q = torch.randn(batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
         top = (math.inf, None)
         for cfg in configs:
-            base = pick_num_splits(batch, -(-heads // cfg.block_h), ctx, heads, _num_sms(0), cfg.block_n)
+            base = pick_num_splits(batch, -(-heads // cfg.block_h) * (LATENT_DIM // cfg.block_dv), ctx, heads,
+                                   _num_sms(0), cfg.block_n)
             for splits in (base, 2 * base):
                 try:
                     ms, _ = time_graph(lambda: mla_decode_triton(
@@ -243,6 +246,8 @@ def main() -> int:
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--sweep", action="store_true", help="also time tile configs and split counts")
     ap.add_argument("--budget-s", type=float, default=200, help="after this, skip the slow torch paths")
+    ap.add_argument("--tuned", help="JSON of tile configs per (cache, head class), from ab_mla_decode.py --pick "
+                    "(instead of the defaults, or of --sweep's picks)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_mla_decode: needs a CUDA GPU", file=sys.stderr)
@@ -254,6 +259,11 @@ def main() -> int:
     print(f"{gpu}: device copy {copy_gbps:.0f} GB/s (read + write), {_num_sms(0)} SMs", flush=True)
 
     sweep_rows, tuned = sweep(copy_gbps) if args.sweep else ([], {})
+    if args.tuned:
+        with open(args.tuned) as fh:
+            for key, v in json.load(fh).items():
+                dtype, hclass = key.split(",")
+                tuned[(dtype, int(hclass))] = Config(**v["config"])
     print("tile configs used:", {k: cfg_name(v) for k, v in tuned.items() if v}, flush=True)
     rows: list[Row] = []
     for batch in BATCHES:
@@ -291,7 +301,8 @@ def main() -> int:
         f"{KV_SCALE}; timings are do_bench medians with L2 flushed; Triton as one CUDA graph replay.",
         "GB/s counts the KV of each active token once (FP8 576 B, BF16 1152 B) + q + out; the torch paths are "
         "credited with the FP8 bytes. `(x fp8)` = time / Triton FP8 time. `splits` = KV splits per sequence.",
-        "Tile configs (fastest in the sweep below; H<=16 uses the H=16 pick, H>16 the H=128 pick): "
+        "Tile configs (the --sweep or --tuned picks, else the defaults; H<=16 uses the H=16 pick, H>16 the H=128 "
+        "pick): "
         + (", ".join(f"{d} H{h}: {cfg_name(c)}" for (d, h), c in tuned.items() if c) or "defaults"),
         "",
         "## Targets",

@@ -28,20 +28,38 @@ TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 CONFIGS = {
-    "old qKt bf16 N32": (Config(16, 32, 4, 2, kt=True, widen="bf16"), "fp8e4nv", 16),
-    "qKt fp16 N32": (Config(16, 32, 4, 2, kt=True), "fp8e4nv", 16),
+    "qKt fp16 N32 (2026-11-29 default)": (Config(16, 32, 4, 2, kt=True), "fp8e4nv", 16),
     "qKt fp16 N64": (Config(16, 64, 4, 2, kt=True), "fp8e4nv", 16),
-    "qKt fp16 N32 w8": (Config(16, 32, 8, 2, kt=True), "fp8e4nv", 16),
-    "qKt fp16 N32 s3": (Config(16, 32, 4, 3, kt=True), "fp8e4nv", 16),
-    "qKt reuse fp16 N32 w8": (Config(16, 32, 8, 2, kt=True, reuse_v=True), "fp8e4nv", 16),
     "qKt reuse fp16 N32": (Config(16, 32, 4, 2, kt=True, reuse_v=True), "fp8e4nv", 16),
-    "qKt reuse fp16 N64": (Config(16, 64, 4, 2, kt=True, reuse_v=True), "fp8e4nv", 16),
-    "qKt reuse fp16 N64 s3": (Config(16, 64, 4, 3, kt=True, reuse_v=True), "fp8e4nv", 16),
-    "kqT reuse fp16 N64": (Config(16, 64, 4, 2, reuse_v=True), "fp8e4nv", 16),
-    "kqT fp16 N64": (Config(16, 64, 4, 2), "fp8e4nv", 16),
-    "H64 qKt reuse fp16 N32 w8": (Config(64, 32, 8, 2, kt=True, reuse_v=True), "fp8e4nv", 16),
-    "H64 qKt fp16 N32 w8": (Config(64, 32, 8, 2, kt=True), "fp8e4nv", 16),
-    "H64 kqT fp16 N32 w8": (Config(64, 32, 8, 2), "fp8e4nv", 16),
+    # 1. V widened before the dot (staged as fp16: ldmatrix.trans)
+    "qKt vwide N32": (Config(16, 32, 4, 2, kt=True, v_wide=True), "fp8e4nv", 16),
+    "qKt vwide N64": (Config(16, 64, 4, 2, kt=True, v_wide=True), "fp8e4nv", 16),
+    "qKt vwide N32 s3": (Config(16, 32, 4, 3, kt=True, v_wide=True), "fp8e4nv", 16),
+    # 2. the 512 output columns split over 2 (or 4) programs
+    "qKt dv256 N32": (Config(16, 32, 4, 2, kt=True, block_dv=256), "fp8e4nv", 16),
+    "qKt dv256 N64": (Config(16, 64, 4, 2, kt=True, block_dv=256), "fp8e4nv", 16),
+    "qKt dv256 N32 s3": (Config(16, 32, 4, 3, kt=True, block_dv=256), "fp8e4nv", 16),
+    "qKt dv256 N32 w8": (Config(16, 32, 8, 2, kt=True, block_dv=256), "fp8e4nv", 16),
+    # 1 + 2
+    "qKt dv256 vwide N32": (Config(16, 32, 4, 2, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
+    "qKt dv256 vwide N64": (Config(16, 64, 4, 2, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
+    "qKt dv256 vwide N32 s3": (Config(16, 32, 4, 3, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
+    "qKt dv256 vwide N64 s3": (Config(16, 64, 4, 3, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
+    "qKt dv256 vwide N32 w8": (Config(16, 32, 8, 2, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
+    "qKt dv256 vwide N64 w8": (Config(16, 64, 8, 2, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
+    "qKt vwide N32 w8": (Config(16, 32, 8, 2, kt=True, v_wide=True), "fp8e4nv", 16),
+    "qKt dv256 vwide N32 w8 s3": (Config(16, 32, 8, 3, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
+    "qKt dv128 vwide N64": (Config(16, 64, 4, 2, kt=True, block_dv=128, v_wide=True), "fp8e4nv", 16),
+    "kqT dv256 vwide N64": (Config(16, 64, 4, 2, block_dv=256, v_wide=True), "fp8e4nv", 16),
+    # H=128 (compute-bound)
+    "H64 kqT fp16 N32 w8 (default)": (Config(64, 32, 8, 2), "fp8e4nv", 16),
+    "H64 kqT vwide N32 w8": (Config(64, 32, 8, 2, v_wide=True), "fp8e4nv", 16),
+    "H64 kqT dv256 vwide N32 w8": (Config(64, 32, 8, 2, block_dv=256, v_wide=True), "fp8e4nv", 16),
+    "H64 qKt dv256 vwide N32 w8": (Config(64, 32, 8, 2, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
+    "H64 kqT dv256 N32 w8": (Config(64, 32, 8, 2, block_dv=256), "fp8e4nv", 16),
+    # BF16 cache
+    "bf16 qKt reuse N32 (default)": (Config(16, 32, 4, 2, kt=True, reuse_v=True), "bf16", 16),
+    "bf16 qKt dv256 N32": (Config(16, 32, 4, 2, kt=True, block_dv=256), "bf16", 16),
 }
 
 
@@ -55,7 +73,8 @@ def compile_one(cfg: Config, kv: str, split: bool = True):
         "stride_ob": "i32", "stride_oh": "i32", "stride_pb": "i32", "stride_ph": "i32",
     }
     const = dict(PAGE_SIZE=64, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=512, DR=64, SPLIT=split,
-                 RETURN_LSE=False, DOT_DTYPE=dot, KT=cfg.kt, REUSE_V=cfg.reuse_v)
+                 RETURN_LSE=False, DOT_DTYPE=dot, KT=cfg.kt, REUSE_V=cfg.reuse_v,
+                 BLOCK_DV=cfg.block_dv, V_WIDE=cfg.v_wide)
     for k in const:
         sig[k] = "constexpr"
     names = _split_kernel.arg_names
@@ -87,8 +106,10 @@ def summarize(name: str, k, dump: str | None) -> str:
         return len(re.findall(pat, text))
 
     pats = [r"cvt\.rn\.f16x2\.e4m3x2", r"cvt\.rn\.bf16x2\.f32|cvt\.rn\.bf16\.f32", r"mma\.sync",
-            r"wgmma\.mma_async", r"ldmatrix", r"ld\.shared", r"cp\.async\.(?:ca|cg)", r"ld\.global"]
-    cols = [str(n(p, ptx)) for p in pats] + [str(n(r"(?m)^\s+/\*[0-9a-f]+\*/", sass))]
+            r"wgmma\.mma_async", r"ldmatrix", r"ldmatrix[.a-z0-9]*\.trans", r"ld\.shared", r"ld\.shared\.[bu]8",
+            r"cp\.async\.(?:ca|cg)", r"ld\.global", r"st\.shared"]
+    cols = [str(n(p, ptx)) for p in pats] + [str(n(r"\b(?:LDL|STL)\b", sass)),  # spill traffic (SASS)
+                                             str(n(r"(?m)^\s+/\*[0-9a-f]+\*/", sass))]
     head = [name, regs.group(1) if regs else "?", stack.group(1) if stack else "?", f"{k.metadata.shared // 1024} KiB"]
     return "| " + " | ".join(head + cols) + " |"
 
@@ -99,8 +120,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="config names")
     args = ap.parse_args()
     print("| config | regs | stack | smem | cvt e4m3x2->f16x2 | cvt ->bf16 | mma.sync | wgmma | ldmatrix | "
-          "ld.shared | cp.async | ld.global | SASS instrs |")
-    print("|" + "---|" * 13)
+          "ldmatrix.trans | ld.shared | ld.shared.8bit | cp.async | ld.global | st.shared | LDL/STL (SASS) | SASS instrs |")
+    print("|" + "---|" * 17)
     for name, (cfg, kv, _h) in CONFIGS.items():
         if args.only and name not in args.only:
             continue

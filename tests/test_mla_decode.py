@@ -138,6 +138,77 @@ def test_triton_tile_variants(kt, reuse_v, block_h, block_n, num_warps):
     check_against_reference(case, res, lse)
 
 
+# (score dot as q . K^T, output columns per program, V widened before shared memory, split count, cache dtype)
+SLICE_CASES = [
+    (True, 512, True, 2, FP8), (False, 512, True, 1, FP8),
+    (True, 256, False, 2, FP8), (False, 256, False, 1, FP8),
+    (True, 256, True, 1, FP8), (False, 256, True, 2, FP8),
+    (True, 128, True, 3, FP8), (True, 256, False, 2, BF16),
+]
+
+
+@pytest.mark.parametrize("kt,block_dv,v_wide,num_splits,kv_dtype", SLICE_CASES,
+                         ids=[f"{'qkt' if c[0] else 'kq'}-dv{c[1]}{'-vwide' if c[2] else ''}-S{c[3]}"
+                              f"{'-bf16' if c[4] == BF16 else ''}" for c in SLICE_CASES])
+def test_triton_output_slices_and_wide_v(kt, block_dv, v_wide, num_splits, kv_dtype):
+    """The 512 output columns split over 2 or 4 programs (each recomputes the scores; slice 0 stores the
+    lse), and V widened before it is staged: same function, with and without the split-KV merge."""
+    needs_triton()
+    from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
+
+    case = make_case(3, 24, 16, kv_dtype, [45, 3, 70], 0.6)
+    out = torch.full((3, 24, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
+    res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
+                                 return_lse=True, num_splits=num_splits, out=out, poison_workspace=True,
+                                 config=Config(16, 32, 4, 2, kt=kt, block_dv=block_dv, v_wide=v_wide))
+    check_against_reference(case, res, lse)
+
+
+# Every tile config the device A/B (benchmarks/ab_mla_decode.py) may pick as a default: (block_h, block_n,
+# num_warps, num_stages, kt, reuse_v, block_dv, v_wide). Compiling them all is slow in the interpreter: GPU only.
+AB_CANDIDATES = [
+    (16, 32, 4, 2, True, False, 512, False), (16, 32, 4, 2, True, False, 512, True),
+    (16, 32, 4, 3, True, False, 512, True), (16, 32, 8, 2, True, False, 512, True),
+    (16, 32, 4, 2, True, False, 256, False), (16, 32, 4, 2, True, False, 256, True),
+    (16, 32, 4, 3, True, False, 256, True), (16, 64, 4, 2, True, False, 256, True),
+    (16, 32, 8, 2, True, False, 256, True), (16, 64, 8, 2, True, False, 256, True),
+    (16, 64, 4, 2, True, False, 128, True), (64, 32, 8, 2, False, False, 512, False),
+    (64, 32, 8, 2, False, False, 256, False), (64, 32, 8, 2, True, False, 256, True),
+    (16, 32, 4, 2, True, True, 512, False), (16, 32, 8, 2, True, False, 256, False),
+]
+
+
+AB_BF16 = [(16, 32, 4, 2, True, True, 512, False), (16, 32, 4, 2, True, False, 256, False),
+           (16, 32, 8, 2, True, False, 256, False)]
+AB_CASES = [(c, FP8) for c in AB_CANDIDATES] + [(c, BF16) for c in AB_BF16]
+
+
+@needs_cuda
+@pytest.mark.parametrize("cand,kv_dtype", AB_CASES, ids=["H{}-N{}-w{}-s{}-{}{}-dv{}{}-{}".format(
+    c[0], c[1], c[2], c[3], "qkt" if c[4] else "kq", "-reuse" if c[5] else "", c[6], "-vwide" if c[7] else "",
+    "fp8" if d == FP8 else "bf16") for c, d in AB_CASES])
+def test_triton_ab_candidates(cand, kv_dtype):
+    needs_triton()
+    from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
+
+    bh, bn, nw, ns, kt, reuse, dv, wide = cand
+    case = make_case(3, 24, 64, kv_dtype, [300, 3, 129], 0.6)
+    out = torch.full((3, 24, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
+    res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
+                                 return_lse=True, num_splits=3, out=out, poison_workspace=True,
+                                 config=Config(bh, bn, nw, ns, kt=kt, reuse_v=reuse, block_dv=dv, v_wide=wide))
+    check_against_reference(case, res, lse)
+
+
+def test_config_rejects_bad_slices():
+    from decodegap.kernels.mla_decode_triton import Config
+
+    with pytest.raises(ValueError, match="block_dv"):
+        Config(16, 32, 4, 2, block_dv=192)
+    with pytest.raises(ValueError, match="reuse_v"):
+        Config(16, 32, 4, 2, reuse_v=True, block_dv=256)
+
+
 @pytest.mark.parametrize("kv_dtype,widen", [(FP8, "bf16"), (BF16, "auto")], ids=["fp8_bf16dots", "bf16"])
 @pytest.mark.parametrize("reuse_v", [False, True], ids=["reload_v", "reuse_v"])
 def test_triton_dot_dtypes(kv_dtype, widen, reuse_v):
@@ -186,6 +257,31 @@ def test_triton_at_benchmark_scale(heads, kv_dtype):
     out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE,
                           kv_scale=0.8, impl="triton", return_lse=True)
     check_against_reference(case, out, lse)
+
+
+@pytest.mark.parametrize("impl", ["reference", "full_cast", "gather_cast", "triton"])
+def test_validate_false_never_reads_values(impl, monkeypatch):
+    """validate=False (engines, the demo): no value checks and no read-back of the lengths, so no device sync
+    (on CUDA the call runs under torch's sync debug mode set to "error"); same results."""
+    if impl == "triton":
+        needs_triton()
+    mod = sys.modules["decodegap.kernels.mla_decode"]  # the package's `mla_decode` name is the function
+
+    case = make_case(3, 16, 16, FP8, [37, 1, 100], 0.37)
+    args = (case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE)
+    want = mla_decode(*args, kv_scale=0.37, impl=impl)  # validated (and compiled/warmed)
+    monkeypatch.setattr(mod, "check_values", lambda *a: pytest.fail("check_values ran with validate=False"))
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, lse = mla_decode(*args, kv_scale=0.37, impl=impl, return_lse=True, validate=False)
+    finally:
+        if DEVICE == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+        monkeypatch.undo()
+    assert rel_err(out, want) < 1e-2
+    check_against_reference(case, out, lse, lse_atol=3e-2)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ def mla_decode(
     kv_scale: float = 1.0,
     impl: str = "triton",
     return_lse: bool = False,
+    validate: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode attention of one query token per sequence against its paged latent KV.
 
@@ -41,9 +42,15 @@ def mla_decode(
 
     Checks that read tensor values (page ids in range, lengths within the table) synchronize with the device
     once; they are skipped while a CUDA graph is being captured, where a sync is not allowed.
+
+    `validate=False` is for engines and hot loops that guarantee valid tables themselves: it skips those value
+    checks, and the torch paths then attend over the table's whole span (masked) instead of reading the longest
+    length back, so the call never waits for the device (eager mode included). The shape/dtype/device checks
+    still run (they read no tensor values). An out-of-range page id or length is then undefined behaviour: the
+    Triton kernel reads whatever that address holds, or faults.
     """
     check_args(q, kv_cache, block_table, seq_lens, sm_scale, kv_scale, impl)
-    if not _capturing(q):
+    if validate and not _capturing(q):
         check_values(kv_cache, block_table, seq_lens)
     if impl == "triton":
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
@@ -52,7 +59,7 @@ def mla_decode(
         from decodegap.kernels.mla_decode_triton import mla_decode_triton
 
         return mla_decode_triton(q, kv_cache, block_table, seq_lens, sm_scale, kv_scale, return_lse=return_lse)
-    max_len, ragged = _padded_len(block_table, seq_lens, kv_cache.shape[1], q)
+    max_len, ragged = _padded_len(block_table, seq_lens, kv_cache.shape[1], q, read_lens=validate)
     path = {"reference": reference, "full_cast": full_cast, "gather_cast": gather_cast}[impl]
     out, lse = path(q, kv_cache, block_table, seq_lens, sm_scale, kv_scale, max_len, ragged)
     return (out, lse) if return_lse else out
@@ -142,11 +149,12 @@ def _capturing(t: torch.Tensor) -> bool:
 
 
 def _padded_len(
-    block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, like: torch.Tensor
+    block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, like: torch.Tensor, read_lens: bool = True
 ) -> tuple[int, bool]:
-    """The padded length the torch paths attend over (the longest sequence; the table's span under capture),
-    and whether any sequence is shorter than that (then padded rows must be masked)."""
-    if seq_lens.numel() == 0 or _capturing(like):
+    """The padded length the torch paths attend over (the longest sequence; the table's span under capture or
+    when the lengths must not be read back), and whether any sequence is shorter than that (then padded rows
+    must be masked)."""
+    if seq_lens.numel() == 0 or not read_lens or _capturing(like):
         return block_table.shape[1] * page_size, True
     lo, hi = torch.stack(list(torch.aminmax(seq_lens))).tolist()  # one sync
     return hi, lo != hi

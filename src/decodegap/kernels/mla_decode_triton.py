@@ -40,8 +40,13 @@ def _split_kernel(
     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DL: tl.constexpr, DR: tl.constexpr, SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_DTYPE: tl.constexpr, KT: tl.constexpr, REUSE_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr, V_WIDE: tl.constexpr,
 ):
-    pid_h = tl.program_id(0)
+    # Axis 0 = (head block, output slice) with the slice fastest: the DL // BLOCK_DV programs that share one
+    # head block and KV slice (each computes the same scores, then its own columns of p . v) run side by side,
+    # so the siblings' K/V reads hit L2.
+    pid_v = tl.program_id(0) % (DL // BLOCK_DV)
+    pid_h = tl.program_id(0) // (DL // BLOCK_DV)
     pid_s = tl.program_id(1)
     pid_b = tl.program_id(2).to(tl.int64)
 
@@ -55,9 +60,10 @@ def _split_kernel(
     mask_h = offs_h < num_heads
     offs_l = tl.arange(0, DL)
     offs_r = tl.arange(0, DR)
+    offs_v = pid_v * BLOCK_DV + tl.arange(0, BLOCK_DV)  # this program's output (V) columns
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, DL], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     table_row = table_ptr + pid_b * stride_tb
     # q is pre-multiplied by q_scale (a power of two: exact, and it keeps an fp16 q in range) before the cast
     # to the dot dtype; s_scale (= sm_scale * kv_scale * log2(e) / q_scale) is applied to the fp32 scores.
@@ -93,7 +99,12 @@ def _split_kernel(
             if REUSE_V:
                 v = k_lat
             else:
-                v = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+                v = tl.load(row[:, None] + offs_v[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+                if V_WIDE:
+                    # The select keeps Triton from sinking the e4m3 -> f16 cvt below the shared-memory read of
+                    # the dot operand (a select is not hoisted through): V is then staged as fp16 and read
+                    # transposed with ldmatrix.trans instead of single-byte ld.shared.
+                    v = tl.where(mask_n[:, None], v, 0.0)
             acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None])
             m_i = m_new
     else:
@@ -122,8 +133,10 @@ def _split_kernel(
             if REUSE_V:
                 v = k_lat
             else:
-                v = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0,
+                v = tl.load(row[:, None] + offs_v[None, :], mask=mask_n[:, None], other=0.0,
                             eviction_policy="evict_first").to(DOT_DTYPE)  # distinct from k_lat: not merged by CSE
+                if V_WIDE:
+                    v = tl.where(mask_n[:, None], v, 0.0)  # as above: V staged as fp16
             acc = tl.dot(tl.trans(p.to(DOT_DTYPE)), v, acc * alpha[:, None])
             m_i = m_new
 
@@ -131,15 +144,16 @@ def _split_kernel(
     has = l_i > 0
     o = acc * (out_scale / tl.where(has, l_i, 1.0))[:, None]
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    # Every output slice saw the same scores, so m_i / l_i / lse agree across slices: slice 0 stores them.
     if SPLIT:
         p_off = pid_b * stride_pb + offs_h * stride_ph + pid_s
-        tl.store(part_ptr + p_off[:, None] * DL + offs_l[None, :], o, mask=mask_h[:, None])
-        tl.store(part_lse_ptr + p_off, lse2, mask=mask_h)
+        tl.store(part_ptr + p_off[:, None] * DL + offs_v[None, :], o, mask=mask_h[:, None])
+        tl.store(part_lse_ptr + p_off, lse2, mask=mask_h & (pid_v == 0))
     else:
-        o_ptr = out_ptr + pid_b * stride_ob + offs_h[:, None] * stride_oh + offs_l[None, :]
+        o_ptr = out_ptr + pid_b * stride_ob + offs_h[:, None] * stride_oh + offs_v[None, :]
         tl.store(o_ptr, o.to(tl.bfloat16), mask=mask_h[:, None])
         if RETURN_LSE:
-            tl.store(lse_ptr + pid_b * num_heads + offs_h, lse2 * 0.6931471805599453, mask=mask_h)
+            tl.store(lse_ptr + pid_b * num_heads + offs_h, lse2 * 0.6931471805599453, mask=mask_h & (pid_v == 0))
 
 
 @triton.jit
@@ -181,12 +195,22 @@ class Config:
     kt: bool = False  # score dot as q . K^T instead of K . q^T
     reuse_v: bool = False  # read each KV tile once: its latent part is both K and V (else V is loaded again)
     widen: str = "auto"  # FP8 caches: "auto" = fp16 dots (hardware e4m3 -> f16 cvt), "bf16" = bf16 dots
+    block_dv: int = 512  # output columns per program: 256 splits p . v (and the accumulator) over 2 programs
+    v_wide: bool = False  # widen V to the dot dtype before it is staged in shared memory (16-bit ldmatrix.trans)
+
+    def __post_init__(self) -> None:
+        if self.block_dv not in (128, 256, 512):
+            raise ValueError(f"block_dv must be 128, 256 or 512; got {self.block_dv}")
+        if self.reuse_v and self.block_dv != 512:
+            raise ValueError("reuse_v needs block_dv = 512 (V is the whole latent part of the K tile)")
 
 
 def default_config(num_heads: int, kv_dtype: torch.dtype) -> Config:
     """Tile shapes per head count and cache dtype: the fastest in the H200 sweep at B=32, ctx 4096
     (benchmarks/results/mla_decode_h200_2026-11-29.md). Reusing the K tile as V wins for BF16 caches (83 vs 94 µs)
-    but not for FP8 (104 vs 92 µs): with two consumers the 8-bit tile is not staged by cp.async and spills."""
+    but not for FP8 (104 vs 92 µs): with two consumers the 8-bit tile is not staged by cp.async and spills.
+    Neither `v_wide` (92.6 vs 91.9 µs) nor `block_dv=256` (110-151 µs) beat these in the third pass's A/B: the
+    FP8 loop is bound by instructions per token, which those do not cut (block_dv doubles the score work)."""
     if kv_dtype == torch.float8_e4m3fn:
         return Config(16, 32, 4, 2, kt=True) if num_heads <= 16 else Config(64, 32, 8, 2)
     return Config(16, 32, 4, 2, kt=True, reuse_v=True) if num_heads <= 16 else Config(64, 32, 8, 2)
@@ -253,7 +277,9 @@ def mla_decode_triton(
     max_len = block_table.shape[1] * page_size
     if num_splits is None:
         num_sms = _num_sms(q.device.index if q.is_cuda else None)
-        num_splits = pick_num_splits(batch, head_blocks, max_len, num_heads, num_sms, cfg.block_n)
+        # Output slices are programs too: they fill the SMs as splits would, without the partials' traffic.
+        num_splits = pick_num_splits(batch, head_blocks * (LATENT_DIM // cfg.block_dv), max_len, num_heads,
+                                     num_sms, cfg.block_n)
     split = num_splits > 1
     dtype = dot_dtype(kv_cache.dtype, cfg)
     qk_scale = float(sm_scale) * float(kv_scale) * _LOG2E
@@ -267,7 +293,7 @@ def mla_decode_triton(
         part_lse = make((batch, num_heads, num_splits), math.nan, dtype=torch.float32, device=q.device)
     else:
         part = part_lse = out  # unused
-    _split_kernel[(head_blocks, num_splits, batch)](
+    _split_kernel[(head_blocks * (LATENT_DIM // cfg.block_dv), num_splits, batch)](
         q, kv_cache, block_table, seq_lens,
         out, lse, part, part_lse,
         q_scale, qk_scale / q_scale, float(kv_scale), num_heads, num_splits,
@@ -275,7 +301,7 @@ def mla_decode_triton(
         out.stride(0), out.stride(1), num_heads * num_splits, num_splits,
         PAGE_SIZE=page_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=LATENT_DIM, DR=ROPE_DIM,
         SPLIT=split, RETURN_LSE=return_lse, DOT_DTYPE=dtype, KT=cfg.kt, REUSE_V=cfg.reuse_v,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_DV=cfg.block_dv, V_WIDE=cfg.v_wide, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:
         _merge_kernel[(num_heads, batch)](
