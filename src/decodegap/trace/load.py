@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import re
 from contextlib import contextmanager
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -60,16 +61,32 @@ def _as_int(value, default: int = -1) -> int:
 
 
 class _Interner:
+    """Values -> small integer ids, first come first numbered."""
+
     def __init__(self, first="") -> None:
         self.ids: dict = {first: 0}
         self.values: list = [first]
 
-    def __call__(self, value) -> int:
-        found = self.ids.get(value)
-        if found is None:
-            found = self.ids[value] = len(self.values)
-            self.values.append(value)
-        return found
+    def many(self, values: list) -> np.ndarray:
+        ids = self.ids
+        for value in dict.fromkeys(values):  # the batch's distinct values, at C speed
+            if value not in ids:
+                ids[value] = len(self.values)
+                self.values.append(value)
+        return np.fromiter(map(ids.__getitem__, values), np.int32, len(values))
+
+
+def _column(events: list, attribute: str, dtype) -> np.ndarray:
+    """One field of every record as an array; attrgetter + map keep the loop in C."""
+    return np.fromiter(map(attrgetter(attribute), events), dtype, len(events))
+
+
+def _ids_or_fallback(ids: np.ndarray, events: list, fallback: str) -> np.ndarray:
+    """Device/stream from args, or from pid/tid for the (old) traces that only put them there."""
+    missing = np.flatnonzero(ids < 0)
+    for i in missing.tolist():
+        ids[i] = _tid(getattr(events[i], fallback))
+    return ids
 
 
 def _tid(value) -> int:
@@ -117,41 +134,40 @@ class TableBuilder:
                 groups[table].append(e)
         names, shapes = self.names, self.shapes
         if g := groups["gpu"]:
-            n = len(g)
+            kinds = list(map(attrgetter("cat"), g))
             self.gpu.append((
-                np.fromiter((_GPU_KIND[e.cat.lower()] for e in g), np.int8, n),
-                np.fromiter((names(e.name) for e in g), np.int32, n),
-                np.fromiter((e.ts for e in g), np.float64, n),
-                np.fromiter((e.dur for e in g), np.float64, n),
-                np.fromiter((e.args.device if e.args.device >= 0 else _tid(e.pid) for e in g), np.int32, n),
-                np.fromiter((e.args.stream if e.args.stream >= 0 else _tid(e.tid) for e in g), np.int64, n),
-                np.fromiter((e.args.correlation for e in g), np.int64, n),
-                np.fromiter((e.args.external_id for e in g), np.int64, n),
-                np.fromiter((shapes(bytes(e.args.grid)) for e in g), np.int32, n),
-                np.fromiter((shapes(bytes(e.args.block)) for e in g), np.int32, n),
-                np.fromiter((e.args.nbytes for e in g), np.int64, n),
+                np.fromiter((_GPU_KIND.get(c) or _GPU_KIND[c.lower()] for c in kinds), np.int8, len(g)),
+                names.many(list(map(attrgetter("name"), g))),
+                _column(g, "ts", np.float64),
+                _column(g, "dur", np.float64),
+                _ids_or_fallback(_column(g, "args.device", np.int32), g, "pid"),
+                _ids_or_fallback(_column(g, "args.stream", np.int64), g, "tid"),
+                _column(g, "args.correlation", np.int64),
+                _column(g, "args.external_id", np.int64),
+                shapes.many([bytes(r) for r in map(attrgetter("args.grid"), g)]),
+                shapes.many([bytes(r) for r in map(attrgetter("args.block"), g)]),
+                _column(g, "args.nbytes", np.int64),
             ))
         if ops := groups["cpu_op"]:
-            n = len(ops)
             self.ops.append((
-                np.fromiter((names(e.name) for e in ops), np.int32, n),
-                np.fromiter((e.ts for e in ops), np.float64, n),
-                np.fromiter((e.dur for e in ops), np.float64, n),
-                np.fromiter((_tid(e.tid) for e in ops), np.int64, n),
-                np.fromiter((e.args.external_id for e in ops), np.int64, n),
+                names.many(list(map(attrgetter("name"), ops))),
+                _column(ops, "ts", np.float64),
+                _column(ops, "dur", np.float64),
+                np.fromiter(map(_tid, map(attrgetter("tid"), ops)), np.int64, len(ops)),
+                _column(ops, "args.external_id", np.int64),
             ))
-            self.op_dims.extend(bytes(e.args.input_dims) if e.args.input_dims else None for e in ops)
-            self.op_types.extend(bytes(e.args.input_type) if e.args.input_type else None for e in ops)
-            self.op_collective.extend(_collective(e.args) if e.args.collective_name else None for e in ops)
+            args = list(map(attrgetter("args"), ops))
+            self.op_dims.extend(bytes(a.input_dims) if a.input_dims else None for a in args)
+            self.op_types.extend(bytes(a.input_type) if a.input_type else None for a in args)
+            self.op_collective.extend(_collective(a) if a.collective_name else None for a in args)
         if rt := groups["runtime"]:
-            n = len(rt)
             self.runtime.append((
-                np.fromiter((names(e.name) for e in rt), np.int32, n),
-                np.fromiter((e.ts for e in rt), np.float64, n),
-                np.fromiter((e.dur for e in rt), np.float64, n),
-                np.fromiter((_tid(e.tid) for e in rt), np.int64, n),
-                np.fromiter((e.args.correlation for e in rt), np.int64, n),
-                np.fromiter((e.args.external_id for e in rt), np.int64, n),
+                names.many(list(map(attrgetter("name"), rt))),
+                _column(rt, "ts", np.float64),
+                _column(rt, "dur", np.float64),
+                np.fromiter(map(_tid, map(attrgetter("tid"), rt)), np.int64, len(rt)),
+                _column(rt, "args.correlation", np.int64),
+                _column(rt, "args.external_id", np.int64),
             ))
         for key, on_gpu in (("annotation", False), ("gpu_annotation", True)):
             self.annotations.extend((e.name, e.ts, e.dur, on_gpu) for e in groups[key])
