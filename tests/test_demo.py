@@ -105,3 +105,6 @@ def test_demo_compare_cpu(tmp_path, capsys):
     assert "1.00x" in rows["full_cast"]
     assert (tmp_path / "table.md").read_text().startswith("| kv read | ms/step | tok/s |")
     assert len(list(tmp_path.glob("*/*.decodegap.pt.trace.json.gz"))) == len(rows)
+    # and the diff of each fix's trace against full_cast's: the pool cast is gone
+    assert out.count("decodegap diff:") == len(rows) - 1
+    assert "findings gone: kv_pool_cast" in out

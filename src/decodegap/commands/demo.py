@@ -85,6 +85,7 @@ def command(kv_read, compare, scale, layers, pool_slots, context, batch, kv_dtyp
                 raise UserError(f"{markdown_path}: cannot write ({exc.strerror})") from None
         for r in rows:
             click.echo(f"trace {r.kv_read}: {r.trace}")
+        _print_diffs(rows)
         return
     from decodegap.report.text import render_text
 
@@ -92,3 +93,16 @@ def command(kv_read, compare, scale, layers, pool_slots, context, batch, kv_dtyp
     path = runner.record(model, out_dir, steps, warmup, timed, record_shapes)
     click.echo(render_text(runner.analyze(path, config)), nl=False)
     click.echo(f"trace: {path}")
+
+
+def _print_diffs(rows) -> None:
+    """What each fix changed in the recorded traces, against the first strategy (full_cast)."""
+    from decodegap.diff import diff_reports, render_diff
+    from decodegap.report.json import report_dict
+
+    base = rows[0]
+    for row in rows[1:]:
+        if base.report is not None and row.report is not None:
+            click.echo()
+            click.echo(render_diff(diff_reports(report_dict(base.report), report_dict(row.report)), "text", top=8),
+                       nl=False)

@@ -119,6 +119,7 @@ class CompareRow:
     trace: Path | None
     finding_ids: list[str] = field(default_factory=list)
     profiled_ms: float | None = None  # the analyzer's median step in the trace
+    report: object | None = None  # decodegap.analyze.Report of the recorded trace
 
     batch: int = 1
 
@@ -141,6 +142,7 @@ def compare(model: DemoModel, kv_reads: list[str], cuda_graph: bool, timed: int,
             report = analyze(row.trace, model.config)
             row.finding_ids = [f.id for f in report.findings]
             row.profiled_ms = report.main.breakdown.step_ms.median or None
+            row.report = report
         rows.append(row)
     return rows
 
