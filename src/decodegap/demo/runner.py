@@ -88,9 +88,7 @@ def model_options(config: DemoConfig):
     from decodegap.model.config import geometry_from_dict
 
     geometry = geometry_from_dict(hf_config(config), source="decodegap demo")
-    options = AnalysisOptions(model=geometry)
-    options.active_tokens = config.batch * config.context  # read by the findings (getattr), not a declared field
-    return options
+    return AnalysisOptions(model=geometry, active_tokens=config.batch * config.context)
 
 
 def hf_config(c: DemoConfig) -> dict:
