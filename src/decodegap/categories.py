@@ -17,12 +17,21 @@ _RULES: list[tuple[str, str]] = [
     ("collective", r"\bnccl|ncclDevKernel|ncclKernel|rccl|cross_device_reduce|custom_?all_?reduce|allreduce|"
                    r"all_reduce|all_gather|allgather|reduce_scatter|reducescatter|one_shot_all|two_shot_all|"
                    r"multimem|deep_ep|intranode::|internode::|lamport|mscclpp|quickreduce"),
+    # --- torch.compile (Inductor) kernels say what they are in their prefix; their names also list every fused
+    #     op (`_to_copy`, `add`, `rsqrt`), so they are sorted before the rules that would match those words ---
+    ("gemm", r"^triton_(tem|mm)_"),
+    ("norm", r"^triton_(red|per)_\w*(rsqrt|norm)"),
+    ("reduce", r"^triton_(red|per)_"),
+    ("elementwise", r"^triton_poi_"),
     # --- MoE: routing, token permutation, grouped expert GEMMs, fused MoE (Triton, CUTLASS, FlashInfer) ---
     ("moe", r"fused_moe|moe_align|moe_sum|moe_|_moe|topk_gating|topkGating|grouped_topk|expert|"
             r"count_and_sort|permute|unpermute|gather_scatter|cutlass_moe|group_gemm|grouped_gemm|"
             r"MoeGemm|moe::"),
+    # --- names that would otherwise fall to a broader rule below (FlashInfer's norm and sampling kernels) ---
+    ("norm", r"rms_?norm|layer_?norm|group_?norm|norm_kernel"),
+    ("sampling", r"sampling|argmax|multinomial|top_?p\b|TopKTopP|min_p"),
     # --- attention: FlashAttention, FlashInfer, FlashMLA, cuDNN SDPA, paged/decode attention, Triton MLA ---
-    ("attention", r"flash|fmha|attention|attn|sdpa|mla|paged|decode_grouped|_fwd_kernel_stage|"
+    ("attention", r"flash|fmha|attention|attn|sdpa|mla|paged|decode_grouped|_fwd_kernel_stage|_fwd_grouped_kernel|"
                   r"BatchPrefill|BatchDecode|SinglePrefill|SingleDecode|MergeStates|merge_state|"
                   r"reshape_and_cache|concat_and_cache|softmax_warp_forward.*causal|xformers|"
                   r"ck_tile::Fmha|aiter.*(fmha|pa_)|efficient_attention"),
@@ -34,7 +43,7 @@ _RULES: list[tuple[str, str]] = [
     ("norm", r"norm|rms"),
     # --- dtype casts: PyTorch copy kernels that convert, explicit to/convert/quantize kernels ---
     ("cast", r"_to_copy|to_copy|float8_copy|bfloat16_copy|half_copy|float_copy|"
-             r"convert|quantize|dequant|(?<!no)(?<!With)cast"),  # not ..._nocast, not LoadWithCast
+             r"convert|quant|(?<!no)(?<!With)cast"),  # not ..._nocast, not LoadWithCast
     # --- sampling: top-k/top-p, argmax, multinomial, sort, softmax over the vocabulary ---
     ("sampling", r"sampling|sample|topk|top_k|top_p|argmax|ArgMax|multinomial|gatherTopK|sbtopk|radix|"
                  r"bitonicSort|sort|softmax|SoftMax|cumsum|scan::"),

@@ -1,0 +1,80 @@
+"""Kernel names from the libraries decode steps run (CUDA and ROCm) land in the right category."""
+
+import pytest
+
+from decodegap.categories import CATEGORIES, categorize, categorize_cpu_op
+
+NAMES = [
+    # GEMM: cuBLAS(Lt), nvjet, CUTLASS, rocBLAS/hipBLASLt (Tensile Cijk_), Marlin, Inductor templates
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16>", "gemm"),
+    ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+     "gemm"),
+    ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GemmShape<128, 128, 64>>>", "gemm"),
+    ("Cijk_Alik_Bljk_BBS_BH_MT128x128x64_MI16x16x16x1_SN_LDSB1_AFC1_GRVW8_K1_MIWT4_4_WG32_8_1", "gemm"),
+    ("void marlin::Marlin<256, 1, 8, 8, 4, 8>(int4 const*, int4 const*, int4*, int4 const*)", "gemm"),
+    ("triton_tem_fused_mm_0", "gemm"),
+    # attention: FlashAttention 2/3, FlashInfer, FlashMLA, paged attention, SGLang/vLLM Triton decode, cuDNN SDPA
+    ("void flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>, true>", "attention"),
+    ("void flash::flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>, 4, 3>", "attention"),
+    ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u, 4u>", "attention"),
+    ("void flashinfer::mla::BatchMLAPagedAttentionKernel<flashinfer::mla::KernelTraits<true>>", "attention"),
+    ("void flash_fwd_splitkv_mla_kernel<Flash_fwd_kernel_traits_mla<576, 64, 64, 8>, true>", "attention"),
+    ("void vllm::paged_attention_v2_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128>", "attention"),
+    ("_fwd_grouped_kernel_stage1", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64", "attention"),
+    ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16>", "attention"),
+    # collectives: NCCL, RCCL, custom all-reduce
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "collective"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_bfloat16(ncclWorkElem)", "collective"),
+    ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals)", "collective"),
+    ("void sglang::cross_device_reduce_2stage<__nv_bfloat16, 8>", "collective"),
+    # MoE
+    ("fused_moe_kernel", "moe"),
+    ("void vllm::moe::topkGatingSoftmax<8, 256, 4, 16>(float const*, bool const*, float*, int, int*)", "moe"),
+    ("void vllm::moe::moe_align_block_size_kernel<int>(int*, int*, int*, int*, int, int, int)", "moe"),
+    # norms
+    ("void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>", "norm"),
+    ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>", "norm"),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norm"),
+    # casts and copies
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::"
+     "{lambda()#3}, std::array<char*, 2ul>, 4, TrivialOffsetCalculator<1, unsigned int>, "
+     "TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, "
+     "at::native::memory::StoreWithCast<1> >", "cast"),
+    ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+     "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}>>", "copy"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::BinaryFunctor<long, long, bool>, "
+     "at::native::memory::LoadWithCast<2>, at::native::memory::StoreWithCast<1> >", "elementwise"),
+    ("void vllm::scaled_fp8_quant_kernel<c10::BFloat16>", "cast"),
+    ("void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long, long, long, bool)",
+     "copy"),
+    # sampling, reductions, elementwise, Inductor pointwise
+    ("void flashinfer::sampling::TopKTopPSamplingFromProbKernel<1024u, (cub::BlockScanAlgorithm)0>", "sampling"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>", "sampling"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float>>>", "reduce"),
+    ("void vllm::act_and_mul_kernel<c10::BFloat16, &vllm::silu_kernel<c10::BFloat16>>", "elementwise"),
+    ("triton_poi_fused_add_mul_silu_0", "elementwise"),
+    ("some_unknown_kernel_name", "other"),
+]
+
+
+@pytest.mark.parametrize("name, category", NAMES)
+def test_kernel_categories(name, category):
+    assert categorize(name) == category
+
+
+def test_memcpy_and_memset_by_kind():
+    assert categorize("Memcpy DtoD (Device -> Device)", "memcpy") == "memcpy"
+    assert categorize("Memset (Device)", "memset") == "memset"
+
+
+def test_every_category_is_documented():
+    assert {c for _, c in NAMES} | {"memcpy", "memset"} == set(CATEGORIES)
+
+
+def test_cpu_ops():
+    assert categorize_cpu_op("aten::copy_", ["c10::BFloat16", "c10::Float8_e4m3fn"]) == "cast"
+    assert categorize_cpu_op("aten::copy_", ["c10::BFloat16", "c10::BFloat16"]) == "copy"
+    assert categorize_cpu_op("aten::mm", []) == "gemm"
+    assert categorize_cpu_op("c10d::allreduce_", []) == "collective"
