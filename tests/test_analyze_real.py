@@ -107,3 +107,12 @@ def test_markdown_and_text_lead_with_findings(cast_report):
     text = render_text(cast_report)
     assert text.index("ROOT CAUSES") < text.index("time per decode step by category")
     assert "[kv_pool_cast]" in text
+
+
+def test_html_report_is_self_contained_and_escaped(cast_report):
+    from decodegap.report.html import render_html
+
+    page = render_html(cast_report)
+    assert page.startswith("<!doctype html>") and "<script" not in page and "kv_pool_cast" in page
+    assert "&lt;" in page  # C++ template brackets in kernel names are escaped
+    assert page.index("Root causes") < page.index("Top kernels")

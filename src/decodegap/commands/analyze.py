@@ -24,7 +24,7 @@ def example_path(name: str = EXAMPLE) -> Path:
 @click.argument("trace", required=False, type=click.Path(path_type=Path))
 @click.option("--example", is_flag=True,
               help="Analyze the bundled example: the incident reproduced on an H200 (with its GLM-5 config).")
-@click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "md", "json", "html"]), default="text", show_default=True)
 @click.option("--top", type=click.IntRange(1, 10_000), default=15, show_default=True, help="Kernel groups to list.")
 @click.option("--full-names", is_flag=True, help="Show full kernel names in the text report.")
 @click.option("--tpot", "tpot_ms", type=click.FloatRange(min=0, min_open=True),
@@ -65,6 +65,10 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
         from decodegap.report.json import render_json
 
         text = render_json(report) + "\n"
+    elif fmt == "html":
+        from decodegap.report.html import render_html
+
+        text = render_html(report, top=top)
     elif fmt == "md":
         from decodegap.report.markdown import render_markdown
 
