@@ -105,3 +105,11 @@ def test_two_traces_claiming_one_rank_are_flagged(tmp_path):
     write(decode_loop(steps=3, layers=3), folder / "host.2.rank-0.decodegap.pt.trace.json.gz")
     d = report_dict(analyze_path(folder))
     assert any("two traces claim rank 0" in w for w in d["warnings"])
+
+
+def test_cuda_graph_trace_without_markers(tmp_path):
+    # SGLang/vLLM decode under CUDA graphs: no ProfilerStep, every kernel replayed from a graph
+    d = _report(tmp_path, markers=None, steps=6, layers=5, graph=True, gap_us=300.0)
+    assert d["steps"]["decode"]["source"].startswith("repeating kernel sequence")
+    assert d["steps"]["decode"]["count"] >= 5 and d["layers"] == 5
+    assert all(k["from_graph"] for k in d["kernels"])
