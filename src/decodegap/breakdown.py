@@ -96,8 +96,8 @@ class Breakdown:
 def _busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
     if not len(ts):
         return 0
-    order = np.argsort(ts, kind="stable")
-    ts, end = np.clip(ts[order], start, stop), np.clip(end[order], start, stop)
+    # a step's rows come in start order (the GPU table is sorted, steps are ascending row sets)
+    ts, end = np.clip(ts, start, stop), np.clip(end, start, stop)
     idle = idle_gaps_ns(ts, end).sum() + (ts[0] - start) + max(stop - int(np.maximum.accumulate(end)[-1]), 0)
     return int(stop - start - idle)
 
@@ -123,13 +123,12 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     n = max(len(decode), 1)
     rows = np.concatenate([s.rows for s in decode]) if decode else np.empty(0, np.int64)
     category_of_name = {}
-    kind_names = GPU_KIND_NAMES
 
     def category(row: int) -> str:
         key = (int(gpu.name_id[row]), int(gpu.kind[row]))
         found = category_of_name.get(key)
         if found is None:
-            found = category_of_name[key] = categorize(trace.names[key[0]], kind_names[key[1]])
+            found = category_of_name[key] = categorize(trace.names[key[0]], GPU_KIND_NAMES[key[1]])
         return found
 
     dur = gpu.dur_ns

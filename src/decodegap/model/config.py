@@ -329,16 +329,21 @@ def geometry_from_dict(cfg: dict[str, Any], source: str = "config") -> ModelGeom
     )
 
 
-def read_config_json(path: str | Path) -> tuple[dict[str, Any], Path]:
-    """Parse config.json from a file or a model folder; returns the dict and the folder it lives in."""
+def read_json_file(path: str | Path, default_name: str, what: str) -> tuple[Any, Path]:
+    """Parse a JSON file given as itself or as the folder holding `default_name`; (value, file)."""
     path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
+    file = path / default_name if path.is_dir() else path
     if not file.is_file():
-        raise UserError(f"no model config at {path} (give a config.json or a folder holding one)")
+        raise UserError(f"no {what} at {path} (give a {default_name} or a folder holding one)")
     try:
-        cfg = json.loads(file.read_text())
+        return json.loads(file.read_text()), file
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {file} as JSON: {exc}") from None
+
+
+def read_config_json(path: str | Path) -> tuple[dict[str, Any], Path]:
+    """Parse config.json from a file or a model folder; returns the dict and the folder it lives in."""
+    cfg, file = read_json_file(path, "config.json", "model config")
     if not isinstance(cfg, dict):
         raise UserError(f"{file}: expected a JSON object")
     return cfg, file.parent

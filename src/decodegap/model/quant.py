@@ -7,7 +7,6 @@ hf_quant_config.json (ModelOpt), a config.json `quantization_config`, or an expl
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
@@ -244,14 +243,9 @@ def load_quant(path: str | Path | None, model_config: dict[str, Any] | None = No
     """Scheme from an hf_quant_config.json (file or folder); else from the model config's quantization_config;
     else plain BF16 weights and KV."""
     if path is not None:
-        path = Path(path)
-        file = path / "hf_quant_config.json" if path.is_dir() else path
-        if not file.is_file():
-            raise UserError(f"no quantization config at {path}")
-        try:
-            data = json.loads(file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UserError(f"cannot read {file} as JSON: {exc}") from None
+        from decodegap.model.config import read_json_file
+
+        data, file = read_json_file(path, "hf_quant_config.json", "quantization config")
         if isinstance(data, dict) and isinstance(data.get("quantization"), dict):
             return _from_modelopt(data["quantization"], source=file.name)
         if isinstance(data, dict) and isinstance(data.get("quantization_config"), dict):

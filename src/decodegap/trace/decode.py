@@ -46,11 +46,14 @@ class _Batches:
             raise UserError(f"{self.path}: invalid JSON inside traceEvents ({exc})") from None
 
     def _tolerant(self, text) -> list:
-        events = []
         try:
             items = msgspec.json.decode(text)
         except DECODE_ERRORS as exc:
             raise UserError(f"{self.path}: invalid JSON inside traceEvents ({exc})") from None
+        return self._convert(items)
+
+    def _convert(self, items: list) -> list:
+        events = []
         for item in items:
             try:  # through JSON again, so the Raw fields are filled as on the fast path
                 events.append(_one_event.decode(msgspec.json.encode(item)))
@@ -201,5 +204,5 @@ def _tolerant_document(path: Path, text, batches: _Batches) -> schema.TraceDocum
     events = raw.get("traceEvents") if isinstance(raw, dict) else raw
     if not isinstance(events, list):
         raise UserError(f"{path}: not a profiler trace (no traceEvents list)")
-    converted = batches._tolerant(msgspec.json.encode(events))
+    converted = batches._convert(events)
     return _pick_header(raw if isinstance(raw, dict) else {}, converted)
