@@ -14,40 +14,28 @@ import json
 
 import torch
 
-from bench_mla_decode import BF16, DEVICE, FP8, HEAD_DIM, KV_SCALE, SM_SCALE, bytes_moved, copy_bandwidth_gbps, \
+from bench_mla_decode import BF16, DEVICE, HEAD_DIM, KV_SCALE, SM_SCALE, bytes_moved, copy_bandwidth_gbps, \
     make_pools, time_graph
 from decodegap.kernels.mla_decode import gather_cast, reference
-from decodegap.kernels.mla_decode_triton import Config, _num_sms, mla_decode_triton, pick_num_splits
+from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton, num_splits_for
 
 H16 = {
-    "old default qKt N32 w4 s2": Config(16, 32, 4, 2, kt=True),
-    "qKt vwide N32 w4 s2": Config(16, 32, 4, 2, kt=True, v_wide=True),
-    "qKt vwide N32 w4 s3": Config(16, 32, 4, 3, kt=True, v_wide=True),
-    "qKt vwide N32 w8 s2": Config(16, 32, 8, 2, kt=True, v_wide=True),
-    "qKt dv256 N32 w4 s2": Config(16, 32, 4, 2, kt=True, block_dv=256),
-    "qKt dv256 vwide N32 w4 s2": Config(16, 32, 4, 2, kt=True, block_dv=256, v_wide=True),
-    "qKt dv256 vwide N32 w4 s3": Config(16, 32, 4, 3, kt=True, block_dv=256, v_wide=True),
-    "qKt dv256 vwide N64 w4 s2": Config(16, 64, 4, 2, kt=True, block_dv=256, v_wide=True),
-    "qKt dv256 vwide N32 w8 s2": Config(16, 32, 8, 2, kt=True, block_dv=256, v_wide=True),
-    "qKt dv256 vwide N64 w8 s2": Config(16, 64, 8, 2, kt=True, block_dv=256, v_wide=True),
-    "qKt dv128 vwide N64 w4 s2": Config(16, 64, 4, 2, kt=True, block_dv=128, v_wide=True),
+    "heads-major N32 w4 s2 r168 (default)": Config(16, 32, 4, 2, maxnreg=168),
+    "heads-major N32 w4 s2": Config(16, 32, 4, 2),
+    "heads-major N32 w4 s3 r168": Config(16, 32, 4, 3, maxnreg=168),
+    "heads-major N64 w4 s2": Config(16, 64, 4, 2),
+    "heads-major N32 w8 s2": Config(16, 32, 8, 2),
 }
 H128 = {
-    "old default H64 kqT N32 w8 s2": Config(64, 32, 8, 2),
-    "H64 kqT dv256 N32 w8 s2": Config(64, 32, 8, 2, block_dv=256),
-    "H64 qKt dv256 vwide N32 w8 s2": Config(64, 32, 8, 2, kt=True, block_dv=256, v_wide=True),
+    "tokens-major H64 N32 w8 s2 (default)": Config(64, 32, 8, 2, heads_major=False),
+    "tokens-major H32 N32 w4 s2": Config(32, 32, 4, 2, heads_major=False),
+    "heads-major H64 N32 w8 s2": Config(64, 32, 8, 2),
+    "heads-major H16 N32 w4 s2 r168": Config(16, 32, 4, 2, maxnreg=168),
 }
 BF16_H16 = {
-    "bf16 old default qKt reuseV N32 w4 s2": Config(16, 32, 4, 2, kt=True, reuse_v=True),
-    "bf16 qKt dv256 N32 w4 s2": Config(16, 32, 4, 2, kt=True, block_dv=256),
-    "bf16 qKt dv256 N32 w8 s2": Config(16, 32, 8, 2, kt=True, block_dv=256),
+    "bf16 heads-major N32 w4 s2 (default)": Config(16, 32, 4, 2),
+    "bf16 heads-major N32 w4 s2 r168": Config(16, 32, 4, 2, maxnreg=168),
 }
-
-
-def splits_for(batch: int, ctx: int, heads: int, cfg: Config) -> int:
-    """The split count mla_decode_triton's heuristic picks (output slices count as programs)."""
-    programs = -(-heads // cfg.block_h) * (512 // cfg.block_dv)
-    return pick_num_splits(batch, programs, ctx, heads, _num_sms(0), cfg.block_n)
 
 
 def main() -> None:
@@ -87,7 +75,7 @@ def main() -> None:
                 if args.only and name not in args.only:
                     continue
                 cache = p.fp8 if dtype == "fp8" else p.bf16
-                base = splits_for(batch, ctx, heads, cfg)
+                base = num_splits_for(q, cache, p.table, cfg)
                 for splits in sorted({base, 2 * base} if args.splits2 else {base}):
                     try:
                         if args.warm:

@@ -29,7 +29,7 @@ from decodegap.kernels.mla_decode_triton import (
     _num_sms,
     default_config,
     mla_decode_triton,
-    pick_num_splits,
+    num_splits_for,
 )
 
 POOL_SLOTS = 495_552  # the incident's preallocated SGLang pool
@@ -120,8 +120,7 @@ def run_case(p: Pools, heads: int, copy_gbps: float, deadline: float,
     hclass = 16 if heads <= 16 else 128
     cfg = tuned.get(("fp8", hclass)) or default_config(heads, FP8)
     cfg16 = tuned.get(("bf16", hclass)) or default_config(heads, BF16)
-    splits = pick_num_splits(p.batch, -(-heads // cfg.block_h) * (LATENT_DIM // cfg.block_dv),
-                             p.table.shape[1] * p.page_size, heads, _num_sms(q.device.index), cfg.block_n)
+    splits = num_splits_for(q, p.fp8, p.table, cfg)
     row = Row(p.batch, p.ctx, heads, splits)
     args = (p.table, p.lens, SM_SCALE, KV_SCALE)
     row.ms["triton_fp8"], out_fp8 = time_graph(lambda: mla_decode_triton(q, p.fp8, *args, config=cfg))
@@ -177,21 +176,18 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 SWEEP = {  # (cache, heads) -> candidate tile configs, timed at B=32, ctx 4096
-    ("fp8", 16): [Config(16, 32, 4, 2, kt=True, widen="bf16"),  # the 2026-11-29 default (bf16 dots)
-                  Config(16, 32, 4, 2, kt=True), Config(16, 64, 4, 2, kt=True), Config(16, 32, 8, 2, kt=True),
-                  Config(16, 32, 4, 2, kt=True, reuse_v=True), Config(16, 64, 4, 2, kt=True, reuse_v=True),
-                  Config(16, 32, 8, 2, kt=True, reuse_v=True)],
-    ("fp8", 128): [Config(64, 32, 8, 2, kt=True, widen="bf16"), Config(64, 32, 8, 2, kt=True),
-                   Config(64, 32, 8, 2, kt=True, reuse_v=True), Config(64, 32, 8, 2)],
-    ("bf16", 16): [Config(16, 32, 4, 2, kt=True), Config(16, 32, 4, 2, kt=True, reuse_v=True)],
-    ("bf16", 128): [Config(64, 32, 8, 2), Config(64, 32, 8, 2, kt=True, reuse_v=True)],
+    ("fp8", 16): [Config(16, 32, 4, 2, maxnreg=168), Config(16, 32, 4, 2), Config(16, 32, 4, 3, maxnreg=168),
+                  Config(16, 64, 4, 2), Config(16, 32, 4, 2, heads_major=False)],
+    ("fp8", 128): [Config(64, 32, 8, 2, heads_major=False), Config(32, 32, 4, 2, heads_major=False),
+                   Config(64, 32, 8, 2), Config(16, 32, 4, 2, maxnreg=168)],
+    ("bf16", 16): [Config(16, 32, 4, 2, maxnreg=168), Config(16, 32, 4, 2)],
+    ("bf16", 128): [Config(64, 32, 8, 2, heads_major=False), Config(64, 32, 8, 2)],
 }
 
 
 def cfg_name(c: Config) -> str:
-    return (f"H{c.block_h} N{c.block_n} w{c.num_warps} s{c.num_stages}{' qKt' if c.kt else ' kqT'}"
-            f"{' reuseV' if c.reuse_v else ''}{' bf16dots' if c.widen == 'bf16' else ''}"
-            f"{f' dv{c.block_dv}' if c.block_dv != 512 else ''}{' vwide' if c.v_wide else ''}")
+    return (f"H{c.block_h} N{c.block_n} w{c.num_warps} s{c.num_stages} {'heads' if c.heads_major else 'tokens'}-major"
+            f"{f' r{c.maxnreg}' if c.maxnreg else ''}")
 
 
 def sweep(copy_gbps: float) -> tuple[list[list[str]], dict[tuple[str, int], Config]]:
@@ -205,8 +201,7 @@ def sweep(copy_gbps: float) -> tuple[list[list[str]], dict[tuple[str, int], Conf
         q = torch.randn(batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
         top = (math.inf, None)
         for cfg in configs:
-            base = pick_num_splits(batch, -(-heads // cfg.block_h) * (LATENT_DIM // cfg.block_dv), ctx, heads,
-                                   _num_sms(0), cfg.block_n)
+            base = num_splits_for(q, cache, p.table, cfg)
             for splits in (base, 2 * base):
                 try:
                     ms, _ = time_graph(lambda: mla_decode_triton(

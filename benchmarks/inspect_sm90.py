@@ -1,7 +1,8 @@
-"""Compile the MLA split kernel for sm_90 without a GPU and summarize what it became (registers, spills, shared
-memory, and the instructions that matter: e4m3 conversions, mma/wgmma, shared-memory and global loads).
+"""Compile the MLA decode kernels for sm_90 without a GPU and summarize what each config became: registers,
+spills, shared memory, the instructions that matter (e4m3 conversions, mma/wgmma, shared-memory loads), and the
+SASS instructions in the KV loop per warp (one [BLOCK_N, 576] tile) and per token.
 
-    PYTHONPATH=src python3 benchmarks/inspect_sm90.py [--dump DIR]
+    PYTHONPATH=src python3 benchmarks/inspect_sm90.py [--dump DIR] [--only NAME ...]
 
 Runs on a CPU machine with triton's bundled ptxas/cuobjdump; on a GPU machine it does the same.
 """
@@ -9,6 +10,7 @@ Runs on a CPU machine with triton's bundled ptxas/cuobjdump; on a GPU machine it
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import subprocess
@@ -22,49 +24,26 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from decodegap.kernels.mla_decode_triton import Config, _split_kernel  # noqa: E402
+from decodegap.kernels.mla_decode_triton import Config, _mla_decode_heads_major, _mla_decode_tokens_major  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
-CONFIGS = {
-    "qKt fp16 N32 (2026-11-29 default)": (Config(16, 32, 4, 2, kt=True), "fp8e4nv", 16),
-    "qKt fp16 N64": (Config(16, 64, 4, 2, kt=True), "fp8e4nv", 16),
-    "qKt reuse fp16 N32": (Config(16, 32, 4, 2, kt=True, reuse_v=True), "fp8e4nv", 16),
-    # 1. V widened before the dot (staged as fp16: ldmatrix.trans)
-    "qKt vwide N32": (Config(16, 32, 4, 2, kt=True, v_wide=True), "fp8e4nv", 16),
-    "qKt vwide N64": (Config(16, 64, 4, 2, kt=True, v_wide=True), "fp8e4nv", 16),
-    "qKt vwide N32 s3": (Config(16, 32, 4, 3, kt=True, v_wide=True), "fp8e4nv", 16),
-    # 2. the 512 output columns split over 2 (or 4) programs
-    "qKt dv256 N32": (Config(16, 32, 4, 2, kt=True, block_dv=256), "fp8e4nv", 16),
-    "qKt dv256 N64": (Config(16, 64, 4, 2, kt=True, block_dv=256), "fp8e4nv", 16),
-    "qKt dv256 N32 s3": (Config(16, 32, 4, 3, kt=True, block_dv=256), "fp8e4nv", 16),
-    "qKt dv256 N32 w8": (Config(16, 32, 8, 2, kt=True, block_dv=256), "fp8e4nv", 16),
-    # 1 + 2
-    "qKt dv256 vwide N32": (Config(16, 32, 4, 2, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
-    "qKt dv256 vwide N64": (Config(16, 64, 4, 2, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
-    "qKt dv256 vwide N32 s3": (Config(16, 32, 4, 3, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
-    "qKt dv256 vwide N64 s3": (Config(16, 64, 4, 3, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
-    "qKt dv256 vwide N32 w8": (Config(16, 32, 8, 2, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
-    "qKt dv256 vwide N64 w8": (Config(16, 64, 8, 2, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
-    "qKt vwide N32 w8": (Config(16, 32, 8, 2, kt=True, v_wide=True), "fp8e4nv", 16),
-    "qKt dv256 vwide N32 w8 s3": (Config(16, 32, 8, 3, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
-    "qKt dv128 vwide N64": (Config(16, 64, 4, 2, kt=True, block_dv=128, v_wide=True), "fp8e4nv", 16),
-    "kqT dv256 vwide N64": (Config(16, 64, 4, 2, block_dv=256, v_wide=True), "fp8e4nv", 16),
-    # H=128 (compute-bound)
-    "H64 kqT fp16 N32 w8 (default)": (Config(64, 32, 8, 2), "fp8e4nv", 16),
-    "H64 kqT vwide N32 w8": (Config(64, 32, 8, 2, v_wide=True), "fp8e4nv", 16),
-    "H64 kqT dv256 vwide N32 w8": (Config(64, 32, 8, 2, block_dv=256, v_wide=True), "fp8e4nv", 16),
-    "H64 qKt dv256 vwide N32 w8": (Config(64, 32, 8, 2, kt=True, block_dv=256, v_wide=True), "fp8e4nv", 16),
-    "H64 kqT dv256 N32 w8": (Config(64, 32, 8, 2, block_dv=256), "fp8e4nv", 16),
-    # BF16 cache
-    "bf16 qKt reuse N32 (default)": (Config(16, 32, 4, 2, kt=True, reuse_v=True), "bf16", 16),
-    "bf16 qKt dv256 N32": (Config(16, 32, 4, 2, kt=True, block_dv=256), "bf16", 16),
+CONFIGS = {  # name -> (config, cache dtype, FP8 widened before staging)
+    "heads-major N32 w4 s2 r168 (default)": (Config(16, 32, 4, 2, maxnreg=168), "fp8e4nv", True),
+    "heads-major N32 w4 s2": (Config(16, 32, 4, 2), "fp8e4nv", True),
+    "heads-major N32 w4 s2, plain cast": (Config(16, 32, 4, 2), "fp8e4nv", False),
+    "heads-major N64 w4 s2": (Config(16, 64, 4, 2), "fp8e4nv", True),
+    "heads-major N32 w8 s2": (Config(16, 32, 8, 2), "fp8e4nv", True),
+    "tokens-major H64 N32 w8 s2 (default H>16)": (Config(64, 32, 8, 2, heads_major=False), "fp8e4nv", False),
+    "bf16 heads-major N32 w4 s2 (default)": (Config(16, 32, 4, 2), "bf16", False),
+    "bf16 heads-major N32 w4 s2 r168": (Config(16, 32, 4, 2, maxnreg=168), "bf16", False),
+    "bf16 tokens-major H64 N32 w8 s2": (Config(64, 32, 8, 2, heads_major=False), "bf16", False),
 }
 
 
-def compile_one(cfg: Config, kv: str, split: bool = True):
-    dot = {"fp8e4nv": tl.float16 if cfg.widen != "bf16" else tl.bfloat16, "bf16": tl.bfloat16}[kv]
+def compile_one(cfg: Config, kv: str, asm_widen: bool, split: bool = True):
+    kernel = _mla_decode_heads_major if cfg.heads_major else _mla_decode_tokens_major
     sig = {
         "q_ptr": "*bf16", "kv_ptr": f"*{kv}", "table_ptr": "*i32", "lens_ptr": "*i32",
         "out_ptr": "*bf16", "lse_ptr": "*fp32", "part_ptr": "*fp32", "part_lse_ptr": "*fp32",
@@ -73,20 +52,32 @@ def compile_one(cfg: Config, kv: str, split: bool = True):
         "stride_ob": "i32", "stride_oh": "i32", "stride_pb": "i32", "stride_ph": "i32",
     }
     const = dict(PAGE_SIZE=64, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=512, DR=64, SPLIT=split,
-                 RETURN_LSE=False, DOT_DTYPE=dot, KT=cfg.kt, REUSE_V=cfg.reuse_v,
-                 BLOCK_DV=cfg.block_dv, V_WIDE=cfg.v_wide)
+                 RETURN_LSE=False, DOT_DTYPE=tl.float16 if kv == "fp8e4nv" else tl.bfloat16, ASM_WIDEN=asm_widen)
     for k in const:
         sig[k] = "constexpr"
-    names = _split_kernel.arg_names
+    names = kernel.arg_names
     div = CUDABackend.parse_attr("D")
     aligned = ["q_ptr", "kv_ptr", "table_ptr", "lens_ptr", "out_ptr", "lse_ptr", "part_ptr", "part_lse_ptr",
                "stride_qb", "stride_qh", "stride_page", "stride_slot", "stride_ob", "stride_oh", "stride_pb"]
     attrs = {(names.index(n),): div for n in aligned}
-    src = ASTSource(_split_kernel, sig, const, attrs)
-    return triton.compile(src, target=TARGET, options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.maxnreg:
+        options["maxnreg"] = cfg.maxnreg
+    return triton.compile(ASTSource(kernel, sig, const, attrs), target=TARGET, options=options)
 
 
-def summarize(name: str, k, dump: str | None) -> str:
+def loop_body(sass: str) -> list[str]:
+    """The instructions of the longest backward branch's span: the KV loop."""
+    instrs = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,5})\*/\s+(.*?)\s*;", sass)]
+    best = (0, -1)
+    for addr, ins in instrs:
+        m = re.search(r"BRA (0x[0-9a-f]+)", ins)
+        if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > best[1] - best[0]:
+            best = (int(m.group(1), 16), addr)
+    return [ins for addr, ins in instrs if best[0] <= addr <= best[1]]
+
+
+def summarize(name: str, cfg: Config, k, dump: str | None) -> str:
     ptx = k.asm["ptx"]
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
@@ -105,13 +96,14 @@ def summarize(name: str, k, dump: str | None) -> str:
     def n(pat: str, text: str) -> int:
         return len(re.findall(pat, text))
 
-    pats = [r"cvt\.rn\.f16x2\.e4m3x2", r"cvt\.rn\.bf16x2\.f32|cvt\.rn\.bf16\.f32", r"mma\.sync",
-            r"wgmma\.mma_async", r"ldmatrix", r"ldmatrix[.a-z0-9]*\.trans", r"ld\.shared", r"ld\.shared\.[bu]8",
-            r"cp\.async\.(?:ca|cg)", r"ld\.global", r"st\.shared"]
-    cols = [str(n(p, ptx)) for p in pats] + [str(n(r"\b(?:LDL|STL)\b", sass)),  # spill traffic (SASS)
-                                             str(n(r"(?m)^\s+/\*[0-9a-f]+\*/", sass))]
+    body = loop_body(sass)
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", i).split()[0].split(".")[0] for i in body)
+    top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
+    pats = [r"cvt\.rn\.f16x2\.e4m3x2", r"mma\.sync", r"wgmma\.mma_async", r"ldmatrix", r"ld\.shared\.[bu]8"]
+    cols = [str(n(p, ptx)) for p in pats] + [str(n(r"\b(?:LDL|STL)\b", sass))]
+    per_token = len(body) * cfg.num_warps / cfg.block_n
     head = [name, regs.group(1) if regs else "?", stack.group(1) if stack else "?", f"{k.metadata.shared // 1024} KiB"]
-    return "| " + " | ".join(head + cols) + " |"
+    return "| " + " | ".join(head + cols + [str(len(body)), f"{per_token:.0f}", top]) + " |"
 
 
 def main() -> None:
@@ -119,15 +111,14 @@ def main() -> None:
     ap.add_argument("--dump", help="write ptx/sass/ttgir per config here")
     ap.add_argument("--only", nargs="*", help="config names")
     args = ap.parse_args()
-    print("| config | regs | stack | smem | cvt e4m3x2->f16x2 | cvt ->bf16 | mma.sync | wgmma | ldmatrix | "
-          "ldmatrix.trans | ld.shared | ld.shared.8bit | cp.async | ld.global | st.shared | LDL/STL (SASS) | SASS instrs |")
-    print("|" + "---|" * 17)
-    for name, (cfg, kv, _h) in CONFIGS.items():
+    print("| config | regs | stack | smem | cvt e4m3x2->f16x2 | mma.sync | wgmma | ldmatrix | 8-bit ld.shared | "
+          "LDL/STL | loop instrs/warp | warp-instrs/token | top loop ops |")
+    print("|" + "---|" * 13)
+    for name, (cfg, kv, asm_widen) in CONFIGS.items():
         if args.only and name not in args.only:
             continue
         try:
-            k = compile_one(cfg, kv)
-            print(summarize(name, k, args.dump), flush=True)
+            print(summarize(name, cfg, compile_one(cfg, kv, asm_widen), args.dump), flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"| {name} | failed: {type(e).__name__}: {str(e)[:200]} |", flush=True)
 

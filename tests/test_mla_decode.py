@@ -120,39 +120,21 @@ def test_triton_matches_reference(batch, heads, page_size, kv_dtype, lens, kv_sc
     check_against_reference(case, out, lse)
 
 
-@pytest.mark.parametrize("kt", [False, True], ids=["kq", "qkt"])
-@pytest.mark.parametrize("reuse_v", [False, True], ids=["reload_v", "reuse_v"])
-@pytest.mark.parametrize("block_h,block_n,num_warps", [(16, 32, 4), (16, 64, 4), (16, 32, 8), (64, 16, 4),
-                                                         (64, 32, 8)])
-def test_triton_tile_variants(kt, reuse_v, block_h, block_n, num_warps):
-    """Both score-dot formulations, with V re-read or reused from the K tile, and other tile shapes compute
-    the same function (every candidate the benchmark may time, so its pick is tested too)."""
-    needs_triton()
-    from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
-
-    case = make_case(3, 24, 16, FP8, [45, 3, 70], 0.6)
-    out = torch.full((3, 24, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
-    res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
-                                 return_lse=True, num_splits=2, out=out, poison_workspace=True,
-                                 config=Config(block_h, block_n, num_warps, 2, kt=kt, reuse_v=reuse_v))
-    check_against_reference(case, res, lse)
-
-
-# (score dot as q . K^T, output columns per program, V widened before shared memory, split count, cache dtype)
-SLICE_CASES = [
-    (True, 512, True, 2, FP8), (False, 512, True, 1, FP8),
-    (True, 256, False, 2, FP8), (False, 256, False, 1, FP8),
-    (True, 256, True, 1, FP8), (False, 256, True, 2, FP8),
-    (True, 128, True, 3, FP8), (True, 256, False, 2, BF16),
+# (heads-major, block_h, block_n, num_warps, split count, cache dtype)
+TILE_CASES = [
+    (True, 16, 32, 4, 2, FP8), (True, 16, 64, 4, 1, FP8), (True, 32, 16, 4, 3, BF16), (True, 64, 32, 8, 2, FP8),
+    (False, 64, 32, 8, 2, FP8), (False, 16, 16, 4, 1, FP8), (False, 32, 32, 4, 3, BF16), (False, 64, 16, 4, 2, BF16),
 ]
 
 
-@pytest.mark.parametrize("kt,block_dv,v_wide,num_splits,kv_dtype", SLICE_CASES,
-                         ids=[f"{'qkt' if c[0] else 'kq'}-dv{c[1]}{'-vwide' if c[2] else ''}-S{c[3]}"
-                              f"{'-bf16' if c[4] == BF16 else ''}" for c in SLICE_CASES])
-def test_triton_output_slices_and_wide_v(kt, block_dv, v_wide, num_splits, kv_dtype):
-    """The 512 output columns split over 2 or 4 programs (each recomputes the scores; slice 0 stores the
-    lse), and V widened before it is staged: same function, with and without the split-KV merge."""
+TILE_IDS = [f"{'hm' if c[0] else 'tm'}-H{c[1]}-N{c[2]}-w{c[3]}-S{c[4]}-{'fp8' if c[5] == FP8 else 'bf16'}"
+            for c in TILE_CASES]
+
+
+@pytest.mark.parametrize("heads_major,block_h,block_n,num_warps,num_splits,kv_dtype", TILE_CASES, ids=TILE_IDS)
+def test_triton_kernels_and_tiles(heads_major, block_h, block_n, num_warps, num_splits, kv_dtype):
+    """Both kernels (scores with heads or tokens as the mma M dimension), other tile shapes than the defaults,
+    with and without the split-KV merge: the same function, lse included."""
     needs_triton()
     from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
 
@@ -160,66 +142,55 @@ def test_triton_output_slices_and_wide_v(kt, block_dv, v_wide, num_splits, kv_dt
     out = torch.full((3, 24, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
     res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
                                  return_lse=True, num_splits=num_splits, out=out, poison_workspace=True,
-                                 config=Config(16, 32, 4, 2, kt=kt, block_dv=block_dv, v_wide=v_wide))
+                                 config=Config(block_h, block_n, num_warps, 2, heads_major=heads_major))
     check_against_reference(case, res, lse)
 
 
-# Every tile config the device A/B (benchmarks/ab_mla_decode.py) may pick as a default: (block_h, block_n,
-# num_warps, num_stages, kt, reuse_v, block_dv, v_wide). Compiling them all is slow in the interpreter: GPU only.
-AB_CANDIDATES = [
-    (16, 32, 4, 2, True, False, 512, False), (16, 32, 4, 2, True, False, 512, True),
-    (16, 32, 4, 3, True, False, 512, True), (16, 32, 8, 2, True, False, 512, True),
-    (16, 32, 4, 2, True, False, 256, False), (16, 32, 4, 2, True, False, 256, True),
-    (16, 32, 4, 3, True, False, 256, True), (16, 64, 4, 2, True, False, 256, True),
-    (16, 32, 8, 2, True, False, 256, True), (16, 64, 8, 2, True, False, 256, True),
-    (16, 64, 4, 2, True, False, 128, True), (64, 32, 8, 2, False, False, 512, False),
-    (64, 32, 8, 2, False, False, 256, False), (64, 32, 8, 2, True, False, 256, True),
-    (16, 32, 4, 2, True, True, 512, False), (16, 32, 8, 2, True, False, 256, False),
-]
-
-
-AB_BF16 = [(16, 32, 4, 2, True, True, 512, False), (16, 32, 4, 2, True, False, 256, False),
-           (16, 32, 8, 2, True, False, 256, False)]
-AB_CASES = [(c, FP8) for c in AB_CANDIDATES] + [(c, BF16) for c in AB_BF16]
+# Every config the device A/B (benchmarks/ab_mla_decode.py) times, on both caches; register caps are ignored by the
+# interpreter, so these run on a GPU only.
+AB_CASES = [(cfg, dtype) for cfg in [
+    (True, 16, 32, 4, 2, 168), (True, 16, 32, 4, 2, None), (True, 16, 32, 4, 3, 168), (True, 16, 64, 4, 2, None),
+    (True, 16, 32, 8, 2, None), (True, 64, 32, 8, 2, None), (False, 64, 32, 8, 2, None), (False, 32, 32, 4, 2, None),
+] for dtype in (FP8, BF16)]
 
 
 @needs_cuda
-@pytest.mark.parametrize("cand,kv_dtype", AB_CASES, ids=["H{}-N{}-w{}-s{}-{}{}-dv{}{}-{}".format(
-    c[0], c[1], c[2], c[3], "qkt" if c[4] else "kq", "-reuse" if c[5] else "", c[6], "-vwide" if c[7] else "",
-    "fp8" if d == FP8 else "bf16") for c, d in AB_CASES])
+@pytest.mark.parametrize("cand,kv_dtype", AB_CASES, ids=["{}-H{}-N{}-w{}-s{}{}-{}".format(
+    "hm" if c[0] else "tm", c[1], c[2], c[3], c[4], f"-r{c[5]}" if c[5] else "", "fp8" if d == FP8 else "bf16")
+    for c, d in AB_CASES])
 def test_triton_ab_candidates(cand, kv_dtype):
     needs_triton()
     from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
 
-    bh, bn, nw, ns, kt, reuse, dv, wide = cand
+    heads_major, bh, bn, nw, ns, maxnreg = cand
     case = make_case(3, 24, 64, kv_dtype, [300, 3, 129], 0.6)
     out = torch.full((3, 24, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
     res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
                                  return_lse=True, num_splits=3, out=out, poison_workspace=True,
-                                 config=Config(bh, bn, nw, ns, kt=kt, reuse_v=reuse, block_dv=dv, v_wide=wide))
+                                 config=Config(bh, bn, nw, ns, heads_major=heads_major, maxnreg=maxnreg))
     check_against_reference(case, res, lse)
 
 
-def test_config_rejects_bad_slices():
+@pytest.mark.parametrize("bad", [dict(block_h=8), dict(block_n=24), dict(block_h=48)])
+def test_config_rejects_bad_tiles(bad):
     from decodegap.kernels.mla_decode_triton import Config
 
-    with pytest.raises(ValueError, match="block_dv"):
-        Config(16, 32, 4, 2, block_dv=192)
-    with pytest.raises(ValueError, match="reuse_v"):
-        Config(16, 32, 4, 2, reuse_v=True, block_dv=256)
+    with pytest.raises(ValueError, match="power of two"):
+        Config(**{**dict(block_h=16, block_n=32, num_warps=4, num_stages=2), **bad})
 
 
-@pytest.mark.parametrize("kv_dtype,widen", [(FP8, "bf16"), (BF16, "auto")], ids=["fp8_bf16dots", "bf16"])
-@pytest.mark.parametrize("reuse_v", [False, True], ids=["reload_v", "reuse_v"])
-def test_triton_dot_dtypes(kv_dtype, widen, reuse_v):
-    """FP8 caches with bf16 dots (the old widening) and BF16 caches (bf16 dots) with either V source."""
-    needs_triton()
-    from decodegap.kernels.mla_decode_triton import Config, mla_decode_triton
+@pytest.mark.parametrize("batch,head_blocks,max_len,heads,per_sm,want", [
+    (32, 1, 4096, 16, 2, 8),      # 8 splits = 256 programs: one wave of 264 slots (13 = 1.6 waves ran 28% slower)
+    (32, 1, 4096, 16, 3, 12),     # 3 programs per SM: 384 of 396 slots
+    (128, 1, 16384, 16, 2, 2),    # a large batch needs few splits
+    (1, 1, 65536, 16, 2, 256),    # one long sequence: as many as allowed
+    (4, 1, 64, 16, 2, 1),         # too short to split (slices stay >= 2 tiles)
+    (32, 2, 4096, 128, 1, 2),     # two head blocks, one program per SM
+])
+def test_split_count_fills_whole_waves(batch, head_blocks, max_len, heads, per_sm, want):
+    from decodegap.kernels.mla_decode_triton import pick_num_splits
 
-    case = make_case(2, 16, 64, kv_dtype, [130, 77], 1.3)
-    out = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 1.3, num_splits=3,
-                            config=Config(16, 32, 4, 2, kt=True, reuse_v=reuse_v, widen=widen))
-    check_against_reference(case, out)
+    assert pick_num_splits(batch, head_blocks, max_len, heads, 132, 32, per_sm) == want
 
 
 @pytest.mark.parametrize("sm_scale,kv_scale,q_mag", [(1 / 16, 0.8, 1.0), (1.0, 40.0, 1e-3), (1e-3, 1e-2, 3e3)])
@@ -373,3 +344,47 @@ def test_torch_paths_work_without_triton():
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+# Each kernel variant the defaults use, compiled for sm_90 on any machine with triton's bundled ptxas: the
+# interpreter runs the Python, not the compiler, so jit-only errors (a non-constexpr global, a tile that
+# needs more shared memory than an H100/H200 has) would otherwise show up only on a GPU.
+SM90_CASES = [(True, "fp8e4nv", True, False), (True, "fp8e4nv", False, True), (True, "bf16", True, False),
+              (False, "fp8e4nv", True, False), (False, "bf16", False, True)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("heads_major,kv,split,return_lse", SM90_CASES,
+                         ids=[f"{'hm' if c[0] else 'tm'}-{c[1]}-{'split' if c[2] else 'lse'}" for c in SM90_CASES])
+def test_default_kernels_compile_for_sm90(heads_major, kv, split, return_lse):
+    needs_triton()
+    code = f"""
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import torch, triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from decodegap.kernels import mla_decode_triton as m
+kv_dtype = torch.float8_e4m3fn if {kv!r} == "fp8e4nv" else torch.bfloat16
+cfg = m.default_config(16 if {heads_major} else 128, kv_dtype)
+assert cfg.heads_major == {heads_major}
+kernel = m._mla_decode_heads_major if cfg.heads_major else m._mla_decode_tokens_major
+sig = {{n: "i32" for n in kernel.arg_names}}
+sig.update(q_ptr="*bf16", kv_ptr="*{kv}", table_ptr="*i32", lens_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32",
+           part_ptr="*fp32", part_lse_ptr="*fp32", q_scale="fp32", s_scale="fp32", out_scale="fp32")
+const = dict(PAGE_SIZE=64, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=512, DR=64, SPLIT={split},
+             RETURN_LSE={return_lse}, DOT_DTYPE=tl.float16 if {kv!r} == "fp8e4nv" else tl.bfloat16,
+             ASM_WIDEN=cfg.heads_major and {kv!r} == "fp8e4nv")
+sig.update({{k: "constexpr" for k in const}})
+opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+if cfg.maxnreg:
+    opts["maxnreg"] = cfg.maxnreg
+k = triton.compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32), options=opts)
+assert k.metadata.shared <= 227 * 1024, k.metadata.shared
+print("ok", k.metadata.shared)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(os.path.dirname(__file__), "..",
+                                                                                  "src"), os.environ.get("PYTHONPATH")]))}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]

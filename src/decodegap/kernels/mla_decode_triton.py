@@ -1,12 +1,16 @@
 """Fused Triton MLA decode over a paged FP8 (or BF16) latent cache: the pool is never cast.
 
-Stage 1 (grid: head blocks x KV splits x batch): each program takes BLOCK_H heads of one sequence and one slice
-of its KV, stages each [BLOCK_N, 576] tile (FP8 or BF16) in shared memory, widens FP8 to fp16 (one hardware cvt per two
-elements on sm_90; bf16 would need e4m3 -> f16 -> f32 -> bf16) or keeps BF16 as is, and
-runs both dots (scores = k . q over 576 dims, out += p . v over the first 512) with an online softmax. The per-tensor
-kv_scale is folded into the score scale and the final output scale, which is exact: e4m3 -> fp16 is lossless.
-Head blocks are the fastest-varying grid axis, so the programs that share a KV slice run side by side and
-the second and later reads of a tile hit L2, not HBM.
+Stage 1 (grid: head blocks x KV splits x batch): each program takes BLOCK_H heads of one sequence and one slice of
+its KV and runs an online softmax over [BLOCK_N, 576] tiles read straight from the pages. Two kernels:
+- heads-major (H <= 16, the TP8 case): scores = q . K^T with the heads as the mma M dimension, and out += p . V
+  with V the same tile (read from HBM once). The 512 latent dims run as 4 chunks of 128: four independent mma
+  chains for the scores instead of one 36 long that stalls on mma latency, and four output accumulators.
+  FP8 tiles are widened to fp16 (a hardware cvt per two elements on sm_90) before they are staged in shared
+  memory, so both dots read an fp16 tile with ldmatrix, as they do a BF16 cache.
+- tokens-major (H > 16): scores^T = K . q^T with the tokens as M; V is read again (an L2 hit).
+The per-tensor kv_scale is folded into the score scale and the output scale, which is exact: e4m3 -> fp16 is
+lossless. Head blocks are the fastest-varying grid axis, so the programs that share a KV slice run side by side
+and the second and later reads of a tile hit L2, not HBM.
 Stage 2 (only when the KV is split): merge the per-split partial outputs by their log-sum-exp.
 """
 
@@ -30,7 +34,73 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
-def _split_kernel(
+def _widen(x, DOT_DTYPE: tl.constexpr, ASM_WIDEN: tl.constexpr):
+    """Cast a loaded KV tile to the dot dtype. ASM_WIDEN (FP8 -> fp16 on a GPU): four e4m3 bytes -> two f16x2
+    registers in an opaque asm block. A plain cast is moved by the compiler below the shared-memory staging of
+    the dot operand, which then reads single bytes and repacks them (twice the instructions per token)."""
+    if ASM_WIDEN:
+        return tl.inline_asm_elementwise(
+            asm="{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+                "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            constraints="=r,=r,r", args=[x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
+    else:
+        return x.to(DOT_DTYPE)
+
+
+@triton.jit
+def _slice_bounds(lens_ptr, pid_b, pid_s, num_splits, BLOCK_N: tl.constexpr):
+    """This program's token range. Each sequence splits its own length, so short and long sequences in one
+    batch stay balanced; an empty range (short sequence, many splits) is fine."""
+    seq_len = tl.load(lens_ptr + pid_b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = pid_s * split_len
+    return start, tl.minimum(start + split_len, seq_len)
+
+
+@triton.jit
+def _tile_rows(kv_ptr, table_row, n0, end, stride_page, stride_slot, PAGE_SIZE: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Row pointers of tokens n0 .. n0 + BLOCK_N through the block table, and which of them are live."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < end
+    page = tl.load(table_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+    return kv_ptr + page * stride_page + (offs_n % PAGE_SIZE) * stride_slot, mask_n
+
+
+@triton.jit
+def _kv_cols(row, mask_n, col: tl.constexpr, offs, DOT_DTYPE: tl.constexpr, ASM_WIDEN: tl.constexpr):
+    """Columns col + offs of a tile's rows, in the dot dtype. Masked rows are never read (they may belong to
+    another sequence or hold garbage)."""
+    return _widen(tl.load(row[:, None] + col + offs[None, :], mask=mask_n[:, None], other=0.0), DOT_DTYPE, ASM_WIDEN)
+
+
+@triton.jit
+def _q_cols(q_row, col: tl.constexpr, offs, mask_h, q_scale, DOT_DTYPE: tl.constexpr):
+    """Columns of q times q_scale (a power of two: exact, and it keeps an fp16 q in range), in the dot dtype."""
+    return (tl.load(q_row + col + offs[None, :], mask=mask_h[:, None], other=0.0).to(tl.float32)
+            * q_scale).to(DOT_DTYPE)
+
+
+@triton.jit
+def _store_cols(rows, col: tl.constexpr, offs, acc, inv, mask_h):
+    tl.store(rows + col + offs[None, :], (acc * inv[:, None]).to(rows.dtype.element_ty), mask=mask_h[:, None])
+
+
+@triton.jit
+def _store_lse(part_lse_ptr, lse_ptr, pid_b, pid_s, offs_h, mask_h, m_i, l_i, num_heads, stride_pb, stride_ph,
+               SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr):
+    """log2-sum-exp of the slice into the partials, or the natural-log lse of the whole sequence. An empty
+    slice leaves l_i = 0: lse -inf, which the merge ignores."""
+    has = l_i > 0
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    if SPLIT:
+        tl.store(part_lse_ptr + pid_b * stride_pb + offs_h * stride_ph + pid_s, lse2, mask=mask_h)
+    elif RETURN_LSE:
+        tl.store(lse_ptr + pid_b * num_heads + offs_h, lse2 * 0.6931471805599453, mask=mask_h)  # ln 2
+
+
+@triton.jit
+def _mla_decode_heads_major(
     q_ptr, kv_ptr, table_ptr, lens_ptr,
     out_ptr, lse_ptr,  # final output / lse (used when not SPLIT)
     part_ptr, part_lse_ptr,  # [B, H, S, 512] fp32 / [B, H, S] fp32 (used when SPLIT)
@@ -39,125 +109,124 @@ def _split_kernel(
     stride_ob, stride_oh, stride_pb, stride_ph,
     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DL: tl.constexpr, DR: tl.constexpr, SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, KT: tl.constexpr, REUSE_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr, V_WIDE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ASM_WIDEN: tl.constexpr,
 ):
-    # Axis 0 = (head block, output slice) with the slice fastest: the DL // BLOCK_DV programs that share one
-    # head block and KV slice (each computes the same scores, then its own columns of p . v) run side by side,
-    # so the siblings' K/V reads hit L2.
-    pid_v = tl.program_id(0) % (DL // BLOCK_DV)
-    pid_h = tl.program_id(0) // (DL // BLOCK_DV)
+    DC: tl.constexpr = DL // 4  # the latent dims in 4 chunks: 4 independent mma chains, 4 accumulators
+    pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_b = tl.program_id(2).to(tl.int64)
+    start, end = _slice_bounds(lens_ptr, pid_b, pid_s, num_splits, BLOCK_N)
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads
+    offs_c = tl.arange(0, DC)
+    offs_r = tl.arange(0, DR)
+    # s_scale (= sm_scale * kv_scale * log2(e) / q_scale) multiplies the fp32 scores.
+    q_row = q_ptr + pid_b * stride_qb + offs_h[:, None] * stride_qh
+    q0 = _q_cols(q_row, 0 * DC, offs_c, mask_h, q_scale, DOT_DTYPE)
+    q1 = _q_cols(q_row, 1 * DC, offs_c, mask_h, q_scale, DOT_DTYPE)
+    q2 = _q_cols(q_row, 2 * DC, offs_c, mask_h, q_scale, DOT_DTYPE)
+    q3 = _q_cols(q_row, 3 * DC, offs_c, mask_h, q_scale, DOT_DTYPE)
+    qr = _q_cols(q_row, DL, offs_r, mask_h, q_scale, DOT_DTYPE)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    a0 = tl.zeros([BLOCK_H, DC], dtype=tl.float32)
+    a1 = tl.zeros([BLOCK_H, DC], dtype=tl.float32)
+    a2 = tl.zeros([BLOCK_H, DC], dtype=tl.float32)
+    a3 = tl.zeros([BLOCK_H, DC], dtype=tl.float32)
+    table_row = table_ptr + pid_b * stride_tb
+    for n0 in range(start, end, BLOCK_N):
+        row, mask_n = _tile_rows(kv_ptr, table_row, n0, end, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
+        k0 = _kv_cols(row, mask_n, 0 * DC, offs_c, DOT_DTYPE, ASM_WIDEN)
+        k1 = _kv_cols(row, mask_n, 1 * DC, offs_c, DOT_DTYPE, ASM_WIDEN)
+        k2 = _kv_cols(row, mask_n, 2 * DC, offs_c, DOT_DTYPE, ASM_WIDEN)
+        k3 = _kv_cols(row, mask_n, 3 * DC, offs_c, DOT_DTYPE, ASM_WIDEN)
+        kr = _kv_cols(row, mask_n, DL, offs_r, DOT_DTYPE, ASM_WIDEN)
+        s = ((tl.dot(q0, tl.trans(k0)) + tl.dot(q1, tl.trans(k1)))
+             + (tl.dot(q2, tl.trans(k2)) + tl.dot(q3, tl.trans(k3))))
+        s = tl.where(mask_n[None, :], (s + tl.dot(qr, tl.trans(kr))) * s_scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p = p.to(DOT_DTYPE)
+        a0 = tl.dot(p, k0, a0 * alpha[:, None])  # V is the latent part of the same tile
+        a1 = tl.dot(p, k1, a1 * alpha[:, None])
+        a2 = tl.dot(p, k2, a2 * alpha[:, None])
+        a3 = tl.dot(p, k3, a3 * alpha[:, None])
+        m_i = m_new
 
-    seq_len = tl.load(lens_ptr + pid_b)
-    # Each sequence splits its own length, so short and long sequences in one batch stay balanced.
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = pid_s * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    inv = out_scale / tl.where(l_i > 0, l_i, 1.0)
+    if SPLIT:
+        rows = part_ptr + (pid_b * stride_pb + offs_h * stride_ph + pid_s)[:, None] * DL
+        _store_cols(rows, 0 * DC, offs_c, a0, inv, mask_h)
+        _store_cols(rows, 1 * DC, offs_c, a1, inv, mask_h)
+        _store_cols(rows, 2 * DC, offs_c, a2, inv, mask_h)
+        _store_cols(rows, 3 * DC, offs_c, a3, inv, mask_h)
+    else:
+        rows = out_ptr + pid_b * stride_ob + offs_h[:, None] * stride_oh
+        _store_cols(rows, 0 * DC, offs_c, a0, inv, mask_h)
+        _store_cols(rows, 1 * DC, offs_c, a1, inv, mask_h)
+        _store_cols(rows, 2 * DC, offs_c, a2, inv, mask_h)
+        _store_cols(rows, 3 * DC, offs_c, a3, inv, mask_h)
+    _store_lse(part_lse_ptr, lse_ptr, pid_b, pid_s, offs_h, mask_h, m_i, l_i, num_heads, stride_pb, stride_ph,
+               SPLIT, RETURN_LSE)
 
+
+@triton.jit
+def _mla_decode_tokens_major(
+    q_ptr, kv_ptr, table_ptr, lens_ptr, out_ptr, lse_ptr, part_ptr, part_lse_ptr,
+    q_scale, s_scale, out_scale, num_heads, num_splits,
+    stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
+    stride_ob, stride_oh, stride_pb, stride_ph,
+    PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    DL: tl.constexpr, DR: tl.constexpr, SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ASM_WIDEN: tl.constexpr,
+):
+    """Arguments as _mla_decode_heads_major's. q is held transposed ([576, BLOCK_H]) so that the score dot takes the
+    KV tile as its A operand (s^T = k . q^T, M = BLOCK_N) and the output dot as its B operand (acc += p . v)."""
+    pid_h = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_b = tl.program_id(2).to(tl.int64)
+    start, end = _slice_bounds(lens_ptr, pid_b, pid_s, num_splits, BLOCK_N)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
     offs_l = tl.arange(0, DL)
     offs_r = tl.arange(0, DR)
-    offs_v = pid_v * BLOCK_DV + tl.arange(0, BLOCK_DV)  # this program's output (V) columns
+    q_col = q_ptr + pid_b * stride_qb + offs_h[None, :] * stride_qh
+    q_lat = (tl.load(q_col + offs_l[:, None], mask=mask_h[None, :], other=0.0).to(tl.float32) * q_scale).to(DOT_DTYPE)
+    q_rope = (tl.load(q_col + DL + offs_r[:, None], mask=mask_h[None, :], other=0.0).to(tl.float32)
+              * q_scale).to(DOT_DTYPE)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, DL], dtype=tl.float32)
     table_row = table_ptr + pid_b * stride_tb
-    # q is pre-multiplied by q_scale (a power of two: exact, and it keeps an fp16 q in range) before the cast
-    # to the dot dtype; s_scale (= sm_scale * kv_scale * log2(e) / q_scale) is applied to the fp32 scores.
-    if KT:
-        q_row = q_ptr + pid_b * stride_qb + offs_h[:, None] * stride_qh
-        q_lat = (tl.load(q_row + offs_l[None, :], mask=mask_h[:, None], other=0.0).to(tl.float32)
-                 * q_scale).to(DOT_DTYPE)
-        q_rope = (tl.load(q_row + DL + offs_r[None, :], mask=mask_h[:, None], other=0.0).to(tl.float32)
-                  * q_scale).to(DOT_DTYPE)
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < end
-            page = tl.load(table_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-            row = kv_ptr + page * stride_page + (offs_n % PAGE_SIZE) * stride_slot
-            if REUSE_V:
-                # One [BLOCK_N, 576] read per tile: the latent part is both K (transposed into the score dot)
-                # and V (the output dot). Masked rows are never read (another sequence's, or garbage).
-                k_lat = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
-                k_rope = tl.load(row[:, None] + DL + offs_r[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
-                s = tl.dot(q_lat, tl.trans(k_lat))
-                s = tl.dot(q_rope, tl.trans(k_rope), s)  # [BLOCK_H, BLOCK_N]
-            else:
-                # K^T gathered directly as [576, BLOCK_N] tiles; V loaded again as [BLOCK_N, 512].
-                kt_lat = tl.load(row[None, :] + offs_l[:, None], mask=mask_n[None, :], other=0.0).to(DOT_DTYPE)
-                kt_rope = tl.load(row[None, :] + DL + offs_r[:, None], mask=mask_n[None, :], other=0.0).to(DOT_DTYPE)
-                s = tl.dot(q_lat, kt_lat)
-                s = tl.dot(q_rope, kt_rope, s)  # [BLOCK_H, BLOCK_N]
-            s = tl.where(mask_n[None, :], s * s_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if REUSE_V:
-                v = k_lat
-            else:
-                v = tl.load(row[:, None] + offs_v[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
-                if V_WIDE:
-                    # The select keeps Triton from sinking the e4m3 -> f16 cvt below the shared-memory read of
-                    # the dot operand (a select is not hoisted through): V is then staged as fp16 and read
-                    # transposed with ldmatrix.trans instead of single-byte ld.shared.
-                    v = tl.where(mask_n[:, None], v, 0.0)
-            acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None])
-            m_i = m_new
-    else:
-        # q is held transposed ([576, BLOCK_H]) so that the score dot takes the KV tile as its A operand
-        # (s^T = k . q^T, M = BLOCK_N) and the output dot as its B operand (acc += p . v).
-        q_col = q_ptr + pid_b * stride_qb + offs_h[None, :] * stride_qh
-        q_lat = (tl.load(q_col + offs_l[:, None], mask=mask_h[None, :], other=0.0).to(tl.float32)
-                 * q_scale).to(DOT_DTYPE)
-        q_rope = (tl.load(q_col + DL + offs_r[:, None], mask=mask_h[None, :], other=0.0).to(tl.float32)
-                  * q_scale).to(DOT_DTYPE)
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < end
-            page = tl.load(table_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-            row = kv_ptr + page * stride_page + (offs_n % PAGE_SIZE) * stride_slot
-            # Masked rows are never read (they may belong to another sequence or hold garbage).
-            k_lat = tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
-            k_rope = tl.load(row[:, None] + DL + offs_r[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
-            s = tl.dot(k_lat, q_lat)
-            s = tl.dot(k_rope, q_rope, s)  # [BLOCK_N, BLOCK_H]
-            s = tl.where(mask_n[:, None], s * s_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[None, :])
-            l_i = l_i * alpha + tl.sum(p, 0)
-            if REUSE_V:
-                v = k_lat
-            else:
-                v = tl.load(row[:, None] + offs_v[None, :], mask=mask_n[:, None], other=0.0,
-                            eviction_policy="evict_first").to(DOT_DTYPE)  # distinct from k_lat: not merged by CSE
-                if V_WIDE:
-                    v = tl.where(mask_n[:, None], v, 0.0)  # as above: V staged as fp16
-            acc = tl.dot(tl.trans(p.to(DOT_DTYPE)), v, acc * alpha[:, None])
-            m_i = m_new
+    for n0 in range(start, end, BLOCK_N):
+        row, mask_n = _tile_rows(kv_ptr, table_row, n0, end, stride_page, stride_slot, PAGE_SIZE, BLOCK_N)
+        s = tl.dot(_kv_cols(row, mask_n, 0, offs_l, DOT_DTYPE, ASM_WIDEN), q_lat)
+        s = tl.dot(_kv_cols(row, mask_n, DL, offs_r, DOT_DTYPE, ASM_WIDEN), q_rope, s)  # [BLOCK_N, BLOCK_H]
+        s = tl.where(mask_n[:, None], s * s_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, 0)
+        # V read again (an L2 hit): evict_first makes it distinct from the score's load, not merged by CSE
+        v = _widen(tl.load(row[:, None] + offs_l[None, :], mask=mask_n[:, None], other=0.0,
+                           eviction_policy="evict_first"), DOT_DTYPE, ASM_WIDEN)
+        acc = tl.dot(tl.trans(p.to(DOT_DTYPE)), v, acc * alpha[:, None])
+        m_i = m_new
 
-    # An empty slice (short sequence, many splits) leaves l_i = 0: output 0 with lse -inf, which the merge ignores.
-    has = l_i > 0
-    o = acc * (out_scale / tl.where(has, l_i, 1.0))[:, None]
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    # Every output slice saw the same scores, so m_i / l_i / lse agree across slices: slice 0 stores them.
+    inv = out_scale / tl.where(l_i > 0, l_i, 1.0)
     if SPLIT:
-        p_off = pid_b * stride_pb + offs_h * stride_ph + pid_s
-        tl.store(part_ptr + p_off[:, None] * DL + offs_v[None, :], o, mask=mask_h[:, None])
-        tl.store(part_lse_ptr + p_off, lse2, mask=mask_h & (pid_v == 0))
+        _store_cols(part_ptr + (pid_b * stride_pb + offs_h * stride_ph + pid_s)[:, None] * DL, 0, offs_l, acc, inv,
+                    mask_h)
     else:
-        o_ptr = out_ptr + pid_b * stride_ob + offs_h[:, None] * stride_oh + offs_v[None, :]
-        tl.store(o_ptr, o.to(tl.bfloat16), mask=mask_h[:, None])
-        if RETURN_LSE:
-            tl.store(lse_ptr + pid_b * num_heads + offs_h, lse2 * 0.6931471805599453, mask=mask_h & (pid_v == 0))
+        _store_cols(out_ptr + pid_b * stride_ob + offs_h[:, None] * stride_oh, 0, offs_l, acc, inv, mask_h)
+    _store_lse(part_lse_ptr, lse_ptr, pid_b, pid_s, offs_h, mask_h, m_i, l_i, num_heads, stride_pb, stride_ph,
+               SPLIT, RETURN_LSE)
 
 
 @triton.jit
-def _merge_kernel(
+def _mla_decode_merge(
     part_ptr, part_lse_ptr, out_ptr, lse_ptr, num_heads, num_splits,
     stride_ob, stride_oh,
     DL: tl.constexpr, RETURN_LSE: tl.constexpr,
@@ -192,39 +261,33 @@ class Config:
     block_n: int
     num_warps: int
     num_stages: int
-    kt: bool = False  # score dot as q . K^T instead of K . q^T
-    reuse_v: bool = False  # read each KV tile once: its latent part is both K and V (else V is loaded again)
-    widen: str = "auto"  # FP8 caches: "auto" = fp16 dots (hardware e4m3 -> f16 cvt), "bf16" = bf16 dots
-    block_dv: int = 512  # output columns per program: 256 splits p . v (and the accumulator) over 2 programs
-    v_wide: bool = False  # widen V to the dot dtype before it is staged in shared memory (16-bit ldmatrix.trans)
+    heads_major: bool = True  # scores = q . K^T in 4 latent chunks (heads as M); False: K . q^T (tokens as M)
+    maxnreg: int | None = None  # register cap per thread (ptxas): more programs per SM, maybe some spills
 
     def __post_init__(self) -> None:
-        if self.block_dv not in (128, 256, 512):
-            raise ValueError(f"block_dv must be 128, 256 or 512; got {self.block_dv}")
-        if self.reuse_v and self.block_dv != 512:
-            raise ValueError("reuse_v needs block_dv = 512 (V is the whole latent part of the K tile)")
+        for name in ("block_h", "block_n"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16 (a tensor-core tile side); got {value}")
 
 
 def default_config(num_heads: int, kv_dtype: torch.dtype) -> Config:
-    """Tile shapes per head count and cache dtype: the fastest in the H200 sweep at B=32, ctx 4096
-    (benchmarks/results/mla_decode_h200_2026-11-29.md). Reusing the K tile as V wins for BF16 caches (83 vs 94 µs)
-    but not for FP8 (104 vs 92 µs): with two consumers the 8-bit tile is not staged by cp.async and spills.
-    Neither `v_wide` (92.6 vs 91.9 µs) nor `block_dv=256` (110-151 µs) beat these in the third pass's A/B: the
-    FP8 loop is bound by instructions per token, which those do not cut (block_dv doubles the score work)."""
-    if kv_dtype == torch.float8_e4m3fn:
-        return Config(16, 32, 4, 2, kt=True) if num_heads <= 16 else Config(64, 32, 8, 2)
-    return Config(16, 32, 4, 2, kt=True, reuse_v=True) if num_heads <= 16 else Config(64, 32, 8, 2)
+    """Tile shapes per head count: the fastest in the H200 A/B (benchmarks/results/mla_decode_h200_2026-11-29.md).
+    H <= 16: heads-major with 4 warps; FP8 capped at 168 registers so that 3 programs share an SM (B=32, ctx 4096:
+    63.9 µs vs 69.2 µs uncapped with 2 per SM); BF16 fits 3 per SM uncapped (the cap only adds spills).
+    H > 16: tokens-major, 64 heads per program (B=32, ctx 4096, H=128: 208 µs; heads-major 260-364 µs)."""
+    if num_heads <= 16:
+        return Config(16, 32, 4, 2, heads_major=True, maxnreg=168 if kv_dtype == torch.float8_e4m3fn else None)
+    return Config(64, 32, 8, 2, heads_major=False)
 
 
-def dot_dtype(kv_dtype: torch.dtype, cfg: Config):
+def dot_dtype(kv_dtype: torch.dtype):
     """The tensor-core operand dtype: FP8 caches widen to fp16 (sm_90 converts e4m3x2 -> f16x2 in one
     instruction; e4m3 -> bf16 takes several), BF16 caches stay bf16. The CPU interpreter uses float32, because
     it multiplies bf16/fp16 dot operands as their raw bits (triton 3.6-3.8)."""
     if _INTERPRETED:
         return tl.float32
-    if kv_dtype == torch.float8_e4m3fn and cfg.widen != "bf16":
-        return tl.float16
-    return tl.bfloat16
+    return tl.float16 if kv_dtype == torch.float8_e4m3fn else tl.bfloat16
 
 
 @functools.lru_cache(maxsize=8)
@@ -234,17 +297,97 @@ def _num_sms(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def pick_num_splits(batch: int, head_blocks: int, max_len: int, num_heads: int, num_sms: int, block_n: int) -> int:
-    """Enough (batch, head block, split) programs to cover the SMs ~3 times, but slices long enough that the
-    fp32 partials (H x 512 x 4 bytes written and read per split) stay small next to the KV slice they replace.
+# The fixed cost of one program, in KV tokens' worth of time: loading q and storing its [H, 512] partial.
+_PROGRAM_OVERHEAD_TOKENS = 64
 
+
+def pick_num_splits(batch: int, head_blocks: int, max_len: int, num_heads: int, num_sms: int, block_n: int,
+                    programs_per_sm: int = 2) -> int:
+    """The split count with the least modelled time: whole waves of programs times each program's slice, plus
+    the partials that the merge writes and reads.
+
+    A grid of P programs on S SMs that each hold `programs_per_sm` runs in ceil(P / slots) waves; a slice that
+    leaves a wave part-empty wastes the idle slots (on the H200 at B=32, ctx 4096, H=16: 8 splits = 256 programs
+    in one wave of 264 slots ran 68 µs, 13 splits = 1.6 waves 87 µs). Slices stay at least 2 tiles long.
     Uses only the table's span (max_pages * page_size), never the lengths' values: no device sync.
     """
-    programs = batch * head_blocks
-    want = triton.cdiv(3 * num_sms, programs)
-    min_tokens = max(2 * block_n, min(1024, 8 * num_heads))
-    most = max(1, max_len // min_tokens)
-    return max(1, min(want, most, 256))
+    slots = max(1, num_sms * programs_per_sm)
+    most = max(1, min(256, max_len // (2 * block_n)))
+    # fp32 partials, written then read: H x 512 x 4 x 2 bytes per (sequence, split); one KV token is 576 bytes.
+    partial_tokens = num_heads * LATENT_DIM * 4 * 2 / (LATENT_DIM + ROPE_DIM)
+
+    def cost(splits: int) -> float:
+        programs = batch * head_blocks * splits
+        waves = -(-programs // slots)
+        merge = batch * partial_tokens * splits / slots if splits > 1 else 0.0
+        return waves * (max_len / splits + _PROGRAM_OVERHEAD_TOKENS) + merge
+
+    return min(range(1, most + 1), key=lambda s: (cost(s), s))
+
+
+_PROGRAMS_PER_SM: dict[tuple, int] = {}
+
+
+def _programs_per_sm(kernel, device_index: int, num_warps: int) -> int:
+    """How many programs of a compiled kernel fit on one SM at once: registers, shared memory or warps."""
+    kernel._init_handles()
+    props = torch.cuda.get_device_properties(device_index)
+    regs_per_warp = -(-max(kernel.n_regs, 1) * 32 // 256) * 256  # allocated per warp in units of 256
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * num_warps)
+    smem_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    by_smem = smem_sm // (kernel.metadata.shared + 1024) if kernel.metadata.shared else 32
+    by_warps = props.max_threads_per_multi_processor // (32 * num_warps)
+    return max(1, min(by_regs, by_smem, by_warps, 32))
+
+
+def _launch(cfg: Config, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+            out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor, sm_scale: float,
+            kv_scale: float, splits: int, return_lse: bool, warmup: bool = False):
+    """Run stage 1 (or only compile it, for `warmup`) on a grid of head blocks x splits x batch."""
+    batch, num_heads, _ = q.shape
+    dtype = dot_dtype(kv_cache.dtype)
+    qk_scale = float(sm_scale) * float(kv_scale) * _LOG2E
+    # fp16 dots: q * 2^e with 2^e ~ qk_scale is exact (a bf16 value has 8 significant bits, fp16 11) and keeps the
+    # scaled q (|q| * qk_scale ~ a score's scale) far inside fp16's range; the rest of qk_scale multiplies the
+    # fp32 scores. bf16 dots: q as is.
+    q_scale = 2.0 ** round(math.log2(qk_scale)) if dtype == tl.float16 else 1.0
+    kernel = _mla_decode_heads_major if cfg.heads_major else _mla_decode_tokens_major
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.maxnreg and not _INTERPRETED:
+        options["maxnreg"] = cfg.maxnreg
+    # FP8 tiles widened before they are staged (heads-major: both dots read the fp16 tile); the interpreter runs
+    # no inline asm, and in the tokens-major kernel the plain cast measured faster (208 vs 265 µs at H=128).
+    asm_widen = cfg.heads_major and dtype == tl.float16
+    args = (q, kv_cache, block_table, seq_lens, out, lse, part, part_lse,
+            q_scale, qk_scale / q_scale, float(kv_scale), num_heads, splits,
+            q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+            out.stride(0), out.stride(1), num_heads * splits, splits)
+    consts = dict(PAGE_SIZE=kv_cache.shape[1], BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=LATENT_DIM,
+                  DR=ROPE_DIM, SPLIT=splits > 1, RETURN_LSE=return_lse, DOT_DTYPE=dtype, ASM_WIDEN=asm_widen,
+                  **options)
+    grid = (triton.cdiv(num_heads, cfg.block_h), splits, batch)
+    if warmup:
+        return kernel.warmup(*args, grid=grid, **consts)
+    return kernel[grid](*args, **consts)
+
+
+def num_splits_for(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                   config: Config | None = None, return_lse: bool = False) -> int:
+    """The split count `mla_decode_triton` picks for these arguments: whole waves of programs, where a program's
+    registers and shared memory (from its compiled kernel, once per config) say how many share an SM."""
+    batch, num_heads, _ = q.shape
+    cfg = config or default_config(num_heads, kv_cache.dtype)
+    per_sm = 2
+    if q.is_cuda:
+        key = (cfg, kv_cache.dtype, kv_cache.shape[1], return_lse, q.device.index)
+        if key not in _PROGRAMS_PER_SM:
+            tmp = torch.empty((batch, num_heads, LATENT_DIM), dtype=torch.float32, device=q.device)
+            probe = _launch(cfg, q, kv_cache, block_table, block_table[:, 0], tmp.bfloat16(), tmp, tmp, tmp,
+                            1.0, 1.0, 2, return_lse, warmup=True)
+            _PROGRAMS_PER_SM[key] = _programs_per_sm(probe, q.device.index or 0, cfg.num_warps)
+        per_sm = _PROGRAMS_PER_SM[key]
+    return pick_num_splits(batch, triton.cdiv(num_heads, cfg.block_h), block_table.shape[1] * kv_cache.shape[1],
+                           num_heads, _num_sms(q.device.index if q.is_cuda else None), cfg.block_n, per_sm)
 
 
 def mla_decode_triton(
@@ -265,7 +408,6 @@ def mla_decode_triton(
     arguments). Keyword-only knobs for tests and tuning: a fixed split count or tile config, a preallocated
     output, and NaN-poisoned partial buffers (to prove every partial is written before it is merged)."""
     batch, num_heads, _ = q.shape
-    page_size = kv_cache.shape[1]
     if out is None:
         out = torch.empty((batch, num_heads, LATENT_DIM), dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((batch, num_heads), dtype=torch.float32, device=q.device) if return_lse else out
@@ -273,38 +415,19 @@ def mla_decode_triton(
         return (out, lse) if return_lse else out
     q = q.contiguous()  # tiny; the kernel assumes unit stride in the last dim
     cfg = config or default_config(num_heads, kv_cache.dtype)
-    head_blocks = triton.cdiv(num_heads, cfg.block_h)
-    max_len = block_table.shape[1] * page_size
     if num_splits is None:
-        num_sms = _num_sms(q.device.index if q.is_cuda else None)
-        # Output slices are programs too: they fill the SMs as splits would, without the partials' traffic.
-        num_splits = pick_num_splits(batch, head_blocks * (LATENT_DIM // cfg.block_dv), max_len, num_heads,
-                                     num_sms, cfg.block_n)
+        num_splits = num_splits_for(q, kv_cache, block_table, cfg, return_lse)
     split = num_splits > 1
-    dtype = dot_dtype(kv_cache.dtype, cfg)
-    qk_scale = float(sm_scale) * float(kv_scale) * _LOG2E
-    # fp16 dots: q * 2^e with 2^e ~ qk_scale is exact (a bf16 value has 8 significant bits, fp16 11) and keeps the
-    # scaled q (|q| * qk_scale ~ a score's scale) far inside fp16's range; the rest of qk_scale multiplies the
-    # fp32 scores. bf16 dots: q as is.
-    q_scale = 2.0 ** round(math.log2(qk_scale)) if dtype == tl.float16 else 1.0
     if split:
         make = torch.full if poison_workspace else (lambda shape, _v, **kw: torch.empty(shape, **kw))
         part = make((batch, num_heads, num_splits, LATENT_DIM), math.nan, dtype=torch.float32, device=q.device)
         part_lse = make((batch, num_heads, num_splits), math.nan, dtype=torch.float32, device=q.device)
     else:
         part = part_lse = out  # unused
-    _split_kernel[(head_blocks * (LATENT_DIM // cfg.block_dv), num_splits, batch)](
-        q, kv_cache, block_table, seq_lens,
-        out, lse, part, part_lse,
-        q_scale, qk_scale / q_scale, float(kv_scale), num_heads, num_splits,
-        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-        out.stride(0), out.stride(1), num_heads * num_splits, num_splits,
-        PAGE_SIZE=page_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=LATENT_DIM, DR=ROPE_DIM,
-        SPLIT=split, RETURN_LSE=return_lse, DOT_DTYPE=dtype, KT=cfg.kt, REUSE_V=cfg.reuse_v,
-        BLOCK_DV=cfg.block_dv, V_WIDE=cfg.v_wide, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    _launch(cfg, q, kv_cache, block_table, seq_lens, out, lse, part, part_lse, sm_scale, kv_scale, num_splits,
+            return_lse)
     if split:
-        _merge_kernel[(num_heads, batch)](
+        _mla_decode_merge[(num_heads, batch)](
             part, part_lse, out, lse, num_heads, num_splits, out.stride(0), out.stride(1),
             DL=LATENT_DIM, RETURN_LSE=return_lse, num_warps=4,
         )
