@@ -1,20 +1,18 @@
 #!/bin/bash
-# one device call: CUDA tests (3 shards in parallel, to overlap compiles), sweep + full table, A/B at B=128 ctx 16k
-cd "$(dirname "$0")/.."
-export PYTHONPATH=src PYTHONUNBUFFERED=1 DECODEGAP_TEST_DEVICE=cuda
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-t0=$(date +%s)
-timeout 110 python3 -m pytest -q tests/test_mla_decode.py -k "matches_reference" > $OUT/test_a.txt 2>&1 &
-timeout 110 python3 -m pytest -q tests/test_mla_decode.py -k "tile_variants" > $OUT/test_b.txt 2>&1 &
-timeout 110 python3 -m pytest -q tests/test_mla_decode.py -k "not matches_reference and not tile_variants" > $OUT/test_c.txt 2>&1 &
-wait
-for f in $OUT/test_*.txt; do echo "== $f"; tail -n 4 $f; done
-echo "tests took $(( $(date +%s) - t0 )) s"
-timeout 200 python3 benchmarks/bench_mla_decode.py --sweep --budget-s 70 --out $OUT/bench.md > $OUT/bench_log.txt 2>&1
-echo "bench rc $? at $(( $(date +%s) - t0 )) s"
-timeout 45 python3 benchmarks/ab_mla_decode.py --heads 16 --shapes 128x16384 > $OUT/ab.txt 2>&1
-echo "ab rc $? at $(( $(date +%s) - t0 )) s"
-cat $OUT/ab.txt
-grep -A8 "^## Targets" $OUT/bench.md
-grep -B2 -A40 "^## Sweep" $OUT/bench.md | head -45
+# One device call (run from the repository root, with $OUT set): the kernel and demo tests on CUDA, the A/B of tile
+# configs, the full MLA decode table, then the demo's three KV reads at full GLM-5 geometry under CUDA graphs.
+# Produced benchmarks/results/mla_decode_h200_2026-11-29.md (fourth pass) and the demo table next to it.
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+T0=$(date +%s)
+DECODEGAP_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -n 8 tests/test_mla_decode.py tests/test_demo.py \
+  > $OUT/gpu_tests.txt 2>&1
+tail -3 $OUT/gpu_tests.txt; echo "tests $(( $(date +%s) - T0 )) s"
+(cd benchmarks && timeout 100 python3 ab_mla_decode.py --heads 16 128 --shapes 32x4096,128x16384 --splits2 \
+  > $OUT/ab.txt 2>&1)
+grep -E "^\|" $OUT/ab.txt; echo "ab $(( $(date +%s) - T0 )) s"
+(cd benchmarks && timeout 230 python3 bench_mla_decode.py --budget-s 70 --out $OUT/mla_decode_h200.md \
+  > $OUT/bench.txt 2>&1)
+grep -A8 "## Targets" $OUT/mla_decode_h200.md; echo "bench $(( $(date +%s) - T0 )) s"
+timeout 200 python3 -m decodegap demo --compare --scale full --cuda-graph --timed 20 --steps 3 --warmup 2 \
+  --no-shapes > $OUT/demo.txt 2>&1
+tail -40 $OUT/demo.txt; echo "demo $(( $(date +%s) - T0 )) s"
