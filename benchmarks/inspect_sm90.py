@@ -18,52 +18,25 @@ import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 
+import torch  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
-from decodegap.kernels.mla_decode_triton import Config, _mla_decode_heads_major, _mla_decode_tokens_major  # noqa: E402
+from decodegap.kernels.mla_decode_triton import Config, compile_for_gpu  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 
 CONFIGS = {  # name -> (config, cache dtype, FP8 widened before staging)
-    "heads-major N32 w4 s2 r168 (default)": (Config(16, 32, 4, 2, maxnreg=168), "fp8e4nv", True),
-    "heads-major N32 w4 s2": (Config(16, 32, 4, 2), "fp8e4nv", True),
-    "heads-major N32 w4 s2, plain cast": (Config(16, 32, 4, 2), "fp8e4nv", False),
-    "heads-major N64 w4 s2": (Config(16, 64, 4, 2), "fp8e4nv", True),
-    "heads-major N32 w8 s2": (Config(16, 32, 8, 2), "fp8e4nv", True),
-    "tokens-major H64 N32 w8 s2 (default H>16)": (Config(64, 32, 8, 2, heads_major=False), "fp8e4nv", False),
-    "bf16 heads-major N32 w4 s2 (default)": (Config(16, 32, 4, 2), "bf16", False),
-    "bf16 heads-major N32 w4 s2 r168": (Config(16, 32, 4, 2, maxnreg=168), "bf16", False),
-    "bf16 tokens-major H64 N32 w8 s2": (Config(64, 32, 8, 2, heads_major=False), "bf16", False),
+    "heads-major N32 w4 s2 r168 (default)": (Config(16, 32, 4, 2, maxnreg=168), FP8, True),
+    "heads-major N32 w4 s2": (Config(16, 32, 4, 2), FP8, True),
+    "heads-major N32 w4 s2, plain cast": (Config(16, 32, 4, 2), FP8, False),
+    "heads-major N64 w4 s2": (Config(16, 64, 4, 2), FP8, True),
+    "heads-major N32 w8 s2": (Config(16, 32, 8, 2), FP8, True),
+    "tokens-major H64 N32 w8 s2 (default H>16)": (Config(64, 32, 8, 2, heads_major=False), FP8, False),
+    "bf16 heads-major N32 w4 s2 (default)": (Config(16, 32, 4, 2), BF16, False),
+    "bf16 heads-major N32 w4 s2 r168": (Config(16, 32, 4, 2, maxnreg=168), BF16, False),
+    "bf16 tokens-major H64 N32 w8 s2": (Config(64, 32, 8, 2, heads_major=False), BF16, False),
 }
-
-
-def compile_one(cfg: Config, kv: str, asm_widen: bool, split: bool = True):
-    kernel = _mla_decode_heads_major if cfg.heads_major else _mla_decode_tokens_major
-    sig = {
-        "q_ptr": "*bf16", "kv_ptr": f"*{kv}", "table_ptr": "*i32", "lens_ptr": "*i32",
-        "out_ptr": "*bf16", "lse_ptr": "*fp32", "part_ptr": "*fp32", "part_lse_ptr": "*fp32",
-        "q_scale": "fp32", "s_scale": "fp32", "out_scale": "fp32", "num_heads": "i32", "num_splits": "i32",
-        "stride_qb": "i32", "stride_qh": "i32", "stride_page": "i32", "stride_slot": "i32", "stride_tb": "i32",
-        "stride_ob": "i32", "stride_oh": "i32", "stride_pb": "i32", "stride_ph": "i32",
-    }
-    const = dict(PAGE_SIZE=64, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=512, DR=64, SPLIT=split,
-                 RETURN_LSE=False, DOT_DTYPE=tl.float16 if kv == "fp8e4nv" else tl.bfloat16, ASM_WIDEN=asm_widen)
-    for k in const:
-        sig[k] = "constexpr"
-    names = kernel.arg_names
-    div = CUDABackend.parse_attr("D")
-    aligned = ["q_ptr", "kv_ptr", "table_ptr", "lens_ptr", "out_ptr", "lse_ptr", "part_ptr", "part_lse_ptr",
-               "stride_qb", "stride_qh", "stride_page", "stride_slot", "stride_ob", "stride_oh", "stride_pb"]
-    attrs = {(names.index(n),): div for n in aligned}
-    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.maxnreg:
-        options["maxnreg"] = cfg.maxnreg
-    return triton.compile(ASTSource(kernel, sig, const, attrs), target=TARGET, options=options)
 
 
 def loop_body(sass: str) -> list[str]:
@@ -118,7 +91,7 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         try:
-            print(summarize(name, cfg, compile_one(cfg, kv, asm_widen), args.dump), flush=True)
+            print(summarize(name, cfg, compile_for_gpu(cfg, kv, asm_widen=asm_widen), args.dump), flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"| {name} | failed: {type(e).__name__}: {str(e)[:200]} |", flush=True)
 

@@ -87,6 +87,14 @@ def _store_cols(rows, col: tl.constexpr, offs, acc, inv, mask_h):
 
 
 @triton.jit
+def _store_chunks(rows, DC: tl.constexpr, offs_c, a0, a1, a2, a3, inv, mask_h):
+    _store_cols(rows, 0 * DC, offs_c, a0, inv, mask_h)
+    _store_cols(rows, 1 * DC, offs_c, a1, inv, mask_h)
+    _store_cols(rows, 2 * DC, offs_c, a2, inv, mask_h)
+    _store_cols(rows, 3 * DC, offs_c, a3, inv, mask_h)
+
+
+@triton.jit
 def _store_lse(part_lse_ptr, lse_ptr, pid_b, pid_s, offs_h, mask_h, m_i, l_i, num_heads, stride_pb, stride_ph,
                SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr):
     """log2-sum-exp of the slice into the partials, or the natural-log lse of the whole sequence. An empty
@@ -156,18 +164,13 @@ def _mla_decode_heads_major(
         m_i = m_new
 
     inv = out_scale / tl.where(l_i > 0, l_i, 1.0)
+    # (the partials are fp32 and the output bf16: two pointer types, so two calls)
     if SPLIT:
-        rows = part_ptr + (pid_b * stride_pb + offs_h * stride_ph + pid_s)[:, None] * DL
-        _store_cols(rows, 0 * DC, offs_c, a0, inv, mask_h)
-        _store_cols(rows, 1 * DC, offs_c, a1, inv, mask_h)
-        _store_cols(rows, 2 * DC, offs_c, a2, inv, mask_h)
-        _store_cols(rows, 3 * DC, offs_c, a3, inv, mask_h)
+        _store_chunks(part_ptr + (pid_b * stride_pb + offs_h * stride_ph + pid_s)[:, None] * DL, DC, offs_c,
+                      a0, a1, a2, a3, inv, mask_h)
     else:
-        rows = out_ptr + pid_b * stride_ob + offs_h[:, None] * stride_oh
-        _store_cols(rows, 0 * DC, offs_c, a0, inv, mask_h)
-        _store_cols(rows, 1 * DC, offs_c, a1, inv, mask_h)
-        _store_cols(rows, 2 * DC, offs_c, a2, inv, mask_h)
-        _store_cols(rows, 3 * DC, offs_c, a3, inv, mask_h)
+        _store_chunks(out_ptr + pid_b * stride_ob + offs_h[:, None] * stride_oh, DC, offs_c, a0, a1, a2, a3, inv,
+                      mask_h)
     _store_lse(part_lse_ptr, lse_ptr, pid_b, pid_s, offs_h, mask_h, m_i, l_i, num_heads, stride_pb, stride_ph,
                SPLIT, RETURN_LSE)
 
@@ -340,35 +343,63 @@ def _programs_per_sm(kernel, device_index: int, num_warps: int) -> int:
     return max(1, min(by_regs, by_smem, by_warps, 32))
 
 
+def _kernel_and_constants(cfg: Config, kv_dtype: torch.dtype, page_size: int, split: bool, return_lse: bool,
+                          asm_widen: bool | None = None):
+    """Stage 1's kernel for `cfg`, with its compile-time constants and launch options."""
+    dtype = dot_dtype(kv_dtype)
+    if asm_widen is None:
+        # FP8 tiles widened before they are staged (heads-major: both dots read the fp16 tile); the interpreter
+        # runs no inline asm, and in the tokens-major kernel the plain cast measured faster (208 vs 265 µs, H=128).
+        asm_widen = cfg.heads_major and dtype == tl.float16
+    consts = dict(PAGE_SIZE=page_size, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=LATENT_DIM, DR=ROPE_DIM,
+                  SPLIT=split, RETURN_LSE=return_lse, DOT_DTYPE=dtype, ASM_WIDEN=asm_widen)
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.maxnreg and not _INTERPRETED:
+        options["maxnreg"] = cfg.maxnreg
+    return (_mla_decode_heads_major if cfg.heads_major else _mla_decode_tokens_major), consts, options
+
+
 def _launch(cfg: Config, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
             out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor, sm_scale: float,
             kv_scale: float, splits: int, return_lse: bool, warmup: bool = False):
     """Run stage 1 (or only compile it, for `warmup`) on a grid of head blocks x splits x batch."""
     batch, num_heads, _ = q.shape
-    dtype = dot_dtype(kv_cache.dtype)
+    kernel, consts, options = _kernel_and_constants(cfg, kv_cache.dtype, kv_cache.shape[1], splits > 1, return_lse)
     qk_scale = float(sm_scale) * float(kv_scale) * _LOG2E
     # fp16 dots: q * 2^e with 2^e ~ qk_scale is exact (a bf16 value has 8 significant bits, fp16 11) and keeps the
     # scaled q (|q| * qk_scale ~ a score's scale) far inside fp16's range; the rest of qk_scale multiplies the
     # fp32 scores. bf16 dots: q as is.
-    q_scale = 2.0 ** round(math.log2(qk_scale)) if dtype == tl.float16 else 1.0
-    kernel = _mla_decode_heads_major if cfg.heads_major else _mla_decode_tokens_major
-    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.maxnreg and not _INTERPRETED:
-        options["maxnreg"] = cfg.maxnreg
-    # FP8 tiles widened before they are staged (heads-major: both dots read the fp16 tile); the interpreter runs
-    # no inline asm, and in the tokens-major kernel the plain cast measured faster (208 vs 265 µs at H=128).
-    asm_widen = cfg.heads_major and dtype == tl.float16
+    q_scale = 2.0 ** round(math.log2(qk_scale)) if consts["DOT_DTYPE"] == tl.float16 else 1.0
     args = (q, kv_cache, block_table, seq_lens, out, lse, part, part_lse,
             q_scale, qk_scale / q_scale, float(kv_scale), num_heads, splits,
             q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
             out.stride(0), out.stride(1), num_heads * splits, splits)
-    consts = dict(PAGE_SIZE=kv_cache.shape[1], BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DL=LATENT_DIM,
-                  DR=ROPE_DIM, SPLIT=splits > 1, RETURN_LSE=return_lse, DOT_DTYPE=dtype, ASM_WIDEN=asm_widen,
-                  **options)
     grid = (triton.cdiv(num_heads, cfg.block_h), splits, batch)
     if warmup:
-        return kernel.warmup(*args, grid=grid, **consts)
-    return kernel[grid](*args, **consts)
+        return kernel.warmup(*args, grid=grid, **consts, **options)
+    return kernel[grid](*args, **consts, **options)
+
+
+def compile_for_gpu(cfg: Config, kv_dtype: torch.dtype, *, split: bool = True, return_lse: bool = False,
+                    asm_widen: bool | None = None, page_size: int = 64, arch: int = 90):
+    """Compile stage 1 for an NVIDIA architecture without a GPU (triton's bundled ptxas), as a launch with aligned
+    tensors would: for tests that catch what the interpreter cannot, and for benchmarks/inspect_sm90.py. Needs
+    TRITON_INTERPRET unset when this module was imported."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.compiler import ASTSource
+
+    kernel, consts, options = _kernel_and_constants(cfg, kv_dtype, page_size, split, return_lse, asm_widen)
+    pointers = dict(q_ptr="*bf16", kv_ptr="*fp8e4nv" if kv_dtype == torch.float8_e4m3fn else "*bf16",
+                    table_ptr="*i32", lens_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", part_ptr="*fp32",
+                    part_lse_ptr="*fp32")
+    floats = dict.fromkeys(("q_scale", "s_scale", "out_scale"), "fp32")
+    sig = {name: pointers.get(name) or floats.get(name) or ("constexpr" if name in consts else "i32")
+           for name in kernel.arg_names}
+    aligned = [*pointers, "stride_qb", "stride_qh", "stride_page", "stride_slot", "stride_ob", "stride_oh",
+               "stride_pb"]
+    attrs = {(kernel.arg_names.index(n),): CUDABackend.parse_attr("D") for n in aligned}
+    return triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def num_splits_for(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
