@@ -18,9 +18,8 @@ def test_steps_found_with_or_without_markers(tmp_path, markers):
     d = _report(tmp_path, markers=markers, steps=6, layers=5)
     assert d["steps"]["decode"]["count"] == 6  # without markers too: the cuts fall in the gaps between steps
     assert d["layers"] == 5
-    expected = {"gpu": "ProfilerStep annotations (GPU", "cpu": "ProfilerStep annotations (CPU",
-                None: "repeating kernel sequence"}[markers]
-    assert d["steps"]["decode"]["source"].startswith(expected)
+    expected = {"gpu": "profiler_step", "cpu": "profiler_step", None: "kernel_repetition"}[markers]
+    assert d["steps"]["decode"]["source"] == d["steps"]["source"] == expected
 
 
 def test_without_markers_last_step_is_kept(tmp_path):
@@ -110,6 +109,6 @@ def test_two_traces_claiming_one_rank_are_flagged(tmp_path):
 def test_cuda_graph_trace_without_markers(tmp_path):
     # SGLang/vLLM decode under CUDA graphs: no ProfilerStep, every kernel replayed from a graph
     d = _report(tmp_path, markers=None, steps=6, layers=5, graph=True, gap_us=300.0)
-    assert d["steps"]["decode"]["source"].startswith("repeating kernel sequence")
+    assert d["steps"]["decode"]["source"] == "graph_launch"
     assert d["steps"]["decode"]["count"] >= 5 and d["layers"] == 5
     assert all(k["from_graph"] for k in d["kernels"])

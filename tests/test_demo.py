@@ -84,7 +84,7 @@ def test_demo_cpu_names_kv_pool_cast(tmp_path, capsys):
     main(["demo", "--device", "cpu", "--layers", "2", "--steps", "2", "--warmup", "1", "--timed", "2",
           "--out", str(tmp_path)])
     out = capsys.readouterr().out
-    assert "decode steps: 2 " in out
+    assert "2 decode forwards; 2 layers" in out
     assert "[kv_pool_cast] 2 times per step, once per layer (2 layers)" in out
     assert "[24576, 1, 576] fp8_e4m3 -> bf16" in out
     assert "for 256 active tokens" in out

@@ -119,7 +119,7 @@ def test_two_processes_each_write_n_steps(tmp_path: Path, method: str) -> None:
         # analyze reads the trace as a user would: exactly N decode steps, and the unprofiled time it stored.
         report = analyze_path(path)
         assert report.main.breakdown.decode_count == steps
-        assert report.main.steps.source.startswith("ProfilerStep annotations")
+        assert report.main.steps.source.startswith("profiler_step")
         assert report_dict(report)["profiler_check"]["source"].startswith("decodegap record")
     assert len(pids) == 2
 

@@ -41,11 +41,14 @@ def decode_loop(steps: int = 5, layers: int = 4, markers: str | None = "gpu", ga
     def ts(v: float):
         return int(round(v)) if integer_us else round(v, 3)
 
+    last_launch_end = 0.0
+
     def emit_kernel(name: str, dur: float, op: str | None, dims=None, types=None) -> None:
-        nonlocal t_gpu, corr, ext
+        nonlocal t_gpu, corr, ext, last_launch_end
         corr += 1
         ext += 1
         cpu_t = t_gpu - 50
+        last_launch_end = cpu_t + 6
         if op is not None and not graph:
             args = {"External id": ext}
             if dims is not None:
@@ -85,8 +88,10 @@ def decode_loop(steps: int = 5, layers: int = 4, markers: str | None = "gpu", ga
         step_end = t_gpu
         if markers:
             name = f"ProfilerStep#{s}"
+            # the CPU side spans the step's launches, as torch.profiler's does (steps never overlap on the host)
             events.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1,
-                           "ts": ts(step_start - 60), "dur": step_end - step_start + 10, "args": {}})
+                           "ts": ts(step_start - 50.5), "dur": round(last_launch_end - step_start + 51, 3),
+                           "args": {}})
             if markers == "gpu":
                 events.append({"ph": "X", "cat": "gpu_user_annotation", "name": name, "pid": 0, "tid": 7,
                                "ts": ts(step_start), "dur": round(step_end - step_start, 3), "args": {}})

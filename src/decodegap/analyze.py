@@ -45,9 +45,43 @@ class Report:
     gap: dict | None = None  # the gap ledger, likewise
 
     @property
+    def workload(self) -> str:
+        return "training" if any(r.steps.workload == "training" for r in self.ranks) else "inference"
+
+    @property
     def main(self) -> RankAnalysis:
         """The rank whose step is shown in detail: the slowest one (it sets the pace of every step)."""
         return max(self.ranks, key=lambda r: (r.breakdown.step_ms.median, -r.rank))
+
+
+TRAINING_FINDINGS = ("collective_bound", "straggler_rank")
+
+
+def sanity_warnings(r: RankAnalysis, options: AnalysisOptions) -> list[str]:
+    """What the step and layer boundaries imply that cannot be true, or that limits what the numbers mean."""
+    out = []
+    b, steps = r.breakdown, r.steps
+    if not r.trace.has_gpu:
+        out.append("the trace has no GPU events: the breakdown covers CPU ops only")
+    if not steps.steps:
+        out.append(f"no steps found ({steps.detail or steps.source})")
+    elif len(steps.steps) == 1:
+        out.append(f"the trace holds one {'iteration' if steps.workload == 'training' else 'forward'}: "
+                   "statistics over steps come from one sample")
+    if steps.steps and b.layers is None and steps.workload == "inference":
+        out.append(f"layer count unknown: {b.layers_evidence}")
+    geometry = options.model
+    if b.layers and geometry is not None and getattr(geometry, "num_layers", None) \
+            and b.layers != geometry.num_layers and steps.workload == "inference":
+        out.append(f"the trace shows {b.layers} layers per step, the model config {geometry.num_layers}: another "
+                   "model, pipeline parallelism, or step boundaries that are off")
+    floor = options.floor
+    if floor is not None and b.phase == "decode" and b.decode_count and b.step_ms.median \
+            and b.step_ms.median < floor.floor_ms:
+        out.append(f"a decode step of {b.step_ms.median:.3f} ms is shorter than its hardware floor "
+                   f"({floor.floor_ms:.3f} ms): impossible; the step boundaries ({steps.source}) are likely wrong, or "
+                   "the model, GPU, batch or context given do not match the trace")
+    return out
 
 
 def analyze_trace(trace: Trace) -> RankAnalysis:
@@ -71,14 +105,10 @@ def analyze_path(path: str | Path, options: AnalysisOptions | None = None) -> Re
     for r in ranks:
         prefix = f"rank {r.rank}: " if len(ranks) > 1 else ""
         report.warnings.extend(prefix + w for w in r.trace.warnings)
-        if not r.trace.has_gpu:
-            report.warnings.append(prefix + "the trace has no GPU events: the breakdown covers CPU ops only")
-        elif not r.steps.decode:
-            report.warnings.append(prefix + f"no decode steps found ({r.steps.source})")
-        if r.steps.dropped_partial:
-            report.warnings.append(prefix + f"{r.steps.dropped_partial} partial step(s) at the trace edges "
-                                   "were left out")
+        report.warnings.extend(prefix + w for w in r.steps.warnings + sanity_warnings(r, options))
     report.findings = run_detectors(report)
+    if report.workload == "training":  # decode advice does not apply to a training job
+        report.findings = [f for f in report.findings if f.id in TRAINING_FINDINGS]
     if options.floor is not None:
         from decodegap.gap import gap_ledger
 

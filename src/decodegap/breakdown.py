@@ -10,7 +10,8 @@ import numpy as np
 
 from decodegap import shapes as shape_info
 from decodegap.categories import CATEGORIES, categorize
-from decodegap.steps import REGULAR, Steps, idle_gaps_ns, regular_anchors
+from decodegap.repetition import LayerKind, Layers, find_layers, name_classes
+from decodegap.steps import PHASES, Steps, idle_gaps_ns
 from decodegap.trace.link import Links
 from decodegap.trace.tables import GPU_KIND_NAMES, Trace
 
@@ -78,7 +79,7 @@ class HostGap:
 class Breakdown:
     decode_count: int
     prefill_count: int
-    step_ms: Spread  # GPU-timeline wall time of one decode step
+    step_ms: Spread  # GPU-timeline wall time of one step of `phase`
     step_ms_each: list[float]
     prefill_ms_each: list[float]
     gpu_ms_per_step: float  # sum of GPU activity durations per step
@@ -91,6 +92,10 @@ class Breakdown:
     layers: int | None
     layers_evidence: str
     longest_gaps: list[HostGap] = field(default_factory=list)
+    phase: str = "decode"  # the phase whose steps the numbers describe (decode when the trace has any)
+    counts: dict = field(default_factory=dict)  # steps per phase
+    ms_each: dict = field(default_factory=dict)  # wall time of each step, per phase
+    layer_kinds: list[LayerKind] = field(default_factory=list)
 
 
 def _busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
@@ -102,24 +107,19 @@ def _busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
     return int(stop - start - idle)
 
 
-def infer_layers(seq: np.ndarray) -> tuple[int | None, str]:
-    """The repeating block inside one decode step: the widest evenly spaced kernel that several names agree on."""
-    anchors = regular_anchors(seq, min_count=2, min_coverage=0.5)
-    for needed in (3, 2):
-        for a in anchors:
-            backers = [b for b in anchors if abs(b.period - a.period) <= REGULAR * a.period
-                       and len(b.positions) == len(a.positions)]
-            if len(backers) >= needed and len(a.positions) >= 2:
-                return len(a.positions), (f"{len(backers)} kernels run {len(a.positions)} times per step at a "
-                                          f"regular spacing of {a.period:.0f} GPU activities")
-    return None, "no repeating block found inside a step"
+def infer_layers(trace: Trace, rows: np.ndarray) -> Layers:
+    """The repeating block inside one step, over kernel names normalised where compilers number them."""
+    mapping, canonical = name_classes(trace.names)
+    # Coverage 0.3, not 0.5: two layers' kernels repeat once, over less than half of a step that has its own work.
+    return find_layers(mapping[trace.gpu.name_id[rows].astype(np.int64)], canonical, min_coverage=0.3)
 
 
 def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     if not trace.has_gpu:
         return compute_cpu_breakdown(trace, steps)
     gpu = trace.gpu
-    decode = steps.decode
+    phase = steps.main_phase
+    decode = steps.of(phase)
     n = max(len(decode), 1)
     rows = np.concatenate([s.rows for s in decode]) if decode else np.empty(0, np.int64)
     category_of_name = {}
@@ -168,16 +168,24 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     categories.sort(key=lambda c: -c.ms_per_step)
 
     typical = decode[len(decode) // 2] if decode else None
-    layers, evidence = (infer_layers(gpu.name_id[typical.rows].astype(np.int64)) if typical is not None
-                        else (None, "no decode step"))
+    found = infer_layers(trace, typical.rows) if typical is not None else Layers(None, "no step")
     return Breakdown(
-        decode_count=len(decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
+        decode_count=len(steps.decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
         prefill_ms_each=[s.wall_ns / 1e6 for s in steps.prefill],
         gpu_ms_per_step=total_gpu_ns / 1e6 / n, busy_ms_per_step=float(np.median(busy)) if busy else 0.0,
         gpu_busy_fraction=busy_fraction, kernels_per_step=len(rows) / n,
         launch_us_per_kernel=_launch_cost_us(trace, links, rows), categories=categories, kernels=kernels,
-        layers=layers, layers_evidence=evidence, longest_gaps=_longest_gaps(trace, decode),
+        layers=found.count, layers_evidence=found.evidence, longest_gaps=_longest_gaps(trace, decode),
+        phase=phase, counts=_counts(steps), ms_each=_ms_each(steps), layer_kinds=found.kinds,
     )
+
+
+def _counts(steps: Steps) -> dict:
+    return {p: len(steps.of(p)) for p in PHASES}
+
+
+def _ms_each(steps: Steps) -> dict:
+    return {p: [s.wall_ns / 1e6 for s in steps.of(p)] for p in PHASES}
 
 
 def _group(trace: Trace, key: tuple, entry: list, n_steps: int, total_gpu_ns: int, category: str) -> KernelGroup:
@@ -268,7 +276,8 @@ def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
     """For traces with no GPU activity (CPU runs, CPU-only captures): the same tables over CPU ops' self time."""
     from decodegap.categories import categorize_cpu_op
 
-    decode = steps.decode
+    phase = steps.main_phase
+    decode = steps.of(phase)
     n = max(len(decode), 1)
     ops = trace.cpu_ops
     groups: dict[tuple, list] = {}
@@ -304,11 +313,12 @@ def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
     categories.sort(key=lambda c: -c.ms_per_step)
     layers, evidence = _layers_from_calls(kernels)
     return Breakdown(
-        decode_count=len(decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
+        decode_count=len(steps.decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
         prefill_ms_each=[s.wall_ns / 1e6 for s in steps.prefill], gpu_ms_per_step=total_ns / 1e6 / n,
         busy_ms_per_step=total_ns / 1e6 / n, gpu_busy_fraction=0.0,
         kernels_per_step=sum(k.calls_per_step for k in kernels), launch_us_per_kernel=None,
         categories=categories, kernels=kernels, layers=layers, layers_evidence=evidence,
+        phase=phase, counts=_counts(steps), ms_each=_ms_each(steps),
     )
 
 

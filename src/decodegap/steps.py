@@ -1,34 +1,62 @@
-"""Finding the decode steps on the GPU timeline.
+"""Finding the steps (forward passes) of a trace, their phase, and what told us.
 
-Three sources, best first: GPU-side step annotations (`ProfilerStep#N` as gpu_user_annotation, or the ones
-`decodegap record` writes); CPU-side annotations mapped to the kernels they launched; and, for traces with no
-markers at all (SGLang, vLLM, model.generate), the repeating kernel sequence: a kernel that runs once per step
-at a regular distance marks the step, and the cut goes where the GPU idles longest within that period.
-Steps whose kernel mix differs from the typical step are prefill; fragments at the trace edges are dropped."""
+Direct evidence first, and the result says which was used (`Steps.source`, a stable id):
+1. step annotations (`profiler_step`, `sglang_step`, `vllm_execute`; see step_marks.py): a kernel belongs to the
+   step whose CPU side launched it (kernel -> runtime call by correlation -> the annotation holding the call); the
+   GPU-side annotation only cross-checks the span;
+2. graph launches (`graph_launch`): the kernels one cudaGraphLaunch/hipGraphLaunch replays belong to one forward;
+   several launches (piecewise graphs) are grouped into forwards by the repetition below, each launch one unit;
+3. the repeating kernel sequence (`kernel_repetition`): a forward holds the once-per-forward work (embedding, final
+   norm, lm_head, sampling) around its layer run; a period without it is a layer, and a trace holding one forward is
+   one step. Cuts never split the layer run; idle gaps only break ties.
+A partial step exists only at the edges of the capture; an interior step is never dropped."""
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from decodegap.phase import is_training, phase_from_tokens, step_tokens
+from decodegap.repetition import (
+    REGULAR,
+    Anchor,
+    backers,
+    find_layers,
+    mix_overlap,
+    normalized_ids,
+    regular_anchors,
+    short,
+    smallest_period,
+)
+from decodegap.step_marks import FAMILY_ORDER, StepMark, step_marks
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace
 
-STEP_MARKER = re.compile(r"^(ProfilerStep|decodegap[._ ]?step)\s*#\s*\d+$", re.IGNORECASE)
+PHASES = ("decode", "prefill", "mixed", "training")
 SAME_MIX = 0.8  # kernel-mix overlap above which a step counts as the same kind as the typical one
-REGULAR = 0.1  # an anchor's spacing may vary this much (relative) and still count as regular
+PARTIAL = 0.9  # an edge step with fewer than this share of the typical step's activities is cut off
+
+# Stable ids of the evidence (docs/report-schema.md lists them).
+SOURCES = ("profiler_step", "profiler_step_gpu", "profiler_step_cpu_only", "sglang_step", "vllm_execute",
+           "graph_launch", "kernel_repetition", "whole_trace", "none")
 
 
 @dataclass(frozen=True)
 class Step:
     index: int
-    kind: str  # "decode" | "prefill"
+    kind: str  # phase: decode | prefill | mixed | training
     start_ns: int
     end_ns: int
     rows: np.ndarray  # rows of Trace.gpu in this step
+    batch: int | None = None
+    tokens: int | None = None
+    label: str | None = None  # the annotation's name, when one delimited the step
+
+    @property
+    def phase(self) -> str:
+        return self.kind
 
     @property
     def wall_ns(self) -> int:
@@ -38,119 +66,221 @@ class Step:
 @dataclass(frozen=True)
 class Steps:
     steps: list[Step]
-    source: str  # how they were found
+    source: str  # stable id, one of SOURCES
+    detail: str = ""  # the evidence in words
+    workload: str = "inference"  # or "training"
     dropped_partial: int = 0
+    warnings: list[str] = field(default_factory=list)
+    graph_launches: int = 0  # graph replays that hold the steps' kernels
+    runtime: str = "CUDA"  # CUDA | HIP, from the launch calls
+
+    def of(self, phase: str) -> list[Step]:
+        return [s for s in self.steps if s.kind == phase]
 
     @property
     def decode(self) -> list[Step]:
-        return [s for s in self.steps if s.kind == "decode"]
+        return self.of("decode")
 
     @property
     def prefill(self) -> list[Step]:
-        return [s for s in self.steps if s.kind == "prefill"]
+        return self.of("prefill")
+
+    @property
+    def main_phase(self) -> str:
+        """The phase the breakdown describes: decode when there is any, else what the trace holds most of."""
+        counts = Counter(s.kind for s in self.steps)
+        if counts["decode"] or not counts:
+            return "decode"
+        return max(PHASES, key=lambda p: (counts[p], -PHASES.index(p)))
+
+
+@dataclass
+class _Piece:
+    start_ns: int
+    end_ns: int
+    rows: np.ndarray
+    mark: StepMark | None = None
 
 
 def find_steps(trace: Trace, links: Links) -> Steps:
-    gpu_marks = [a for a in trace.annotations if a.on_gpu and STEP_MARKER.match(a.name)]
-    cpu_marks = [a for a in trace.annotations if not a.on_gpu and STEP_MARKER.match(a.name)]
-    if gpu_marks and len(trace.gpu):
-        return _classify(_from_gpu_marks(trace, gpu_marks), trace, "ProfilerStep annotations (GPU timeline)")
-    if cpu_marks and len(trace.gpu):
-        pieces = _from_cpu_marks(trace, links, cpu_marks)
-        if pieces:
-            return _classify(pieces, trace, "ProfilerStep annotations (CPU side, mapped to launched kernels)")
-    if cpu_marks:  # no GPU activity at all: CPU-only trace
-        return Steps([Step(i, "decode", a.ts_ns, a.ts_ns + a.dur_ns, np.empty(0, np.int64))
-                      for i, a in enumerate(cpu_marks)], "ProfilerStep annotations (CPU only, no GPU events)")
-    if len(trace.gpu) < 6:
-        return Steps([], "none: too few GPU events to find steps")
-    found = _from_repetition(trace)
+    training = is_training(trace)
+    marks = step_marks(trace.annotations)
+    found = _from_marks(trace, links, marks) if trace.has_gpu else None
+    if found is None and not trace.has_gpu:
+        cpu = [m for m in marks.get("profiler_step", []) if not m.on_gpu]
+        steps = [Step(i, "training" if training else "decode", m.ts_ns, m.end_ns, np.empty(0, np.int64), label=m.name)
+                 for i, m in enumerate(cpu)]
+        return Steps(steps, "profiler_step_cpu_only" if steps else "none",
+                     "ProfilerStep annotations (CPU only, no GPU events)" if steps else "no GPU events, no step marks",
+                     "training" if training else "inference")
+    if found is None and len(trace.gpu) < 6:
+        return Steps([], "none", "too few GPU events to find steps", "training" if training else "inference")
     if found is None:
-        rows = np.arange(len(trace.gpu))
-        span = Step(0, "decode", int(trace.gpu.ts_ns[0]), int(trace.gpu.end_ns.max()), rows)
-        return Steps([span], "none found: no repeating kernel sequence, the whole trace is one step")
-    pieces, source = found
-    return _classify(pieces, trace, source, edges_may_be_partial=True)
+        found = _from_launches_or_repetition(trace, links)
+    pieces, source, detail, warnings = found
+    return _classify(trace, links, pieces, source, detail, warnings, training)
 
 
-def _from_gpu_marks(trace: Trace, marks) -> list[tuple[int, int, np.ndarray]]:
-    ts = trace.gpu.ts_ns
+# --- 1. annotations -------------------------------------------------------------------------------------------
+
+def _from_marks(trace: Trace, links: Links, marks: dict[str, list[StepMark]]):
+    launch_ts = _launch_ts(trace, links)
+    linked = launch_ts >= 0
+    for family in FAMILY_ORDER:
+        cpu = [m for m in marks.get(family, []) if not m.on_gpu]
+        gpu = [m for m in marks.get(family, []) if m.on_gpu]
+        warnings: list[str] = []
+        if cpu and linked.any():
+            pieces = _assign(cpu, launch_ts, trace, warnings)
+            source, detail = family, _family_words(family) + " (kernels taken from their launches)"
+            if gpu:
+                _cross_check(pieces, gpu, warnings)
+        elif gpu or cpu:  # no launch records: the marks' own time ranges on the GPU timeline
+            use = gpu or cpu
+            pieces = _assign(use, trace.gpu.ts_ns, trace, warnings)
+            source = family + "_gpu" if family == "profiler_step" and gpu else family
+            detail = _family_words(family) + (" (GPU timeline)" if gpu else " (by GPU time)")
+        else:
+            continue
+        pieces = [p for p in pieces if len(p.rows)]
+        if pieces:
+            return pieces, source, detail, warnings
+    return None
+
+
+def _family_words(family: str) -> str:
+    return {"profiler_step": "ProfilerStep annotations", "sglang_step": "SGLang step[...] annotations",
+            "vllm_execute": "vLLM execute_... annotations"}[family]
+
+
+def _launch_ts(trace: Trace, links: Links) -> np.ndarray:
+    """Per GPU row, when its launching runtime call started on the host (-1: no launch record)."""
+    ts = np.full(len(trace.gpu), -1, dtype=np.int64)
+    has = links.runtime_idx >= 0
+    ts[has] = trace.runtime.ts_ns[links.runtime_idx[has]]
+    return ts
+
+
+def _assign(marks: list[StepMark], when: np.ndarray, trace: Trace, warnings: list[str]) -> list[_Piece]:
+    """Each GPU row to the latest-starting mark that contains `when` (its launch time, or its own start)."""
+    starts = np.array([m.ts_ns for m in marks], dtype=np.int64)
+    ends = np.array([m.end_ns for m in marks], dtype=np.int64)
+    overlaps = int((starts[1:] < np.maximum.accumulate(ends)[:-1]).sum()) if len(marks) > 1 else 0
+    if overlaps:
+        warnings.append(f"{overlaps} step annotation(s) overlap the one before (e.g. {marks[1].name}): each kernel "
+                        "went to the latest-starting annotation that holds its launch")
+    idx = np.searchsorted(starts, when, side="right") - 1
+    ok = (when >= 0) & (idx >= 0)
+    inside = np.zeros(len(when), dtype=bool)
+    inside[ok] = when[ok] < ends[idx[ok]]
+    # A launch past the latest mark's end may still sit in an earlier, longer mark (nesting, overlaps).
+    widest = np.maximum.accumulate(np.where(ends == np.maximum.accumulate(ends), np.arange(len(ends)), 0))
+    retry = ok & ~inside
+    idx[retry] = widest[idx[retry]]
+    inside[retry] = when[retry] < ends[idx[retry]]
+    idx = np.where(inside, idx, -1)
+    gpu = trace.gpu
+    end = gpu.end_ns
+    order = np.argsort(idx, kind="stable")
+    sorted_idx = idx[order]
+    bounds = np.searchsorted(sorted_idx, np.arange(len(marks) + 1), side="left")
     pieces = []
-    for a in marks:
-        lo, hi = np.searchsorted(ts, [a.ts_ns, a.ts_ns + a.dur_ns], side="left")
-        pieces.append((a.ts_ns, a.ts_ns + a.dur_ns, np.arange(lo, hi)))
-    return pieces
-
-
-def _from_cpu_marks(trace: Trace, links: Links, marks) -> list[tuple[int, int, np.ndarray]]:
-    """Kernels whose launching runtime call falls inside each CPU-side step range."""
-    has_rt = links.runtime_idx >= 0
-    launch_ts = np.full(len(trace.gpu), -1, dtype=np.int64)
-    launch_ts[has_rt] = trace.runtime.ts_ns[links.runtime_idx[has_rt]]
-    pieces = []
-    for a in marks:
-        rows = np.flatnonzero((launch_ts >= a.ts_ns) & (launch_ts < a.ts_ns + a.dur_ns))
+    for i, m in enumerate(marks):
+        rows = np.sort(order[bounds[i]:bounds[i + 1]])
         if len(rows):
-            pieces.append((int(trace.gpu.ts_ns[rows].min()), int(trace.gpu.end_ns[rows].max()), rows))
+            pieces.append(_Piece(int(gpu.ts_ns[rows[0]]), int(end[rows].max()), rows, m))
+        else:
+            pieces.append(_Piece(m.ts_ns, m.end_ns, rows, m))
     return pieces
+
+
+def _cross_check(pieces: list[_Piece], gpu_marks: list[StepMark], warnings: list[str]) -> None:
+    """The GPU-side annotation of a step spans its kernels; widen the step to it, and say when it is cut short."""
+    by_name = {m.name: m for m in gpu_marks}
+    short_ones = []
+    for p in pieces:
+        g = by_name.get(p.mark.name) if p.mark else None
+        if g is None or not len(p.rows):
+            continue
+        slack = max(0.01 * (p.end_ns - p.start_ns), 1000)
+        if p.end_ns > g.end_ns + slack or p.start_ns < g.ts_ns - slack:
+            short_ones.append(p.mark.name)
+        p.start_ns, p.end_ns = min(p.start_ns, g.ts_ns), max(p.end_ns, g.end_ns)
+    if short_ones:
+        warnings.append(f"the GPU-side annotation of {', '.join(short_ones[:3])}"
+                        f"{' and others' if len(short_ones) > 3 else ''} covers only part of the kernels its CPU side "
+                        "launched (cut short, or launches from another thread): the steps' kernels were taken from "
+                        "their launches")
+
+
+# --- 2. graph launches, 3. repetition ---------------------------------------------------------------------------
+
+def _from_launches_or_repetition(trace: Trace, links: Links):
+    gpu = trace.gpu
+    seq_rows = normalized_ids(trace.names, gpu.name_id)
+    graph_of = np.where(links.from_graph, links.runtime_idx, -1)
+    replays = np.unique(graph_of[graph_of >= 0])
+    unit_start = _unit_starts(graph_of)
+    tokens = _unit_tokens(seq_rows, graph_of, unit_start)
+    end = gpu.end_ns
+    gaps = _idle_before(gpu.ts_ns, end)[unit_start]
+    n_rows = len(gpu)
+    runtime = _runtime(trace)
+    if len(replays) == 1 and (graph_of >= 0).sum() >= 0.5 * n_rows:
+        rows = np.arange(n_rows)
+        piece = _Piece(int(gpu.ts_ns[0]), int(end.max()), rows)
+        return [piece], "graph_launch", f"one {runtime} graph replays {int((graph_of >= 0).sum())} of the " \
+                                         f"{n_rows} GPU activities: one forward", []
+    cut = _cut_by_repetition(tokens, gaps, seq_rows, unit_start)
+    if cut is None and len(replays) > 1:
+        cut = _one_forward_per_replay(tokens, gaps, seq_rows, unit_start, graph_of)
+    if cut is None:
+        piece = _Piece(int(gpu.ts_ns[0]), int(end.max()), np.arange(n_rows))
+        return [piece], "whole_trace", "no repeating kernel sequence: the whole trace is one step", [
+            "no step marks, graph launches or repeating kernel sequence: the whole trace is taken as one step"]
+    bounds, what = cut
+    row_bounds = np.append(unit_start, n_rows)[bounds]
+    pieces = [_Piece(int(gpu.ts_ns[lo]), int(end[lo:hi].max()), np.arange(lo, hi))
+              for lo, hi in zip(row_bounds[:-1], row_bounds[1:], strict=True) if hi > lo]
+    if len(replays):
+        return pieces, "graph_launch", f"{len(replays)} {runtime} graph launches, grouped into forwards by " + what, []
+    return pieces, "kernel_repetition", "repeating kernel sequence: " + what, []
+
+
+def _unit_starts(graph_of: np.ndarray) -> np.ndarray:
+    """Positions where a unit starts: every eager row, and the first row of each graph replay's run."""
+    if not len(graph_of):
+        return np.empty(0, dtype=np.int64)
+    new = np.ones(len(graph_of), dtype=bool)
+    new[1:] = (graph_of[1:] < 0) | (graph_of[1:] != graph_of[:-1])
+    return np.flatnonzero(new)
+
+
+def _unit_tokens(seq_rows: np.ndarray, graph_of: np.ndarray, unit_start: np.ndarray) -> np.ndarray:
+    """One token per unit: the kernel's name, or for a graph replay the sequence of names it replays."""
+    tokens = seq_rows[unit_start].copy()
+    graph_units = np.flatnonzero(graph_of[unit_start] >= 0)
+    if not len(graph_units):
+        return tokens
+    ends = np.append(unit_start[1:], len(seq_rows))
+    signatures: dict[bytes, int] = {}
+    base = int(seq_rows.max()) + 1 if len(seq_rows) else 0
+    for u in graph_units.tolist():
+        key = seq_rows[unit_start[u]:ends[u]].tobytes()
+        tokens[u] = base + signatures.setdefault(key, len(signatures))
+    return tokens
+
+
+def _idle_before(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    gaps = np.zeros(len(ts), dtype=np.int64)
+    if len(ts) > 1:
+        gaps[1:] = np.maximum(ts[1:] - np.maximum.accumulate(end)[:-1], 0)
+    return gaps
 
 
 def idle_gaps_ns(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     """For each activity (sorted by start), how long the GPU sat idle right before it started."""
-    if not len(ts):
-        return np.empty(0, dtype=np.int64)
-    prev_end = np.maximum.accumulate(end)
-    gaps = np.empty(len(ts), dtype=np.int64)
-    gaps[0] = 0
-    gaps[1:] = np.maximum(ts[1:] - prev_end[:-1], 0)
-    return gaps
-
-
-@dataclass(frozen=True)
-class Anchor:
-    name_id: int
-    positions: np.ndarray  # where it occurs in the sequence
-    period: float  # median distance between occurrences, in activities
-    regular: np.ndarray  # bool per interval
-
-
-def regular_anchors(seq: np.ndarray, min_count: int = 3, min_coverage: float = 0.5) -> list[Anchor]:
-    """Names whose occurrences are evenly spaced over most of the sequence, widest spacing first."""
-    n = len(seq)
-    if n < 2 * min_count:
-        return []
-    order = np.argsort(seq, kind="stable")
-    counts = np.bincount(seq)
-    starts = np.concatenate(([0], np.cumsum(counts)))
-    anchors = []
-    for name_id in np.flatnonzero(counts >= min_count):
-        pos = order[starts[name_id]:starts[name_id + 1]]
-        intervals = np.diff(pos)
-        period = float(np.median(intervals))
-        if period < 2:
-            continue
-        regular = np.abs(intervals - period) <= REGULAR * period
-        if regular.mean() < 0.6 or intervals[regular].sum() < min_coverage * n:
-            continue
-        anchors.append(Anchor(int(name_id), pos, period, regular))
-    anchors.sort(key=lambda a: (-a.period, -len(a.positions)))
-    return anchors
-
-
-def smallest_period(seq: np.ndarray) -> int:
-    """Length of the shortest block that repeats exactly to make up seq (len(seq) if none)."""
-    n = len(seq)
-    fail = [0] * n  # prefix function (KMP)
-    values = seq.tolist()
-    k = 0
-    for i in range(1, n):
-        while k and values[i] != values[k]:
-            k = fail[k - 1]
-        if values[i] == values[k]:
-            k += 1
-        fail[i] = k
-    p = n - fail[-1] if n else 0
-    return p if p and n % p == 0 else n
+    return _idle_before(ts, end)
 
 
 def _pick_step_anchor(anchors: list[Anchor], seq: np.ndarray) -> Anchor | None:
@@ -159,18 +289,13 @@ def _pick_step_anchor(anchors: list[Anchor], seq: np.ndarray) -> Anchor | None:
     Per-step work (embedding, final norm, lm_head, sampling, bookkeeping) is several kernels, each regular at
     the step period; a kernel that runs every k steps is usually alone at its period. So the widest period
     backed by at least three names wins, falling back to two, then one."""
-    if not anchors:
-        return None
+    chosen = None
     for needed in (3, 2, 1):
-        for a in anchors:  # widest period first
-            support = sum(1 for b in anchors if abs(b.period - a.period) <= REGULAR * a.period
-                          and abs(len(b.positions) - len(a.positions)) <= 2)
-            if support >= needed:
-                chosen = a
-                break
-        else:
-            continue
-        break
+        chosen = next((a for a in anchors if len(backers(anchors, a, count_slack=2)) >= needed), None)
+        if chosen is not None:
+            break
+    if chosen is None:
+        return None
     # A block that is itself k identical repeats means the anchor fires every k steps: use the shorter period.
     first = int(np.flatnonzero(chosen.regular)[0])
     block = seq[chosen.positions[first]:chosen.positions[first + 1]]
@@ -182,63 +307,213 @@ def _pick_step_anchor(anchors: list[Anchor], seq: np.ndarray) -> Anchor | None:
     return chosen
 
 
-def _from_repetition(trace: Trace) -> tuple[list[tuple[int, int, np.ndarray]], str] | None:
-    gpu = trace.gpu
-    seq = gpu.name_id.astype(np.int64)
+def _cut_by_repetition(seq: np.ndarray, gaps: np.ndarray, row_seq: np.ndarray,
+                       unit_start: np.ndarray) -> tuple[np.ndarray, str] | None:
+    """Unit bounds of the forwards, and how they were found; None when nothing repeats.
+
+    seq holds one token per unit (a kernel, or a whole graph replay); the layers inside a period are looked for
+    in its kernels (row_seq), since one graph replay may hold a whole forward."""
     anchor = _pick_step_anchor(regular_anchors(seq), seq)
     if anchor is None:
         return None
-    period = int(round(anchor.period))
-    gaps = idle_gaps_ns(gpu.ts_ns, gpu.end_ns)
-    # Cut where the GPU idles longest at the same offset after the anchor in every regular period.
-    interval_starts = anchor.positions[:-1][anchor.regular]
-    offsets = np.arange(period)
-    idx = np.clip(interval_starts[:, None] + offsets[None, :], 0, len(seq) - 1)
-    best = int(np.argmax(np.median(gaps[idx], axis=0)))
-    cuts = anchor.positions + best
-    cuts = cuts[cuts < len(seq)]
-    bounds = np.concatenate(([0], cuts, [len(seq)]))
-    pieces = []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        if hi > lo:
-            pieces.append((int(gpu.ts_ns[lo]), int(gpu.end_ns[lo:hi].max()), np.arange(lo, hi)))
-    name = trace.names[anchor.name_id]
-    short = name if len(name) <= 60 else name[:57] + "..."
-    return pieces, f"repeating kernel sequence (once per step: {short}; {period} GPU activities per step)"
+    n, period = len(seq), int(round(anchor.period))
+    first = int(np.flatnonzero(anchor.regular)[0])
+    block_at = int(anchor.positions[first])
+    row_at = int(unit_start[block_at])
+    block = row_seq[row_at:int(unit_start[anchor.positions[first + 1]])]
+    inner = find_layers(block, min_coverage=0.3)
+    if inner.count and inner.count >= 2 and inner.glue(len(block)) >= max(2.0, 0.2 * inner.period):
+        # The period is a step: cut at the same offset after the anchor in every period, outside the layer run,
+        # where the GPU idles longest.
+        row_offset = unit_start[np.clip(block_at + np.arange(period), 0, n - 1)] - row_at
+        allowed = np.array([o for o in range(period) if row_offset[o] <= inner.first or row_offset[o] > inner.last])
+        starts = anchor.positions[:-1][anchor.regular]
+        idx = np.clip(starts[:, None] + allowed[None, :], 0, n - 1)
+        best = int(allowed[int(np.argmax(np.median(gaps[idx], axis=0)))])
+        cuts = anchor.positions + best
+        cuts = cuts[cuts < n]
+        bounds = np.unique(np.concatenate(([0], cuts, [n])))
+        unit = "GPU activities" if len(seq) == len(row_seq) else "units (a graph replay or an eager kernel)"
+        return bounds, f"{period} {unit} per step, {inner.count} layers each"
+    # The period is a layer (or a group of alternating layers): forwards are runs of them, split where a long
+    # irregular interval holds kernels no layer runs (the once-per-forward work).
+    cuts = _forward_boundaries(seq, gaps, anchor)
+    bounds = np.concatenate(([0], cuts, [n])).astype(np.int64)
+    forwards = len(bounds) - 1
+    return bounds, (f"the repeating block ({period} units) is a layer, not a step: {forwards} forward(s), "
+                    "each a run of layers between the once-per-forward work")
 
 
-def _mix_overlap(a: Counter, b: Counter) -> float:
-    shared = sum(min(count, b[key]) for key, count in a.items())
-    return shared / max(sum(a.values()), sum(b.values()), 1)
+def _one_forward_per_replay(tokens, gaps, row_seq, unit_start, graph_of) -> tuple[np.ndarray, str] | None:
+    """Replays that each hold a whole forward (layers and their glue): one step each, cut between two replays
+    where the GPU idles longest. Replays that hold only layers are pieces of one forward: None."""
+    replay_units = np.flatnonzero(graph_of[unit_start] >= 0)
+    ends = np.append(unit_start[1:], len(row_seq))
+    u = int(replay_units[0])
+    inner = find_layers(row_seq[unit_start[u]:ends[u]], min_coverage=0.3)
+    if not (inner.count and inner.count >= 2 and inner.glue(int(ends[u] - unit_start[u])) >= 2):
+        return None
+    cuts = []
+    for a, b in zip(replay_units[:-1], replay_units[1:], strict=True):
+        between = np.arange(a + 1, b + 1)  # the eager units after replay a, and replay b itself
+        cuts.append(int(between[np.argmax(gaps[between])]))
+    bounds = np.concatenate(([0], cuts, [len(tokens)])).astype(np.int64)
+    return np.unique(bounds), f"one forward per graph replay ({inner.count} layers each)"
 
 
-def _classify(pieces, trace: Trace, source: str, edges_may_be_partial: bool = False) -> Steps:
-    """Decode = the typical kernel mix; a substantial step with another mix = prefill; edge fragments dropped."""
+def _forward_boundaries(seq: np.ndarray, gaps: np.ndarray, anchor: Anchor) -> np.ndarray:
+    pos, intervals = anchor.positions, np.diff(anchor.positions)
+    regular_blocks = [seq[pos[i]:pos[i + 1]] for i in np.flatnonzero(anchor.regular)]
+    inside = set(np.concatenate(regular_blocks).tolist()) if regular_blocks else set()
+    cuts = []
+    for i in np.flatnonzero(~anchor.regular & (intervals > anchor.period * (1 + REGULAR))):
+        lo, hi = int(pos[i]), int(pos[i + 1])
+        foreign = [j for j in range(lo, hi) if int(seq[j]) not in inside]
+        if foreign:
+            span = np.arange(foreign[0], foreign[-1] + 1)
+            cuts.append(int(span[np.argmax(gaps[span])]) if len(span) > 1 else foreign[0])
+    return np.array(cuts, dtype=np.int64)
+
+
+# --- phase, edges, checks --------------------------------------------------------------------------------------
+
+def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, detail: str, warnings: list[str],
+              training: bool) -> Steps:
+    workload = "training" if training else "inference"
     if not pieces:
-        return Steps([], source)
-    names = trace.gpu.name_id
-    lengths = np.array([len(rows) for _, _, rows in pieces])
+        return Steps([], source, detail, workload, 0, warnings)
+    names = normalized_ids(trace.names, trace.gpu.name_id)
+    from_sequence = source in ("kernel_repetition", "graph_launch")
+    if from_sequence:
+        pieces = _split_overlong(pieces, names, trace)
+    tokens = [step_tokens(trace, links, p.rows) for p in pieces]
+    gemm_rows = sorted({t.gemm_rows for t in tokens if t.gemm_rows})
+    decode_rows = gemm_rows[0] if len(gemm_rows) > 1 else None
+    evidence = [p.mark.phase if p.mark and p.mark.phase else phase_from_tokens(t, decode_rows)
+                for p, t in zip(pieces, tokens, strict=True)]
+    if from_sequence:
+        pieces, tokens, evidence = _merge_fragments(pieces, tokens, evidence, trace)
+    lengths = np.array([len(p.rows) for p in pieces])
     typical_len = float(np.median(lengths))
-    reference_piece = pieces[int(np.argsort(lengths)[len(lengths) // 2])]
-    reference = Counter(names[reference_piece[2]].tolist())
-    steps, dropped = [], 0
-    for i, (start, end, rows) in enumerate(pieces):
-        mix = Counter(names[rows].tolist())
-        overlap = _mix_overlap(mix, reference)
-        # A piece made only of a typical step's kernels, but fewer of them, is a cut-off step (the trace started
-        # or stopped mid-step, or the profiler lost the end of the last one), not a prefill.
-        contained = sum(min(count, reference[key]) for key, count in mix.items()) / max(len(rows), 1)
-        at_edge = i in (0, len(pieces) - 1)
-        if overlap >= SAME_MIX:
-            kind = "decode"
-        elif contained >= 0.95 and len(rows) < typical_len:
+    reference = Counter(names[pieces[int(np.argsort(lengths)[len(lengths) // 2])].rows].tolist())
+    steps, dropped, notes = [], 0, []
+    for i, (p, t, phase) in enumerate(zip(pieces, tokens, evidence, strict=True)):
+        mix = Counter(names[p.rows].tolist())
+        overlap = mix_overlap(mix, reference)
+        contained = sum(min(c, reference[k]) for k, c in mix.items()) / max(len(p.rows), 1)
+        at_edge = i in (0, len(pieces) - 1) and len(pieces) > 1
+        cut_off = len(p.rows) < PARTIAL * typical_len and (contained >= 0.95 or (
+            phase is None and len(p.rows) < 0.5 * typical_len))
+        if at_edge and cut_off and not (p.mark and p.mark.phase):
             dropped += 1
+            where = "first" if i == 0 else "last"
+            notes.append(f"{p.mark.name if p.mark else 'the ' + where + ' step'} ({where} in the trace): "
+                         f"{len(p.rows)} of the typical {typical_len:.0f} GPU activities")
             continue
-        elif len(rows) >= 0.5 * typical_len and not (edges_may_be_partial and at_edge and len(rows) < typical_len
-                                                     and overlap >= 0.5):
-            kind = "prefill"
-        else:
-            dropped += 1
+        if phase is None:
+            phase = "decode" if overlap >= SAME_MIX or len(p.rows) < 0.5 * typical_len else "prefill"
+        if training:
+            phase = "training"
+        batch = p.mark.batch if p.mark and p.mark.batch else t.batch or (t.gemm_rows if phase == "decode" else None)
+        n_tokens = p.mark.tokens if p.mark and p.mark.tokens else t.gemm_rows
+        steps.append(Step(len(steps), phase, p.start_ns, p.end_ns, p.rows, batch, n_tokens,
+                          p.mark.name if p.mark else None))
+    if notes:
+        warnings.append(f"{dropped} partial step(s) at the trace edges were left out: " + "; ".join(notes))
+    rows = np.concatenate([s.rows for s in steps]) if steps else np.empty(0, np.int64)
+    graphs = len(np.unique(links.runtime_idx[rows][links.from_graph[rows]]))
+    return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
+
+
+def _runtime(trace: Trace) -> str:
+    ids = np.unique(trace.runtime.name_id).tolist()
+    return "HIP" if any(trace.names[i].startswith("hip") for i in ids) else "CUDA"
+
+
+def _merge_fragments(pieces, tokens, evidence, trace: Trace):
+    """Fragments (pieces under half a typical step) are parts of a neighbour that an anchor inside it cut apart, as
+    when a prefill, running other kernels, does not fit the decode period: a fragment joins a non-decode neighbour
+    (the next one first), else the piece before it. A leading fragment before a decode step stays: it is the tail
+    of a step the capture began in, left out as partial."""
+    typical = float(np.median([len(p.rows) for p in pieces]))
+    end = trace.gpu.end_ns
+
+    def small(i):
+        return len(items[i][0].rows) < 0.5 * typical and items[i][0].mark is None
+
+    def joinable(i):  # may absorb a fragment
+        return items[i][0].mark is None and items[i][2] not in (None, "decode")
+
+    def merge(i, j):  # j absorbs i
+        (p, t, e), (q, u, f) = items[i], items[j]
+        lo, hi = (p, q) if i < j else (q, p)
+        rows = np.concatenate([lo.rows, hi.rows])
+        keep_t = t if (t.gemm_rows or 0) > (u.gemm_rows or 0) else u
+        items[j] = (_Piece(lo.start_ns, int(max(lo.end_ns, end[hi.rows].max())), rows), keep_t, f or e)
+        del items[i]
+
+    items = list(zip(pieces, tokens, evidence, strict=True))
+    i = 0
+    while i < len(items) and len(items) > 1:
+        if small(i) and (items[i][2] is None or items[i][2] != "decode"):
+            nxt = i + 1 if i + 1 < len(items) else None
+            prev = i - 1 if i > 0 else None
+            if nxt is not None and joinable(nxt):
+                merge(i, nxt)
+                continue
+            if prev is not None and (joinable(prev) or nxt is not None):
+                merge(i, prev)
+                i = prev
+                continue
+        i += 1
+    return [x[0] for x in items], [x[1] for x in items], [x[2] for x in items]
+
+
+def _split_overlong(pieces: list[_Piece], names: np.ndarray, trace: Trace) -> list[_Piece]:
+    """A piece that is a typical step plus a fragment (an anchor the cut missed) becomes the two."""
+    lengths = np.array([len(p.rows) for p in pieces])
+    typical = int(np.median(lengths))
+    if typical < 2:
+        return pieces
+    reference = Counter(names[pieces[int(np.argsort(lengths)[len(lengths) // 2])].rows].tolist())
+    out = []
+    end = trace.gpu.end_ns
+    for p in pieces:
+        if len(p.rows) < 1.5 * typical:
+            out.append(p)
             continue
-        steps.append(Step(len(steps), kind, int(start), int(end), rows))
-    return Steps(steps, source, dropped)
+        head, tail = p.rows[:typical], p.rows[-typical:]
+        scores = [mix_overlap(Counter(names[r].tolist()), reference) for r in (head, tail)]
+        if max(scores) < SAME_MIX:
+            out.append(p)
+            continue
+        split = typical if scores[0] >= scores[1] else len(p.rows) - typical
+        for rows in (p.rows[:split], p.rows[split:]):
+            out.append(_Piece(int(trace.gpu.ts_ns[rows[0]]), int(end[rows].max()), rows))
+    return out
+
+
+def describe(steps: Steps, layers: int | None) -> str:
+    """The first line of a report: what the trace is, e.g. '1 decode forward (batch 32) replayed by one HIP graph'."""
+    if not steps.steps:
+        return "no steps found"
+    parts = []
+    for phase in PHASES:
+        group = steps.of(phase)
+        if not group:
+            continue
+        noun = "iteration" if phase == "training" else "forward"
+        batch = {s.batch for s in group if s.batch}
+        extra = f" (batch {batch.pop()})" if len(batch) == 1 else ""
+        parts.append(f"{len(group)} {phase} {noun}{'s' if len(group) != 1 else ''}{extra}")
+    text = " + ".join(parts)
+    if steps.graph_launches:
+        one = steps.graph_launches == 1
+        text += f" replayed by {'one' if one else steps.graph_launches} {steps.runtime} graph{'' if one else 's'}"
+    if layers:
+        text += f"; {layers} layers"
+    return text
+
+
+def layer_words(steps: Steps) -> str:
+    return short(steps.detail, 200)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import msgspec
 
 from decodegap import __version__
+from decodegap.breakdown import Spread
 from decodegap.names import short_kernel_name
+from decodegap.steps import PHASES, describe
 
 SCHEMA = "decodegap.report/1"
 
@@ -32,16 +34,13 @@ def report_dict(report) -> dict:
         "tool": {"name": "decodegap", "version": __version__},
         "trace": {"path": str(report.path), "files": [str(r.trace.path) for r in report.ranks],
                   "device": main.trace.device_name, "detail_rank": main.rank if len(report.ranks) > 1 else None},
-        "steps": {
-            "decode": {"count": b.decode_count, "source": steps.source,
-                       "ms": {"median": _r(b.step_ms.median), "mean": _r(b.step_ms.mean), "min": _r(b.step_ms.min),
-                              "max": _r(b.step_ms.max), "p90": _r(b.step_ms.p90)},
-                       "ms_each": [_r(v) for v in b.step_ms_each]},
-            "prefill": {"count": b.prefill_count, "ms_each": [_r(v) for v in b.prefill_ms_each]},
-            "dropped_partial": steps.dropped_partial,
-        },
+        "workload": steps.workload,
+        "summary": describe(steps, b.layers),
+        "steps": steps_dict(steps),
+        "breakdown_phase": b.phase,
         "layers": b.layers,
         "layers_evidence": b.layers_evidence,
+        "layer_kinds": [{"count": k.count, "markers": list(k.markers)} for k in b.layer_kinds],
         "gpu_busy_fraction": _r(b.gpu_busy_fraction),
         "gpu_ms_per_step": _r(b.gpu_ms_per_step),
         "idle_ms_per_step": _r(max(b.step_ms.median - b.busy_ms_per_step, 0.0)),
@@ -61,6 +60,30 @@ def report_dict(report) -> dict:
     }
     out["floor"] = report.floor_dict
     out["gap"] = report.gap
+    return out
+
+
+def _ms(values: list[float]) -> dict:
+    s = Spread.of(values)
+    return {"median": _r(s.median), "mean": _r(s.mean), "min": _r(s.min), "max": _r(s.max), "p90": _r(s.p90)}
+
+
+def _known(values: list) -> int | None:
+    """The value the steps agree on (their median), None when no step knows it."""
+    known = sorted(v for v in values if v)
+    return known[len(known) // 2] if known else None
+
+
+def steps_dict(steps) -> dict:
+    out = {}
+    for phase in PHASES:
+        group = steps.of(phase)
+        out[phase] = {"count": len(group), "source": steps.source, "ms": _ms([s.wall_ns / 1e6 for s in group]),
+                      "ms_each": [_r(s.wall_ns / 1e6) for s in group],
+                      "tokens": _known([s.tokens for s in group]), "batch": _known([s.batch for s in group])}
+    out["source"] = steps.source
+    out["source_detail"] = steps.detail
+    out["dropped_partial"] = steps.dropped_partial
     return out
 
 

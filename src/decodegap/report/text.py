@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from decodegap.names import short_kernel_name
+from decodegap.steps import describe
 from decodegap.report.json import profiler_check
 
 
@@ -46,11 +47,13 @@ def summary_lines(report) -> list[str]:
     main = report.main
     b, steps = main.breakdown, main.steps
     lines = [f"decodegap: {report.path}" + (f"  ({main.trace.device_name})" if main.trace.device_name else "")]
-    if b.decode_count:
+    lines.append(describe(steps, b.layers) + f"  [{steps.source}: {steps.detail}]")
+    if b.counts.get(b.phase):
         s = b.step_ms
-        lines.append(f"decode steps: {b.decode_count} (+{b.prefill_count} prefill) found by {steps.source}")
-        lines.append(f"step time: median {s.median:.3f} ms  (min {s.min:.3f}, p90 {s.p90:.3f}, max {s.max:.3f})  "
-                     f"= {1000 / s.median:.1f} tok/s per sequence" if s.median else "step time: n/a")
+        noun = {"decode": "decode step", "training": "training iteration"}.get(b.phase, f"{b.phase} forward")
+        rate = f"  = {1000 / s.median:.1f} tok/s per sequence" if s.median and b.phase == "decode" else ""
+        lines.append(f"{noun} time: median {s.median:.3f} ms  (min {s.min:.3f}, p90 {s.p90:.3f}, max {s.max:.3f})"
+                     + rate if s.median else f"{noun} time: n/a")
         layers = f"; {b.layers} layers ({b.layers_evidence})" if b.layers else ""
         if main.trace.has_gpu:
             lines.append(f"GPU busy {b.gpu_busy_fraction:.0%} of the step; {b.gpu_ms_per_step:.3f} ms of GPU work and "

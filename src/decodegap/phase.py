@@ -1,0 +1,86 @@
+"""What a step is: decode, prefill or mixed (from the tokens its ops see), and whether the trace is training at all.
+
+Evidence, best first: the step's annotation (an engine says DECODE/EXTEND); the attention op's query length against
+its KV length (1 query token per sequence = decode); the rows the projection GEMMs see against the decode batch."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from decodegap import shapes as shape_info
+from decodegap.trace.link import Links
+from decodegap.trace.tables import Trace
+
+# Autograd and optimizer work exist only when a model trains.
+_TRAINING_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.(step|zero_grad)#|"
+                          r"^## (backward|optimizer) ##$|^optimizer\.step|^torch::autograd::")
+_BACKWARD_KERNEL = re.compile(r"backward|_bwd|bwd_|wgrad|dgrad|_grad_|GammaBeta", re.IGNORECASE)
+BACKWARD_KERNEL_SHARE = 0.05  # of GPU activities: more than a stray reduction kernel named *_backward
+
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_scaled_mm",
+                      "aten::_addmm_activation"})
+# SDPA family: q is [batch, heads, seq, dim]; the *_attention_forward ops take [batch, seq, heads, dim].
+_SDPA = re.compile(r"^aten::(_scaled_dot_product_\w*attention\w*|scaled_dot_product_attention)$")
+_ATTENTION_FORWARD = re.compile(r"^aten::_(flash|efficient)_attention_forward$")
+
+
+def is_training(trace: Trace) -> bool:
+    names = trace.names
+    op_names = {names[i] for i in np.unique(trace.cpu_ops.name_id).tolist()} if len(trace.cpu_ops.name_id) else set()
+    op_names |= {a.name for a in trace.annotations}
+    if any(_TRAINING_OP.search(n) for n in op_names):
+        return True
+    gpu = trace.gpu
+    if not len(gpu):
+        return False
+    ids, counts = np.unique(gpu.name_id, return_counts=True)
+    backward = sum(c for i, c in zip(ids.tolist(), counts.tolist(), strict=True) if _BACKWARD_KERNEL.search(names[i]))
+    return backward >= BACKWARD_KERNEL_SHARE * len(gpu)
+
+
+@dataclass(frozen=True)
+class StepTokens:
+    gemm_rows: int | None  # median rows (tokens) of the step's projection GEMMs
+    query_len: int | None  # attention query tokens per sequence
+    kv_len: int | None
+    batch: int | None  # sequences, from the attention op
+
+
+def step_tokens(trace: Trace, links: Links, rows: np.ndarray) -> StepTokens:
+    ops = trace.cpu_ops
+    op_rows = np.unique(links.op_idx[rows])
+    op_rows = op_rows[op_rows >= 0]
+    gemm, query, kv, batch = [], [], [], []
+    for op in op_rows.tolist():
+        dims = ops.input_dims[op]
+        if not dims:
+            continue
+        name = trace.names[ops.name_id[op]]
+        shapes = [s for s, _ in shape_info.tensors(dims, ops.input_types[op])]
+        if not shapes or not shapes[0]:
+            continue
+        if name in GEMM_OPS and len(shapes[0]) >= 2:
+            gemm.append(int(np.prod(shapes[0][:-1])))
+        elif len(shapes) >= 2 and len(shapes[0]) == 4 and len(shapes[1]) == 4:
+            seq_dim = 1 if _ATTENTION_FORWARD.match(name) else 2 if _SDPA.match(name) else None
+            if seq_dim is not None:
+                query.append(shapes[0][seq_dim])
+                kv.append(shapes[1][seq_dim])
+                batch.append(shapes[0][0])
+    return StepTokens(_median(gemm), _median(query), _median(kv), _median(batch))
+
+
+def _median(values: list[int]) -> int | None:
+    return int(np.median(values)) if values else None
+
+
+def phase_from_tokens(t: StepTokens, decode_rows: int | None) -> str | None:
+    """decode / prefill from shapes, None when the shapes do not say."""
+    if t.query_len is not None:
+        return "decode" if t.query_len <= 1 else "prefill"
+    if t.gemm_rows is not None and decode_rows:
+        return "prefill" if t.gemm_rows > 1.5 * decode_rows else "decode"
+    return None
