@@ -125,3 +125,124 @@ def write_kineto_layout(doc, path: Path) -> Path:
     with opener(path, "wt") as f:
         f.write(text)
     return path
+
+
+def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None = None, graph: str | None = None,
+                    phases: tuple = ("decode",), batch: int = 32, alternate: bool = False, inductor: bool = False,
+                    hip: bool = False, prompt: int = 512) -> dict:
+    """Forwards as engines run them: `forwards` passes of `layers` layers, each wrapped in the engine's annotation
+    (`sglang`: step[DECODE bs=N], `vllm`: execute_..._context_..._generation_...), replayed from one graph per
+    forward (`graph="full"`) or one graph per layer piece with eager attention between (`"piecewise"`), or eager.
+    `alternate`: layers alternate between two attention kernels (sliding / full); `inductor`: kernels named and
+    numbered as Inductor does per graph position; `phases` cycles over the forwards (decode, prefill, mixed)."""
+    events: list[dict] = []
+    launch_name = "hipLaunchKernel" if hip else "cudaLaunchKernel"
+    graph_name = "hipGraphLaunch" if hip else "cudaGraphLaunch"
+    state = {"t_gpu": 1000.0, "t_cpu": 500.0, "corr": 10, "graph_corr": None}
+    vocab = 151936
+
+    def launch(name: str, dur: float, op: str | None = None, dims=None) -> None:
+        state["corr"] += 1
+        corr = state["corr"]
+        if state["graph_corr"] is None:
+            cpu = state["t_cpu"]
+            if op:
+                args = {"External id": corr}
+                if dims:
+                    args |= {"Input Dims": dims, "Input type": ["c10::BFloat16"] * len(dims)}
+                events.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": 1, "ts": cpu, "dur": 4.0,
+                               "args": args})
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": launch_name, "pid": 1, "tid": 1, "ts": cpu + 1,
+                           "dur": 3.0, "args": {"correlation": corr, "External id": corr}})
+            state["t_cpu"] += 6.0
+        else:
+            corr = state["graph_corr"]
+        events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": round(state["t_gpu"], 3),
+                       "dur": dur, "args": {"device": 0, "stream": 7, "correlation": corr,
+                                            "grid": [64, 1, 1], "block": [128, 1, 1]}})
+        state["t_gpu"] += dur + 0.5
+
+    def start_graph() -> None:
+        state["corr"] += 1
+        state["graph_corr"] = state["corr"]
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": graph_name, "pid": 1, "tid": 1,
+                       "ts": state["t_cpu"], "dur": 8.0, "args": {"correlation": state["corr"]}})
+        state["t_cpu"] += 10.0
+        state["t_gpu"] = max(state["t_gpu"], state["t_cpu"] + 5)
+
+    def end_graph() -> None:
+        state["graph_corr"] = None
+
+    def layer_kernels(i: int, phase: str):
+        n = 0
+
+        def name(base: str) -> str:
+            nonlocal n
+            n += 1
+            return f"triton_{base}_{i * 4 + n}" if inductor else base
+        tokens = batch if phase == "decode" else batch * prompt
+        attn = "kernel_unified_attention_3d" if alternate and i % 2 else "kernel_unified_attention_2d"
+        if phase != "decode":
+            attn = "flash_fwd_kernel_prefill"
+        pre = [(name("red_fused_add_mean_mul_pow_rsqrt"), 3.0, "aten::rms_norm", None),
+               ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", 12.0, "aten::mm", [[tokens, 4096], [4096, 6144]]),
+               (name("poi_fused_rotary_cat"), 2.0, "aten::add", None)]
+        attention = [(attn, 20.0, "vllm::unified_attention", None)]
+        if alternate and i % 2 and phase == "decode":
+            attention.append(("reduce_segments", 3.0, "vllm::unified_attention", None))
+        post = [("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_NNT", 10.0, "aten::mm", [[tokens, 4096], [4096, 4096]]),
+                (name("red_fused_add_mean_mul_pow_rsqrt"), 3.0, "aten::rms_norm", None),
+                ("nvjet_sm90_tst_128x8_64x16_4x1_v_bz_TNT", 25.0, "aten::mm", [[tokens, 4096], [4096, 28672]]),
+                (name("poi_fused_mul_silu"), 3.0, "aten::mul", None),
+                ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT", 14.0, "aten::mm", [[tokens, 14336], [14336, 4096]])]
+        return pre, attention, post
+
+    for f in range(forwards):
+        phase = phases[f % len(phases)]
+        state["t_cpu"] = max(state["t_cpu"], state["t_gpu"] - 300)
+        mark_start = state["t_cpu"]
+        for _ in range(3):  # input preparation, eager
+            launch("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>>", 2.0, "aten::fill_")
+        if graph == "full":
+            start_graph()
+        launch("void at::native::index_select_large_index<c10::BFloat16>", 6.0, "aten::embedding")
+        for i in range(layers):
+            pre, attention, post = layer_kernels(i, phase)
+            if graph == "piecewise":
+                start_graph()
+            for name, dur, op, dims in pre:
+                launch(name, dur, op, dims)
+            if graph == "piecewise":
+                end_graph()
+            for name, dur, op, dims in attention:
+                launch(name, dur, op, dims)
+            if graph == "piecewise":
+                start_graph()
+            for name, dur, op, dims in post:
+                launch(name, dur, op, dims)
+            if graph == "piecewise":
+                end_graph()
+        launch("void vllm::rms_norm_kernel<c10::BFloat16>", 3.0, "aten::rms_norm")
+        lm_rows = batch
+        launch("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT", 60.0, "aten::mm", [[lm_rows, 4096], [4096, vocab]])
+        end_graph()
+        launch("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
+               8.0, "aten::argmax")
+        mark_end = state["t_cpu"] + 1
+        if annotation == "sglang":
+            mode = {"decode": "DECODE", "prefill": "EXTEND", "mixed": "MIXED"}[phase]
+            toks = "" if phase == "decode" else f" toks={batch * prompt}"
+            label = f"step[{mode} bs={batch}{toks}]"
+        elif annotation == "vllm":
+            prefill_reqs = {"decode": 0, "prefill": batch, "mixed": batch // 2}[phase]
+            decode_reqs = batch - prefill_reqs
+            tokens = decode_reqs + prefill_reqs * prompt
+            label = (f"execute_{tokens}_context_{prefill_reqs}(sq{prefill_reqs * prompt}sk{prefill_reqs * prompt}sqsq0sqsk0)"
+                     f"_generation_{decode_reqs}(sq{decode_reqs}sk{decode_reqs * 900}sqsq0sqsk0)")
+        else:
+            label = None
+        if label:
+            events.append({"ph": "X", "cat": "user_annotation", "name": label, "pid": 1, "tid": 1,
+                           "ts": mark_start - 0.5, "dur": mark_end - mark_start + 0.5, "args": {}})
+        state["t_gpu"] += 40.0  # the host prepares the next forward
+    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}], "traceEvents": events}

@@ -396,6 +396,7 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     lengths = np.array([len(p.rows) for p in pieces])
     typical_len = float(np.median(lengths))
     reference = Counter(names[pieces[int(np.argsort(lengths)[len(lengths) // 2])].rows].tolist())
+    typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
     steps, dropped, notes = [], 0, []
     for i, (p, t, phase) in enumerate(zip(pieces, tokens, evidence, strict=True)):
         mix = Counter(names[p.rows].tolist())
@@ -410,8 +411,9 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
             notes.append(f"{p.mark.name if p.mark else 'the ' + where + ' step'} ({where} in the trace): "
                          f"{len(p.rows)} of the typical {typical_len:.0f} GPU activities")
             continue
-        if phase is None:
-            phase = "decode" if overlap >= SAME_MIX or len(p.rows) < 0.5 * typical_len else "prefill"
+        if phase is None:  # no annotation or shapes say: a longer step with another kernel mix is a prefill
+            other = overlap < SAME_MIX and len(p.rows) >= 0.5 * typical_len and p.end_ns - p.start_ns > typical_wall
+            phase = "prefill" if other else "decode"
         if training:
             phase = "training"
         batch = p.mark.batch if p.mark and p.mark.batch else t.batch or (t.gemm_rows if phase == "decode" else None)
