@@ -407,8 +407,8 @@ def _headline(gap: dict) -> str:
 def render_gap_text(gap: dict) -> str:
     rows = _ledger_rows(gap)
     width = max([len("component")] + [len(r[0]) for r in rows])
-    lines = [f"GAP LEDGER: {_headline(gap)}",
-             f"  {'component':{width}} {'measured ms':>12} {'floor ms':>10} {'excess ms':>10} {'efficiency':>11}  mapping"]
+    head = f"  {'component':{width}} {'measured ms':>12} {'floor ms':>10} {'excess ms':>10} {'efficiency':>11}  mapping"
+    lines = [f"GAP LEDGER: {_headline(gap)}", head]
     for name, measured, least, excess, eff, mapping in rows:
         lines.append(f"  {name:{width}} {measured:>12} {least:>10} {excess:>10} {eff:>11}  {mapping}")
     lines.append(f"  {MAPPING_KEY}")
