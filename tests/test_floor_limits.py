@@ -134,3 +134,45 @@ def test_the_floor_never_divides_by_a_zero_geometry():
         from decodegap.model import geometry_from_dict
 
         geometry_from_dict({**LLAMA, "num_attention_heads": 0})
+
+
+def test_hidden_size_too_small_for_the_heads_names_the_derived_field(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in {**LLAMA, "hidden_size": 1}.items() if k != "head_dim"}))
+    line = one_line_error(["floor", "--model", str(path), "--gpu", "h100"], capsys)
+    assert "head_dim (absent, derived" in line
+
+
+def test_bad_quantization_config_is_one_line(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, "quantization_config": {"quant_method": "gptq", "bits": "four"}}))
+    assert "bits" in one_line_error(["floor", "--model", str(path), "--gpu", "h100"], capsys)
+
+
+EXTREMES = [0, -1, 1, 3, 1e12, 1e30, float("nan"), float("inf"), 2**63, "x", "", None, True, [], {}, [1, 2], 0.5]
+FIELDS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+          "vocab_size", "intermediate_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
+          "decoder_sparse_step", "mlp_only_layers", "layer_types", "sliding_window", "torch_dtype",
+          "tie_word_embeddings", "model_type", "kv_lora_rank", "q_lora_rank", "n_routed_experts",
+          "first_k_dense_replace", "index_topk", "num_nextn_predict_layers"]
+
+
+def test_any_mutated_config_is_a_floor_or_one_line(tmp_path, capsys):
+    # property-style over every (field, extreme value) pair of three families: exit 0 with finite figures,
+    # or exit 2 with one line; never a traceback, a hang or "nan"
+    import math
+
+    for base_name in ("llama-3.1-8b.json", "qwen3-30b-a3b.json", "deepseek-v3.json"):
+        base = json.loads((CONFIGS / base_name).read_text())
+        for field in FIELDS:
+            for value in EXTREMES:
+                path = tmp_path / "config.json"
+                path.write_text(json.dumps({**base, field: value}))
+                code, out, err = run_cli(["floor", "--model", str(path), "--gpu", "h200", "--format", "json"], capsys)
+                assert code in (0, 2), (base_name, field, value, err)
+                if code == 2:
+                    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (field, value, err)
+                    continue
+                floor = json.loads(out)
+                assert math.isfinite(floor["floor_ms"]) and floor["floor_ms"] > 0, (field, value)
+                assert all(math.isfinite(c["ms"]) and c["ms"] >= 0 for c in floor["components"]), (field, value)

@@ -259,19 +259,21 @@ class _Fields:
     def int(self, *names: str, default: int | None = None, low: int = 0, high: int = MAX_WIDTH) -> int:
         name = next((n for n in names if self.cfg.get(n) is not None), names[0])
         value = self.cfg.get(name)
+        label = name
         if value is None:
             if default is None:
                 raise UserError(f"{self.source}: {name} is missing")
             value = default  # a derived default is checked like a given value
+            label = f"{name} (absent, derived from the other fields)"
         number = None
         if isinstance(value, int) and not isinstance(value, bool):
             number = value
         elif isinstance(value, float) and value.is_integer():
             number = int(value)
         if number is None:
-            raise UserError(f"{self.source}: {name} must be a whole number, got {value!r}")
+            raise UserError(f"{self.source}: {label} must be a whole number, got {str(value)[:40]!r}")
         if not low <= number <= high:
-            raise UserError(f"{self.source}: {name} must be between {low:,} and {high:,}, got {value!r}")
+            raise UserError(f"{self.source}: {label} must be between {low:,} and {high:,}, got {value!r}")
         return number
 
     def int_list(self, name: str, high: int) -> list[int]:
