@@ -123,3 +123,13 @@ def test_no_gpu_in_the_trace_gives_a_warning_not_a_floor(tmp_path):
         assert report.gap is None and any(says in w for w in report.warnings)
     doc = decode_loop(steps=3, layers=4)  # NVIDIA H200 in its deviceProperties
     assert _report(write(doc, tmp_path / "h.json"), CONFIGS / "llama-3.1-8b.json", gpu=None).gap["gpu"] == "h200"
+
+
+def test_a_cpu_only_trace_gets_no_ledger(tmp_path):
+    from tracegen import decode_loop, write
+
+    doc = decode_loop(steps=3, layers=4, markers="cpu")
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in ("kernel", "gpu_user_annotation")]
+    report = _report(write(doc, tmp_path / "cpu.json"), CONFIGS / "llama-3.1-8b.json", gpu="h100")
+    assert report.gap is None and report.floor_dict is not None
+    assert any("no gap ledger" in w for w in report.warnings)

@@ -345,6 +345,11 @@ def gap_ledger(report) -> dict | None:
     floor = report.options.floor
     if floor is None:
         return None
+    if not report.main.trace.has_gpu:
+        note = "no gap ledger: the trace has no GPU events, and CPU op time cannot be set against a GPU floor"
+        if note not in report.warnings:
+            report.warnings.append(note)
+        return None
     b = report.main.breakdown
     rows_out = []
     comp_rows, floor_of, warnings = _component_rows(report, floor)
