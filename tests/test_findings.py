@@ -249,7 +249,7 @@ def test_training_trace_categories_and_backward_kernels():
     total = durations.sum()
 
     def share(test) -> float:
-        return sum(d for n, d in zip(names, durations) if test(n)) / total
+        return sum(d for n, d in zip(names, durations, strict=True) if test(n)) / total
 
     assert share(lambda n: categorize(n) == "norm") > 0.10  # cuDNN batch norm was 'other' (30% of GPU time)
     assert share(lambda n: categorize(n) == "other") < 0.06
