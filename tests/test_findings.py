@@ -92,7 +92,8 @@ def test_kv_pool_cast_silent_for_a_model_with_another_kv_width():
 
 
 FULL_POOL_CAST = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda("
-                  "at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1}, "
+                  "at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::"
+                  "{lambda(c10::BFloat16)#1}, "
                   "std::array<char*, 2ul>, 4, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, "
                   "unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >")
 
