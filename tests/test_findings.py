@@ -255,3 +255,19 @@ def test_training_trace_categories_and_backward_kernels():
     assert share(lambda n: categorize(n) == "norm") > 0.10  # cuDNN batch norm was 'other' (30% of GPU time)
     assert share(lambda n: categorize(n) == "other") < 0.06
     assert 0.2 < share(is_backward) < 0.9
+
+
+def test_weight_copy_silent_for_a_copy_in_only_some_steps(tmp_path):
+    # weights are read every step; a weight-shaped copy in one step of four follows the data (a resize, a cache)
+    import json as _json
+
+    doc = _json.loads(_with_copy(tmp_path, [4096, 4096], dur_us=1600.0).read_text())
+    first = min(e["ts"] for e in doc["traceEvents"] if e.get("cat") == "gpu_user_annotation")
+    end_first = next(e["ts"] + e["dur"] for e in doc["traceEvents"] if e.get("cat") == "gpu_user_annotation"
+                     and e["ts"] == first)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not (
+        e.get("cat") == "kernel" and "direct_copy" in e["name"] and e["ts"] > end_first)]
+    report = analyze_path(write(doc, tmp_path / "once.json"))
+    copy = next(k for k in report.main.breakdown.kernels if "direct_copy" in k.name)
+    assert copy.calls_per_step == 1.0 and copy.bytes_per_call * copy.calls_per_step >= 32e6
+    assert "weight_copy" not in _ids(report)

@@ -5,7 +5,8 @@ Rule: the copied tensors must be weights, never activations. A tensor counts as 
 rank 2 or 3 with at least two dimensions of >= MIN_WEIGHT_DIM (a matrix, or a stack of expert matrices; an
 activation of a decode step has a token dimension as small as the batch, and attention activations are rank 4),
 and, with --model, every dimension one of the model's weight widths (hidden, MLP/expert widths, head widths,
-vocabulary, expert counts; whole or split over TP ranks). Such copies must move >= MIN_BYTES_PER_STEP and take
+vocabulary, expert counts; whole or split over TP ranks); and the same copy (op and shapes) recurs a whole number
+of times in every step. Such copies must move >= MIN_BYTES_PER_STEP and take
 >= MIN_SHARE of the step's GPU time together. Copies without shapes (CUDA-graph replay) cannot be told apart and
 are left out."""
 
@@ -56,6 +57,23 @@ def _weight_tensor(k, widths) -> list[int] | None:
     return None
 
 
+def _every_step(report, k) -> bool:
+    """Weights are read in every step: the group's kernel runs a whole number of times per step on average, and
+    every decode step launches that kernel at least that often. A copy in only some steps follows the data."""
+    calls = round(k.calls_per_step)
+    if calls < 1 or abs(k.calls_per_step - calls) > 0.05:
+        return False
+    main = report.main
+    decode = getattr(main.steps, "decode", None) or []
+    if not main.trace.has_gpu or not decode or not all(hasattr(s, "rows") for s in decode):
+        return True  # no per-step rows to check (CPU-only breakdowns): the average is all there is
+    import numpy as np
+
+    ids = [i for i, name in enumerate(main.trace.names) if name == k.name]
+    per_step = [int(np.isin(main.trace.gpu.name_id[s.rows], ids).sum()) for s in decode]
+    return min(per_step) >= calls
+
+
 def detect(report) -> list[Finding]:
     ctx = step_context(report)
     if ctx is None:
@@ -72,7 +90,7 @@ def detect(report) -> list[Finding]:
             continue  # a dtype change is a cast, not a copy
         if k.bytes_per_call * k.calls_per_step < MIN_BYTES_PER_STEP / 4:
             continue
-        shape = _weight_tensor(k, widths)
+        shape = _weight_tensor(k, widths) if _every_step(report, k) else None
         (groups if shape is not None else activations).append((k, shape))
     ms = sum(k.ms_per_step for k, _ in groups)
     bytes_per_step = sum(k.bytes_per_call * k.calls_per_step for k, _ in groups)
@@ -82,7 +100,7 @@ def detect(report) -> list[Finding]:
     ev = {
         "bytes_per_step": int(bytes_per_step),
         "rule": (f"copies of weight-shaped tensors (rank 2-3, two dims >= {MIN_WEIGHT_DIM}"
-                 + (", every dim a model width" if widths is not None else "")
+                 + (", every dim a model width" if widths is not None else "") + ", in every step"
                  + f") move >= {MIN_BYTES_PER_STEP / 1e6:g} MB per step and take >= {MIN_SHARE:.0%} of GPU time"),
         "shape_checked_against_model": widths is not None,
         "groups": [{"kernel": short_kernel_name(k.name), "op": k.op, "shapes": [s for s, _ in (k.input_shapes or [])],
