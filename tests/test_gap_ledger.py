@@ -133,3 +133,15 @@ def test_a_cpu_only_trace_gets_no_ledger(tmp_path):
     report = _report(write(doc, tmp_path / "cpu.json"), CONFIGS / "llama-3.1-8b.json", gpu="h100")
     assert report.gap is None and report.floor_dict is not None
     assert any("no gap ledger" in w for w in report.warnings)
+
+
+def test_the_launching_op_places_a_plain_gemm(tmp_path):
+    from tracegen import decode_loop, write
+
+    doc = decode_loop(steps=3, layers=4)
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "cpu_op" and e["name"] == "aten::mm":
+            e["name"] = "aten::_grouped_mm"
+    report = _report(write(doc, tmp_path / "g.json"), CONFIGS / "qwen3-30b-a3b.json", gpu="h200", context=None)
+    experts = next(r for r in report.gap["rows"] if "experts" in r["components"])
+    assert experts["mapping"] == "op" and experts["measured_ms"] > 0

@@ -4,6 +4,7 @@ the excess the findings explain. Used by `analyze --model ...` (with --gpu, or t
 Measured kernel groups are mapped onto the floor's components (attention projections, KV read, dense MLP,
 routed experts, shared experts, router, lm_head, all-reduce) by what the trace tells about each:
 - `kernel family`: attention, MoE (fused MoE, grouped GEMM, matmul_ogs, routing) and collective kernels;
+- `op`: a GEMM launched by an op that names its component (`aten::_grouped_mm`, an MoE op, SDPA's math path);
 - `shape`: a GEMM's operand shapes against the model geometry (vocab -> lm_head; an expert width in a batched or
   3-D operand -> experts);
 - `coarse`: a GEMM seen without shapes (CUDA-graph replay) is placed by its calls per step against the model's
@@ -15,6 +16,7 @@ gets a warning (the setup is not the one the floor describes: another --tp, anot
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from decodegap.errors import UserError
@@ -100,8 +102,17 @@ class _Row:
     notes: set[str] = field(default_factory=set)
 
 
+# The launching op names a component where the kernel does not: grouped/MoE GEMM ops, attention ops whose math
+# runs as plain GEMMs (SDPA's math path, eager attention modules).
+_OP_COMPONENTS = ((re.compile(r"grouped_mm|moe|expert", re.IGNORECASE), "experts"),
+                  (re.compile(r"scaled_dot_product|attention|sdpa|flash|paged", re.IGNORECASE), "attention_kv_read"))
+
+
 def _gemm_candidates(k, g, tp: int) -> tuple[list[tuple[float, frozenset[str]]], str] | None:
     """Shares of a GEMM group's time per candidate component set, and how they were found."""
+    for pattern, component in _OP_COMPONENTS:
+        if k.op and pattern.search(k.op):
+            return [(1.0, frozenset({component}))], "op"
     by_shape = _by_shape(k, g, tp)
     if by_shape is not None:
         return [(1.0, by_shape)], "shape"
@@ -386,8 +397,9 @@ def gap_ledger(report) -> dict | None:
             "gpu": floor.gpu_id, "tp": floor.tp, "rows": rows_out, "warnings": all_warnings}
 
 
-MAPPING_KEY = ("mapping: kernel family = attention/MoE/collective kernels; shape = operand shapes against the model; "
-               "coarse = calls per step against the layer counts, or several components compared together")
+MAPPING_KEY = ("mapping: kernel family = attention/MoE/collective kernels; op = the launching op names it; shape = "
+               "operand shapes against the model; coarse = calls per step against the layer counts, or several "
+               "components compared together")
 
 
 def _ledger_rows(gap: dict) -> list[list[str]]:
