@@ -2,7 +2,7 @@
 
 import pytest
 
-from decodegap.categories import CATEGORIES, categorize, categorize_cpu_op
+from decodegap.categories import CATEGORIES, NAME_HEAD, categorize, categorize_cpu_op, is_backward
 
 NAMES = [
     # GEMM: cuBLAS(Lt), nvjet, CUTLASS, rocBLAS/hipBLASLt (Tensile Cijk_), Marlin, Inductor templates
@@ -78,3 +78,103 @@ def test_cpu_ops():
     assert categorize_cpu_op("aten::copy_", ["c10::BFloat16", "c10::BFloat16"]) == "copy"
     assert categorize_cpu_op("aten::mm", []) == "gemm"
     assert categorize_cpu_op("c10d::allreduce_", []) == "collective"
+
+
+# Kernels of other projects' traces (HolisticTraceAnalysis' training trace on a V100, vLLM gpt-oss on an MI300X,
+# PyTorch's own kernels) that a generic word used to capture: the library's rule must win.
+CUTLASS_NO_PERMUTE = (
+    "void cutlass::Kernel2<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::threadblock::MmaMultistage<"
+    "cutlass::gemm::GemmShape<128, 128, 32>, cutlass::transform::threadblock::PredicatedTileAccessIterator<"
+    "cutlass::MatrixShape<128, 32>, cutlass::bfloat16_t, cutlass::layout::RowMajor, 1, "
+    "cutlass::transform::PitchLinearWarpRakedThreadMap<cutlass::PitchLinearShape<32, 128>, 128, "
+    "cutlass::PitchLinearShape<4, 8>, 8>, cutlass::AlignedArray<cutlass::bfloat16_t, 8, 16>, false, "
+    "cutlass::layout::NoPermute>, cutlass::arch::CacheOperation::Global>, cutlass::epilogue::threadblock::Epilogue<"
+    "cutlass::gemm::GemmShape<128, 128, 32>>, cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<8> > >"
+    "(cutlass::gemm::kernel::GemmUniversal<>::Params)")
+LIBRARY_NAMES = [
+    ("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(float, float, float, float, "
+     "cudnnTensorStruct, float const*, cudnnTensorStruct, float const*, cudnnTensorStruct, float*, float const*, "
+     "float*, float*, float const*, float const*, float)", "norm"),
+    ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 128, true, 1, true>(cudnnTensorStruct, float const*, "
+     "cudnnTensorStruct, float*, float const*, float const*, float, float, float*, float*, float*, float*, float, "
+     "float)", "norm"),
+    ("void cudnn::bn_fw_tr_1C11_singleread<float, 512, true, 1, 2, 0>(cudnn::bn_fw_tr_1C11_args<float>)", "norm"),
+    ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel_32x32<float, float>(long, long, "
+     "float const*, float const*, float const*, float const*, float*, float*)", "norm"),
+    (CUTLASS_NO_PERMUTE, "gemm"),
+    ("void permute_pooled_embs_kernel<float>(float const*, long const*, long const*, long const*, float*, long, "
+     "long, long)", "copy"),
+    ("void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel<at_cuda_detail::cub::DeviceRadixSortPolicy<long, "
+     "at::cuda::cub::detail::OpaqueType<8>, unsigned long long>::Policy900, false, long, "
+     "at::cuda::cub::detail::OpaqueType<8>, unsigned long long, int, int>(int*, int*, unsigned long long*, "
+     "unsigned long long const*, long*, long const*, at::cuda::cub::detail::OpaqueType<8>*, "
+     "at::cuda::cub::detail::OpaqueType<8> const*, int, int, int)", "reduce"),
+    ("void (anonymous namespace)::softmax_warp_backward<float, float, float, 10, true, false>(float*, float const*, "
+     "float const*, int, int, int, bool const*)", "reduce"),
+    ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, true, false>(float*, float const*, "
+     "int, int, int, bool const*, int, bool)", "sampling"),
+    ("_topk_forward", "moe"),
+    ("_combined_routing_compute", "moe"),
+    ("_combined_routing_memset", "moe"),
+    ("_sum_bitmatrix_rows", "moe"),
+    ("_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1_swiglu", "moe"),
+    ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int, float const*, int, "
+     "float const*, int, float*, kernel_grad_params, unsigned long long, int, unsigned long long, int, float, int, "
+     "int, int)", "gemm"),
+    ("void wgrad_alg0_engine<float, 128, 6, 7, 3, 3, 5, false, 512>(int, int, int, float const*, int, float*, "
+     "float const*, kernel_grad_params, unsigned long long, int, float, int, int, int, int)", "gemm"),
+    ("void rocprim::ROCPRIM_400200_NS::detail::trampoline_kernel<rocprim::ROCPRIM_400200_NS::detail::"
+     "wrapped_scan_config<rocprim::ROCPRIM_400200_NS::default_config, long>>", "reduce"),
+    # MoE kernels that keep their category next to the new rules
+    ("void vllm::moe::topkGatingSoftmax<8, 256, 4, 16>(float const*, bool const*, float*, int, int*)", "moe"),
+    ("void sglang::moe::moe_permute_kernel<__nv_bfloat16>(__nv_bfloat16 const*, int const*, __nv_bfloat16*)", "moe"),
+]
+
+
+@pytest.mark.parametrize("name, category", LIBRARY_NAMES)
+def test_library_kernels_beat_generic_words(name, category):
+    assert categorize(name) == category
+
+
+BACKWARD = [
+    "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(float, float)",
+    "void (anonymous namespace)::softmax_warp_backward<float, float, float, 10, true, false>(float*)",
+    "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel_32x32<float, float>(long, long)",
+    "void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int)",
+    "void wgrad_alg0_engine<float, 128, 6, 7, 3, 3, 5, false, 512>(int, int, int)",
+    "void flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, 8>, true>",
+    "autograd::engine::evaluate_function: TBackward0",
+    "void at::native::(anonymous namespace)::max_pool_backward_nchw<float, float>(float const*, long const*)",
+]
+FORWARD = [
+    "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 128, true, 1, true>(cudnnTensorStruct)",
+    "void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, true, false>(float*)",
+    "void flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>, true>",
+    "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT",
+    NAMES[-3][0], NAMES[0][0],
+]
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+def test_backward_kernels_are_marked(name):
+    assert is_backward(name)
+
+
+@pytest.mark.parametrize("name", FORWARD)
+def test_forward_kernels_are_not_marked(name):
+    assert not is_backward(name)
+
+
+def test_a_huge_templated_name_is_judged_by_its_head():
+    # 200 kB and 10 MB names of repeated template arguments took minutes (a `.*` pattern rescanned the name
+    # from every occurrence): the work is bounded by NAME_HEAD characters whatever the length.
+    import time
+
+    unit = "aiter::softmax_warp_forward<cute::tuple<cute::C<1>, cute::C<128>>, "
+    for size in (200_000, 10_000_000):
+        name = "void " + unit * (size // len(unit)) + ">"
+        assert len(name) >= size * 0.99
+        start = time.perf_counter()
+        category, backward = categorize(name), is_backward(name)
+        assert time.perf_counter() - start < 2.0
+        assert category == categorize(name[:NAME_HEAD]) and backward is False

@@ -13,6 +13,22 @@ CATEGORIES = ("gemm", "attention", "collective", "cast", "copy", "norm", "moe", 
               "memcpy", "memset", "sampling", "other")
 
 _RULES: list[tuple[str, str]] = [
+    # --- a library's own kernels first: the generic words below (`sort`, `topk`, `permute`, `softmax`) would
+    #     capture them. CUB/rocPRIM sort and scan primitives serve samplers, MoE routing and indexing alike ---
+    ("reduce", r"cub::Device(Radix|Segmented|Merge)?Sort|cub::DeviceScan|cub::DeviceReduce|cub::DeviceSelect|"
+               r"cub::DeviceHistogram|rocprim::|hipcub::"),
+    # cuDNN batch norm (bn_fw_tr_1C11_*, bn_bw_1C11_*), LayerNorm backward (GammaBetaBackward, apex's
+    # cuComputeGradGammaBeta)
+    ("norm", r"cudnn::bn_|\bbn_(fw|bw)_|GammaBetaBackward|ComputeGradGammaBeta|layer_norm_grad|LayerNormBackward"),
+    # softmax backward belongs to training, not to a sampler
+    ("reduce", r"softmax_warp_backward|softmax_backward|SoftMaxBackward|softmax_bwd"),
+    # triton_kernels' MoE path (vLLM/SGLang gpt-oss): the expert GEMM `matmul_ogs` (outer gather/scatter) and its
+    # finalize, and the routing: top-k, bitmatrix sums, combined routing
+    ("moe", r"matmul_ogs|^_finalize_matmul|^_topk_forward|^_combined_routing|^_sum_bitmatrix|^_routing_|bitmatrix"),
+    # fbgemm's embedding-bag kernels permute pooled embeddings (recommender models), not MoE tokens
+    ("copy", r"permute_pooled_embs|permute_indices_weights|permute_\d+D_sparse|bucketize_sparse_features"),
+    # convolutions (training traces): cuDNN's data/weight gradient and Winograd engines run implicit GEMMs
+    ("gemm", r"dgrad_engine|wgrad_alg|winograd|implicit_convolve|convolve_|conv2d_|_conv_kernel|scudnn"),
     # --- collectives: NCCL/RCCL kernels, custom all-reduce (vLLM/SGLang/TRT-LLM), symmetric-memory, DeepEP ---
     ("collective", r"\bnccl|ncclDevKernel|ncclKernel|rccl|cross_device_reduce|custom_?all_?reduce|allreduce|"
                    r"all_reduce|all_gather|allgather|reduce_scatter|reducescatter|one_shot_all|two_shot_all|"
@@ -24,17 +40,19 @@ _RULES: list[tuple[str, str]] = [
     ("reduce", r"^triton_(red|per)_"),
     ("elementwise", r"^triton_poi_"),
     # --- MoE: routing, token permutation, grouped expert GEMMs, fused MoE (Triton, CUTLASS, FlashInfer) ---
+    # Permutation counts only with an MoE word beside it: CUTLASS's `cutlass::layout::NoPermute` template
+    # argument sits in ordinary GEMM names.
     ("moe", r"fused_moe|moe_align|moe_sum|moe_|_moe|topk_gating|topkGating|grouped_topk|expert|"
-            r"count_and_sort|permute|unpermute|gather_scatter|cutlass_moe|group_gemm|grouped_gemm|"
-            r"MoeGemm|moe::"),
+            r"count_and_sort|(moe|expert|token)s?_?(un)?permute|(un)?permute_(moe|expert|token)|"
+            r"gather_scatter|cutlass_moe|group_gemm|grouped_gemm|MoeGemm|moe::"),
     # --- names that would otherwise fall to a broader rule below (FlashInfer's norm and sampling kernels) ---
     ("norm", r"rms_?norm|layer_?norm|group_?norm|norm_kernel"),
     ("sampling", r"sampling|argmax|multinomial|top_?p\b|TopKTopP|min_p"),
     # --- attention: FlashAttention, FlashInfer, FlashMLA, cuDNN SDPA, paged/decode attention, Triton MLA ---
     ("attention", r"flash|fmha|attention|attn|sdpa|mla|paged|decode_grouped|_fwd_kernel_stage|_fwd_grouped_kernel|"
                   r"BatchPrefill|BatchDecode|SinglePrefill|SingleDecode|MergeStates|merge_state|"
-                  r"reshape_and_cache|concat_and_cache|softmax_warp_forward.*causal|xformers|"
-                  r"ck_tile::Fmha|aiter.*(fmha|pa_)|efficient_attention"),
+                  r"reshape_and_cache|concat_and_cache|softmax_warp_forward[^()]{0,256}causal|xformers|"
+                  r"ck_tile::Fmha|aiter\w{0,64}(fmha|pa_)|efficient_attention"),
     # --- GEMM: cuBLAS(Lt), nvjet, CUTLASS, CUTLASS-based (sm90/sm100), rocBLAS/hipBLASLt Cijk_, gemv ---
     ("gemm", r"gemm|gemv|nvjet|cublas|cutlass|Cijk_|Cij_|hipblaslt|rocblas|wgmma|matmul|_mm_|bmm|"
              r"splitKreduce|sm\d+_xmma|ampere_|volta_|turing_|hopper_|s\d+gemm|dot_kernel|"
@@ -64,19 +82,37 @@ _CAST_TEMPLATE = re.compile(r"(LoadWithCast|StoreWithCast)")
 _COPY_TEMPLATE = re.compile(r"copy_kernel|direct_copy")
 
 
-@lru_cache(maxsize=None)
+# What a kernel is shows in the head of its name (the function and its first template arguments); a name of
+# megabytes (generated templates) is judged by its head, so categorising is bounded whatever the input.
+NAME_HEAD = 8192
+
+
+@lru_cache(maxsize=4096)
 def categorize(name: str, gpu_kind: str = "kernel") -> str:
     """The category of one GPU activity by its name (memcpy/memset activities are their own categories)."""
     if gpu_kind == "memcpy":
         return "memcpy"
     if gpu_kind == "memset":
         return "memset"
+    name = name[:NAME_HEAD]
     if _CAST_TEMPLATE.search(name) and _COPY_TEMPLATE.search(name):
         return "cast"
     for category, pattern in _COMPILED:
         if pattern.search(name):
             return category
     return "other"
+
+
+# Backward (gradient) kernels of training traces: autograd's names, cuDNN's dgrad/wgrad and bn_bw, FlashAttention's
+# bwd, LayerNorm's GammaBeta pass. Decode steps run none of them.
+_BACKWARD = re.compile(r"backward|Backward|_bwd|bwd_|\bbn_bw_|cudnn::bn_bw|dgrad|wgrad|GradInput|grad_input|"
+                       r"grad_weight|GradWeight|GammaBeta|autograd::engine|Grad[A-Z]\w*Kernel")
+
+
+@lru_cache(maxsize=4096)
+def is_backward(name: str) -> bool:
+    """True for a kernel (or CPU op) that computes gradients: training work, never part of a decode step."""
+    return _BACKWARD.search(name[:NAME_HEAD]) is not None
 
 
 # CPU-only traces (no GPU activity): the leaf aten ops do the work, so they are categorised by op name.

@@ -1,79 +1,452 @@
-"""The gap ledger: the measured decode step beside its hardware floor, category by category, and how much of
-the excess the findings explain. Used by `analyze --model ... --gpu ...`."""
+"""The gap ledger: the measured decode step beside its hardware floor, component by component, and how much of
+the excess the findings explain. Used by `analyze --model ...` (with --gpu, or the GPU the trace names).
+
+Measured kernel groups are mapped onto the floor's components (attention projections, KV read, dense MLP,
+routed experts, shared experts, router, lm_head, all-reduce) by what the trace tells about each:
+- `kernel family`: attention, MoE (fused MoE, grouped GEMM, matmul_ogs, routing) and collective kernels;
+- `op`: a GEMM launched by an op that names its component (`aten::_grouped_mm`, an MoE op, SDPA's math path);
+- `shape`: a GEMM's operand shapes against the model geometry (vocab -> lm_head; an expert width in a batched or
+  3-D operand -> experts);
+- `coarse`: a GEMM seen without shapes (CUDA-graph replay) is placed by its calls per step against the model's
+  layer counts (every layer: attention; every MoE layer: the MoE block; every dense layer: the dense MLP; once:
+  lm_head). A group whose calls add up from several (153 = 78 layers + 75 MoE layers) is split by calls.
+Components that cannot be told apart share one row. A physical floor cannot be beaten: a row below its floor means
+the mapping split too finely, so it is merged with the rows it shares kernels with; one that still beats its floor
+gets a warning (the setup is not the one the floor describes: another --tp, another model)."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
+
 from decodegap.errors import UserError
 
-# Floor components land in these measured categories; everything else has a floor of zero.
-FLOOR_CATEGORIES = ("gemm", "moe", "attention", "collective")
+# Floor components (model/floor.py) -> the ledger component that carries them.
+COMPONENT_OF = {"attention_weights": "attention_projections", "indexer_weights": "attention_projections",
+                "kv_cache": "attention_kv_read", "indexer_cache": "attention_kv_read", "dense_mlp": "dense_mlp",
+                "experts": "experts", "router": "experts", "shared_experts": "shared_experts",
+                "lm_head": "lm_head", "allreduce": "allreduce"}
+MAX_PER_LAYER = 8  # GEMM launches of one kind per layer that a decomposition of calls per step may assume
+# The measured time of a row may fall short of its floor by this much before it counts as beating it (the
+# floor's datasheet bandwidth vs rounding of per-call times).
+BEAT_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class FloorRequest:
+    """What the floor needs besides the GPU, kept until the trace names its GPU."""
+
+    model_path: object
+    quant_path: object
+    weights: str | None
+    kv: str | None
+    tp: int
+    batch: int
+    context: int
+    allreduce_us: float | None
 
 
 def prepare_model_options(options, model_path, quant_path, weights, kv, gpu, tp, batch, context,
-                          allreduce_us) -> None:
-    """Fill AnalysisOptions with the model geometry (for findings) and, with --gpu, the floor."""
+                          allreduce_us) -> FloorRequest | None:
+    """Fill AnalysisOptions with the model geometry (for findings) and, with --gpu, the floor. Without --gpu the
+    floor waits for the trace's GPU: the request is returned for `attach_floor_from_trace`."""
     from decodegap.model import compute_floor, load_model, resolve_gpu, resolve_quant
+    from decodegap.model.floor import check_tp
 
     if model_path is None:
         raise UserError("--gpu needs --model (the floor is computed from the model's config.json)")
     options.model = load_model(model_path)
+    check_tp(options.model, tp)
     if context is not None:
         options.active_tokens = batch * context
-    if gpu is not None:
-        scheme = resolve_quant(model_path, quant_path, weights, kv)
-        options.floor = compute_floor(options.model, scheme, resolve_gpu(gpu), tp=tp, batch=batch,
-                                      context=context if context is not None else 4096,
-                                      allreduce_us=allreduce_us)
+    request = FloorRequest(model_path, quant_path, weights, kv, tp, batch,
+                           context if context is not None else 4096, allreduce_us)
+    scheme = resolve_quant(model_path, quant_path, weights, kv)  # a bad quant config fails before the trace
+    if gpu is None:
+        return request
+    options.floor = compute_floor(options.model, scheme, resolve_gpu(gpu), tp=tp, batch=batch,
+                                  context=request.context, allreduce_us=allreduce_us)
+    return None
+
+
+def attach_floor_from_trace(report, request: FloorRequest | None) -> None:
+    """With --model but no --gpu: the floor for the GPU the trace's deviceProperties name, and its ledger."""
+    from decodegap.model import compute_floor, get_gpu, resolve_quant
+
+    if request is None or report.options.floor is not None:
+        return
+    device = report.main.trace.device_name
+    if not device:
+        report.warnings.append("no floor: the trace names no GPU; give --gpu NAME for the floor and the gap ledger")
+        return
+    try:
+        gpu = get_gpu(device)
+    except UserError:
+        report.warnings.append(f"no floor: the trace's GPU '{device}' is not in the GPU table; give --gpu NAME")
+        return
+    scheme = resolve_quant(request.model_path, request.quant_path, request.weights, request.kv)
+    report.options.floor = compute_floor(report.options.model, scheme, gpu, tp=request.tp, batch=request.batch,
+                                         context=request.context, allreduce_us=request.allreduce_us)
+    report.floor_dict = report.options.floor.to_dict()
+    report.gap = gap_ledger(report)
+
+
+# ---- mapping measured kernels onto floor components -------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    components: set[str]
+    measured_ms: float = 0.0
+    groups: int = 0
+    notes: set[str] = field(default_factory=set)
+
+
+# The launching op names a component where the kernel does not: grouped/MoE GEMM ops, attention ops whose math
+# runs as plain GEMMs (SDPA's math path, eager attention modules).
+_OP_COMPONENTS = ((re.compile(r"grouped_mm|moe|expert", re.IGNORECASE), "experts"),
+                  (re.compile(r"scaled_dot_product|attention|sdpa|flash|paged", re.IGNORECASE), "attention_kv_read"))
+
+
+def _gemm_candidates(k, g, tp: int) -> tuple[list[tuple[float, frozenset[str]]], str] | None:
+    """Shares of a GEMM group's time per candidate component set, and how they were found."""
+    for pattern, component in _OP_COMPONENTS:
+        if k.op and pattern.search(k.op):
+            return [(1.0, frozenset({component}))], "op"
+    by_shape = _by_shape(k, g, tp)
+    if by_shape is not None:
+        return [(1.0, by_shape)], "shape"
+    calls = round(k.calls_per_step)
+    if calls < 1 or abs(k.calls_per_step - calls) > 0.05:
+        return None
+    attention = frozenset({"attention_projections", "attention_kv_read"} | ({"dense_mlp"} if not g.is_moe else set()))
+    periods = [(g.num_layers, attention)]
+    if g.is_moe:
+        periods.append((g.num_moe_layers, frozenset({"experts", "shared_experts"})))
+        if g.num_dense_layers:
+            periods.append((g.num_dense_layers, frozenset({"dense_mlp"})))
+    periods.append((1, frozenset({"lm_head"})))
+    by_count: dict[int, frozenset] = {}
+    for count, comps in periods:  # equal counts (every layer is an MoE layer) cannot be told apart
+        if count > 0:
+            by_count[count] = by_count.get(count, frozenset()) | comps
+    split = _decompose(calls, sorted(by_count.items(), reverse=True))
+    if split is None:
+        return None
+    return [(n / calls, comps) for n, comps in split], "coarse"
+
+
+def _decompose(calls: int, periods: list[tuple[int, frozenset]]) -> list[tuple[int, frozenset]] | None:
+    """calls = sum of k_i x period_i with 0 <= k_i <= MAX_PER_LAYER, the fewest terms first, then the fewest
+    launches per layer; None when no such sum exists or two tie (the calls do not say where the kernel belongs)."""
+    best: list[list[tuple[int, frozenset]]] = []
+    best_terms = None
+
+    def search(i: int, left: int, chosen: list[tuple[int, frozenset]]) -> None:
+        nonlocal best_terms
+        if left == 0:
+            # fewest kinds of layer, then fewest launches per layer: 81 = 78 + 3 rather than 75 + 2 x 3
+            terms = (len(chosen), sum(n // periods[[c for _, c in periods].index(c)][0] for n, c in chosen))
+            if best_terms is None or terms < best_terms:
+                best.clear()
+                best_terms = terms
+            if terms == best_terms:
+                best.append(list(chosen))
+            return
+        if i == len(periods):
+            return
+        period, comps = periods[i]
+        for k in range(min(MAX_PER_LAYER, left // period) if period > 1 else min(left, 1), -1, -1):
+            search(i + 1, left - k * period, chosen + ([(k * period, comps)] if k else []))
+
+    search(0, calls, [])
+    if len(best) != 1:
+        return None
+    return best[0]
+
+
+def _by_shape(k, g, tp: int) -> frozenset[str] | None:
+    """The component a GEMM's operand shapes reveal, when they reveal one."""
+    if not k.input_shapes:
+        return None
+    dims = {d for shape, _ in k.input_shapes for d in (shape or [])[-2:] if isinstance(d, int)}
+    if not dims:
+        return None
+    vocab_shards = {g.vocab, -(-g.vocab // tp)}
+    if dims & vocab_shards or any(abs(d * tp - g.vocab) < 256 for d in dims if d > 1024):
+        return frozenset({"lm_head"})
+    if g.is_moe:
+        widths = {w // s for w in (g.moe_intermediate, 2 * g.moe_intermediate) for s in {1, tp} if w % s == 0}
+        three_d = any(len(shape or []) == 3 for shape, _ in k.input_shapes)
+        if dims & widths and g.hidden in dims:
+            return frozenset({"experts"}) if three_d or (k.op or "").endswith("bmm") else frozenset(
+                {"experts", "shared_experts"})
+        if g.num_experts in dims and g.hidden in dims:
+            return frozenset({"experts"})  # the router
+    shards = {1, tp}
+
+    def split(*widths: int) -> set[int]:
+        return {w // s for w in widths for s in shards if w and w % s == 0}
+
+    found: set[str] = set()  # every component the dims fit: equal widths (q_lora == MLP width) stay ambiguous
+    if g.intermediate and g.num_dense_layers and g.hidden in dims and dims & split(g.intermediate, 2 * g.intermediate):
+        found.add("dense_mlp")
+    qk_head = g.qk_nope_head_dim + g.qk_rope_head_dim
+    projection_widths = split(g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim, 2 * g.num_kv_heads * g.head_dim,
+                              (g.num_heads + 2 * g.num_kv_heads) * g.head_dim, g.num_heads * qk_head,
+                              g.num_heads * (g.qk_nope_head_dim + g.v_head_dim), g.num_heads * g.v_head_dim)
+    projection_widths |= {w for w in (g.q_lora_rank, g.kv_lora_rank + g.qk_rope_head_dim, g.kv_lora_rank) if w}
+    if g.hidden in dims and dims & projection_widths:
+        found.add("attention_projections")
+    if found:
+        return frozenset(found)
+    cache_widths = {g.kv_lora_rank, g.kv_width} if g.is_mla else {g.head_dim}
+    known = projection_widths | cache_widths | {g.hidden, g.head_dim, g.qk_nope_head_dim, g.v_head_dim,
+                                                g.num_heads, g.num_kv_heads, 1}
+    if dims & cache_widths and dims - known:  # scores or values over the cached tokens (a dim no width explains)
+        return frozenset({"attention_kv_read"})
+    if dims & cache_widths and dims <= known:  # MLA's absorbed up-projections (per head, no token dim)
+        return frozenset({"attention_projections"})
+    return None
+
+
+def _assign(report, floor) -> tuple[dict[frozenset, _Row], list]:
+    """Measured time per candidate component set; the other groups (non-weight categories) apart."""
+    g = report.options.model
+    b = report.main.breakdown
+    rows: dict[frozenset, _Row] = {}
+    links: list[set[frozenset]] = []  # component sets that one kernel group's time was split between
+    unmapped = _Row(set())
+    for k in b.kernels:
+        if k.category == "collective":
+            shares, note = [(1.0, frozenset({"allreduce"}))], "kernel family"
+        elif k.category == "attention":
+            shares, note = [(1.0, frozenset({"attention_kv_read"}))], "kernel family"
+        elif k.category == "moe":
+            shares, note = [(1.0, frozenset({"experts"}))], "kernel family"
+        elif k.category == "gemm":
+            found = _gemm_candidates(k, g, floor.tp) if g is not None else None
+            if found is None:
+                unmapped.measured_ms += k.ms_per_step
+                unmapped.groups += 1
+                continue
+            shares, note = found
+            if len(shares) > 1:
+                note = "coarse"
+                links.append({comps for _, comps in shares})
+        else:
+            continue
+        for fraction, comps in shares:
+            row = rows.setdefault(comps, _Row(set(comps)))
+            row.measured_ms += fraction * k.ms_per_step
+            row.groups += 1
+            row.notes.add(note)
+    return rows, [links, unmapped]
+
+
+def _merge_overlapping(rows: dict[frozenset, _Row]) -> list[_Row]:
+    """Candidate sets that share a component become one row (the measured time cannot be told apart)."""
+    merged: list[_Row] = []
+    for row in rows.values():
+        overlapping = [m for m in merged if m.components & row.components]
+        target = _Row(set(row.components), row.measured_ms, row.groups, set(row.notes))
+        for m in overlapping:
+            target.components |= m.components
+            target.measured_ms += m.measured_ms
+            target.groups += m.groups
+            target.notes |= m.notes
+            merged.remove(m)
+        merged.append(target)
+    return merged
+
+
+def _merge(a: _Row, b: _Row) -> _Row:
+    return _Row(a.components | b.components, a.measured_ms + b.measured_ms, a.groups + b.groups,
+                a.notes | b.notes | {"coarse"})
+
+
+def _beats(row: _Row, floor_ms: float) -> bool:
+    return floor_ms > 0 and row.measured_ms < floor_ms * (1 - BEAT_TOLERANCE)
+
+
+def _component_rows(report, floor) -> tuple[list[_Row], dict[str, float], list[str]]:
+    floor_of: dict[str, float] = {}
+    for c in floor.components:
+        name = COMPONENT_OF.get(c.name, c.name)
+        floor_of[name] = floor_of.get(name, 0.0) + c.ms
+    rows_by_set, (links, unmapped) = _assign(report, floor)
+    rows = _merge_overlapping(rows_by_set)
+    # floor components nothing mapped to get a row of their own (measured 0)
+    covered = set().union(*(r.components for r in rows)) if rows else set()
+    rows += [_Row({name}) for name in floor_of if name not in covered and floor_of[name] > 0]
+
+    def floor_ms(row: _Row) -> float:
+        return sum(floor_of.get(c, 0.0) for c in row.components)
+
+    def linked(row: _Row) -> list[_Row]:
+        out = []
+        for sets in links:
+            touched = [r for r in rows if r is not row and any(r.components & s for s in sets)]
+            if any(row.components & s for s in sets):
+                out += [r for r in touched if r not in out]
+        return out
+
+    changed = True
+    while changed:  # a row below its floor is merged with the rows its kernels were split with
+        changed = False
+        for row in sorted(rows, key=lambda r: -floor_ms(r)):
+            if not _beats(row, floor_ms(row)):
+                continue
+            partners = linked(row)
+            if partners:
+                merged = row
+                for p in partners:
+                    merged = _merge(merged, p)
+                    rows.remove(p)
+                rows.remove(row)
+                rows.append(merged)
+                changed = True
+                break
+            if unmapped.groups and "allreduce" not in row.components:
+                # GEMMs that nothing placed: every weight row below its floor is compared with them at once
+                beaten = [r for r in rows if _beats(r, floor_ms(r)) and "allreduce" not in r.components]
+                merged = unmapped
+                for r in beaten:
+                    merged = _merge(merged, r)
+                    rows.remove(r)
+                rows.append(merged)
+                unmapped = _Row(set())
+                changed = True
+                break
+    if unmapped.groups:
+        rows.append(_Row(set(), unmapped.measured_ms, unmapped.groups, {"coarse"}))
+    warnings = []
+    for row in rows:
+        least = floor_ms(row)
+        if _beats(row, least):
+            names = " + ".join(sorted(row.components))
+            warnings.append(
+                f"gap ledger: {names} measured {row.measured_ms:.3f} ms per step, below its floor of {least:.3f} ms "
+                f"(impossible on a {floor.gpu_id}): the trace is not the setup the floor describes"
+                + (f" (one rank of more than --tp {floor.tp}? another model?)" if row.measured_ms > 0 else
+                   " (no kernel of the trace maps to it: "
+                   + ("a single-rank trace has no collectives" if row.components == {"allreduce"} else
+                      "it ran inside kernels the ledger cannot place") + ")"))
+    return rows, floor_of, warnings
+
+
+ORDER = ("attention_projections", "attention_kv_read", "dense_mlp", "experts", "shared_experts", "lm_head",
+         "allreduce")
+
+
+def _row_name(components: set[str]) -> str:
+    if not components:
+        return "gemm (unmapped)"
+    return " + ".join(c for c in ORDER if c in components) or " + ".join(sorted(components))
+
+
+def _mapping(row: _Row) -> str:
+    for note in ("coarse", "shape", "op", "kernel family"):
+        if note in row.notes:
+            return note
+    return "none (no kernel maps to it)"
 
 
 def gap_ledger(report) -> dict | None:
     floor = report.options.floor
     if floor is None:
         return None
+    if not report.main.trace.has_gpu:
+        note = "no gap ledger: the trace has no GPU events, and CPU op time cannot be set against a GPU floor"
+        if note not in report.warnings:
+            report.warnings.append(note)
+        return None
     b = report.main.breakdown
-    floor_by_category: dict[str, float] = {}
-    for c in floor.components:
-        floor_by_category[c.category] = floor_by_category.get(c.category, 0.0) + c.ms
-    measured = {c.name: c.ms_per_step for c in b.categories}
-    rows = []
-    for name in sorted(set(measured) | set(floor_by_category), key=lambda n: -measured.get(n, 0.0)):
-        got, least = measured.get(name, 0.0), floor_by_category.get(name, 0.0)
-        rows.append({"category": name, "measured_ms": round(got, 4), "floor_ms": round(least, 4),
-                     "excess_ms": round(max(got - least, 0.0), 4),
-                     "efficiency": round(least / got, 4) if got > 0 and least > 0 else None})
+    rows_out = []
+    comp_rows, floor_of, warnings = _component_rows(report, floor)
+    for row in comp_rows:
+        least = sum(floor_of.get(c, 0.0) for c in row.components)
+        got = row.measured_ms
+        rows_out.append({
+            "category": _row_name(row.components), "components": [c for c in ORDER if c in row.components],
+            "measured_ms": round(got, 4), "floor_ms": round(least, 4), "excess_ms": round(max(got - least, 0.0), 4),
+            "efficiency": round(least / got, 4) if got > 0 and least > 0 else None,
+            "mapping": _mapping(row), "kernel_groups": row.groups, "beats_floor": _beats(row, least)})
+    for c in b.categories:
+        if c.name in ("gemm", "moe", "attention", "collective"):
+            continue
+        rows_out.append({"category": c.name, "components": [], "measured_ms": round(c.ms_per_step, 4),
+                         "floor_ms": 0.0, "excess_ms": round(c.ms_per_step, 4), "efficiency": None,
+                         "mapping": "category (no floor)", "kernel_groups": None, "beats_floor": False})
+    rows_out.sort(key=lambda r: (-r["floor_ms"], -r["measured_ms"]))
     idle = max(b.step_ms.median - b.busy_ms_per_step, 0.0)
-    rows.append({"category": "gpu_idle", "measured_ms": round(idle, 4), "floor_ms": 0.0,
-                 "excess_ms": round(idle, 4), "efficiency": None})
+    rows_out.append({"category": "gpu_idle", "components": [], "measured_ms": round(idle, 4), "floor_ms": 0.0,
+                     "excess_ms": round(idle, 4), "efficiency": None, "mapping": "step wall time",
+                     "kernel_groups": None, "beats_floor": False})
     step = b.step_ms.median
     excess = max(step - floor.floor_ms, 0.0)
     explained = min(sum(f.ms_per_step for f in report.findings
                         if f.id not in ("profiler_overhead", "outside_step")), excess)
+    all_warnings = [f"floor: {w}" for w in floor.warnings] + warnings
+    for w in all_warnings:
+        if w not in report.warnings:
+            report.warnings.append(w)
     return {"step_ms": round(step, 4), "floor_ms": round(floor.floor_ms, 4), "excess_ms": round(excess, 4),
             "efficiency": round(floor.floor_ms / step, 4) if step else None,
             "explained_by_findings_ms": round(explained, 4), "unexplained_ms": round(excess - explained, 4),
-            "rows": rows}
+            "gpu": floor.gpu_id, "tp": floor.tp, "rows": rows_out, "warnings": all_warnings}
+
+
+MAPPING_KEY = ("mapping: kernel family = attention/MoE/collective kernels; op = the launching op names it; shape = "
+               "operand shapes against the model; coarse = calls per step against the layer counts, or several "
+               "components compared together")
+
+
+def _ledger_rows(gap: dict) -> list[list[str]]:
+    out = []
+    for r in gap["rows"]:
+        eff = f"{r['efficiency']:.1%}" if r["efficiency"] is not None else ""
+        mark = " BELOW FLOOR" if r.get("beats_floor") else ""
+        out.append([r["category"], f"{r['measured_ms']:.3f}", f"{r['floor_ms']:.3f}", f"{r['excess_ms']:.3f}",
+                    eff + mark, r.get("mapping", "")])
+    return out
+
+
+LEDGER_HEADERS = ["component", "measured ms", "floor ms", "excess ms", "efficiency", "mapping"]
+
+
+def _headline(gap: dict) -> str:
+    return (f"measured {gap['step_ms']:.3f} ms/step vs floor {gap['floor_ms']:.3f} ms on {gap.get('tp', 1)} x "
+            f"{gap.get('gpu', '?')} (efficiency {gap['efficiency']:.1%}); excess {gap['excess_ms']:.3f} ms, of "
+            f"which the findings explain {gap['explained_by_findings_ms']:.3f} ms")
 
 
 def render_gap_text(gap: dict) -> str:
-    lines = [f"GAP LEDGER: measured {gap['step_ms']:.3f} ms/step vs floor {gap['floor_ms']:.3f} ms "
-             f"(efficiency {gap['efficiency']:.1%}); excess {gap['excess_ms']:.3f} ms, of which the findings "
-             f"explain {gap['explained_by_findings_ms']:.3f} ms",
-             f"  {'category':12} {'measured ms':>12} {'floor ms':>10} {'excess ms':>10} {'efficiency':>11}"]
-    for r in gap["rows"]:
-        eff = f"{r['efficiency']:.1%}" if r["efficiency"] is not None else ""
-        lines.append(f"  {r['category']:12} {r['measured_ms']:12.3f} {r['floor_ms']:10.3f} {r['excess_ms']:10.3f} "
-                     f"{eff:>11}")
+    rows = _ledger_rows(gap)
+    width = max([len("component")] + [len(r[0]) for r in rows])
+    head = f"  {'component':{width}} {'measured ms':>12} {'floor ms':>10} {'excess ms':>10} {'efficiency':>11}  mapping"
+    lines = [f"GAP LEDGER: {_headline(gap)}", head]
+    for name, measured, least, excess, eff, mapping in rows:
+        lines.append(f"  {name:{width}} {measured:>12} {least:>10} {excess:>10} {eff:>11}  {mapping}")
+    lines.append(f"  {MAPPING_KEY}")
     return "\n".join(lines)
 
 
 def render_gap_markdown(gap: dict) -> str:
-    lines = ["### Gap ledger", "",
-             f"Measured **{gap['step_ms']:.3f} ms/step** vs floor **{gap['floor_ms']:.3f} ms** "
-             f"(efficiency {gap['efficiency']:.1%}); the findings explain {gap['explained_by_findings_ms']:.3f} of "
-             f"the {gap['excess_ms']:.3f} ms excess.", "",
-             "| category | measured ms | floor ms | excess ms | efficiency |", "|---|---|---|---|---|"]
-    for r in gap["rows"]:
-        eff = f"{r['efficiency']:.1%}" if r["efficiency"] is not None else ""
-        lines.append(f"| {r['category']} | {r['measured_ms']:.3f} | {r['floor_ms']:.3f} | {r['excess_ms']:.3f} | "
-                     f"{eff} |")
+    lines = ["### Gap ledger", "", f"{_headline(gap)}.", "",
+             "| " + " | ".join(LEDGER_HEADERS) + " |", "|---|---:|---:|---:|---:|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in _ledger_rows(gap)]
+    lines += ["", MAPPING_KEY]
     return "\n".join(lines)
+
+
+def render_gap_html(gap: dict) -> str:
+    from html import escape
+
+    heads = "".join(f"<th{' class=l' if i in (0, 5) else ''}>{escape(h)}</th>" for i, h in enumerate(LEDGER_HEADERS))
+    out = ["<h2>Gap ledger</h2>", f"<p>{escape(_headline(gap))}</p><table><tr>{heads}</tr>"]
+    for row in _ledger_rows(gap):
+        out.append("<tr>" + "".join(f"<td{' class=l' if i in (0, 5) else ''}>{escape(v)}</td>"
+                                    for i, v in enumerate(row)) + "</tr>")
+    out.append(f"</table><p class='warn'>{escape(MAPPING_KEY)}</p>")
+    return "\n".join(out)

@@ -34,7 +34,8 @@ def example_path(name: str = EXAMPLE) -> Path:
 @click.option("--quant", "quant_path", type=click.Path(path_type=Path), help="hf_quant_config.json, if separate.")
 @click.option("--weights", help="Weight format when the config has none (bf16, fp8, nvfp4, mxfp4, q4_k, ...).")
 @click.option("--kv", "kv_format", help="KV cache dtype (bf16, fp8).")
-@click.option("--gpu", help="GPU for the floor and gap ledger (h100, h200, b200, a100, l40s, rtx-pro-6000, mi300x).")
+@click.option("--gpu", help="GPU for the floor and gap ledger (h100, h200, b200, a100, l40s, rtx-pro-6000, mi300x); "
+                            "default with --model: the GPU the trace names.")
 @click.option("--tp", type=click.IntRange(1, 1024), default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--batch", type=click.IntRange(1, 1_000_000), default=1, show_default=True)
 @click.option("--context", type=click.IntRange(1, 100_000_000),
@@ -52,15 +53,21 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
     if not example and trace is None:
         raise UserError("missing TRACE (a .json/.json.gz trace or a folder of them); try --example")
     path = example_path() if example else trace
+    model_given = model_path is not None  # the example's own config does not switch the floor on by itself
     if example and model_path is None:
         model_path, context = example_path(EXAMPLE_MODEL), context or EXAMPLE_CONTEXT
     options = AnalysisOptions(tpot_ms=tpot_ms)
+    floor_request = None
     if model_path is not None or gpu is not None:
         from decodegap.gap import prepare_model_options
 
-        prepare_model_options(options, model_path, quant_path, weights, kv_format, gpu, tp, batch, context,
-                              allreduce_us)
+        floor_request = prepare_model_options(options, model_path, quant_path, weights, kv_format, gpu, tp, batch,
+                                              context, allreduce_us)
     report = analyze_path(path, options)
+    if floor_request is not None and model_given:  # --model without --gpu: the GPU the trace names
+        from decodegap.gap import attach_floor_from_trace
+
+        attach_floor_from_trace(report, floor_request)
     if fmt == "json":
         from decodegap.report.json import render_json
 

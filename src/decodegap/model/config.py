@@ -202,8 +202,19 @@ class ModelGeometry:
         )
 
     @property
+    def output_head_params(self) -> int:
+        """The vocab x hidden matrix the output head multiplies with, tied or not."""
+        return self.vocab * self.hidden
+
+    @property
     def params_active(self) -> int:
-        """Active per token, embedding table and output head included (Qwen's and DeepSeek's convention)."""
+        """What one token reads: every active weight and the output head, but not the input embedding table (a
+        token reads one row of it). OpenAI's, DeepSeek's and Moonshot's convention."""
+        return self.params_active_non_embedding + self.output_head_params
+
+    @property
+    def params_active_with_embeddings(self) -> int:
+        """Active weights with the whole embedding table and the (untied) head counted: Qwen's and Mistral's."""
         return self.params_active_non_embedding + self.embedding_params + self.lm_head_params
 
     @property
@@ -230,12 +241,55 @@ def _first(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
-def _moe_layer_flags(cfg: dict[str, Any], num_layers: int) -> list[bool]:
+# Sizes no real model reaches, so that a hand-edited config (1e12 layers, a 1e30 hidden size) is refused in one
+# line instead of exhausting memory in a per-layer loop.
+MAX_LAYERS = 10_000
+MAX_WIDTH = 1_000_000  # hidden, intermediate, head dims, lora ranks
+MAX_HEADS = 100_000
+MAX_VOCAB = 100_000_000
+MAX_EXPERTS = 100_000
+
+
+class _Fields:
+    """Reads integer fields of one config, each checked to be a whole number within its range."""
+
+    def __init__(self, cfg: dict[str, Any], source: str) -> None:
+        self.cfg, self.source = cfg, source
+
+    def int(self, *names: str, default: int | None = None, low: int = 0, high: int = MAX_WIDTH) -> int:
+        name = next((n for n in names if self.cfg.get(n) is not None), names[0])
+        value = self.cfg.get(name)
+        label = name
+        if value is None:
+            if default is None:
+                raise UserError(f"{self.source}: {name} is missing")
+            value = default  # a derived default is checked like a given value
+            label = f"{name} (absent, derived from the other fields)"
+        number = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        if number is None:
+            raise UserError(f"{self.source}: {label} must be a whole number, got {str(value)[:40]!r}")
+        if not low <= number <= high:
+            raise UserError(f"{self.source}: {label} must be between {low:,} and {high:,}, got {value!r}")
+        return number
+
+    def int_list(self, name: str, high: int) -> list[int]:
+        value = self.cfg.get(name) or []
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and
+                                                  0 <= v <= high for v in value):
+            raise UserError(f"{self.source}: {name} must be a list of layer indices, got {str(value)[:80]}")
+        return value
+
+
+def _moe_layer_flags(cfg: dict[str, Any], num_layers: int, fields: _Fields) -> list[bool]:
     """Which layers carry an MoE block, following each family's own rule."""
-    first_dense = int(_first(cfg, "first_k_dense_replace", default=0))
-    freq = int(_first(cfg, "moe_layer_freq", default=1)) or 1
-    sparse_step = int(_first(cfg, "decoder_sparse_step", default=1)) or 1
-    dense_only = set(_first(cfg, "mlp_only_layers", default=[]) or [])
+    first_dense = fields.int("first_k_dense_replace", default=0, high=MAX_LAYERS)
+    freq = fields.int("moe_layer_freq", default=1, high=MAX_LAYERS) or 1
+    sparse_step = fields.int("decoder_sparse_step", default=1, high=MAX_LAYERS) or 1
+    dense_only = set(fields.int_list("mlp_only_layers", MAX_LAYERS))
     flags = []
     for i in range(num_layers):
         is_moe = i >= first_dense and i % freq == 0  # DeepSeek's rule
@@ -262,53 +316,70 @@ def geometry_from_dict(cfg: dict[str, Any], source: str = "config") -> ModelGeom
             f"{source}: model_type '{model_type}' is missing required fields: {', '.join(missing)}"
         )
 
-    hidden = int(cfg["hidden_size"])
-    num_layers = int(cfg["num_hidden_layers"])
-    heads = int(cfg["num_attention_heads"])
-    kv_heads = int(_first(cfg, "num_key_value_heads", default=heads))
-    head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
+    f = _Fields(cfg, source)
+    hidden = f.int("hidden_size", low=1)
+    num_layers = f.int("num_hidden_layers", low=1, high=MAX_LAYERS)
+    heads = f.int("num_attention_heads", low=1, high=MAX_HEADS)
+    kv_heads = f.int("num_key_value_heads", default=heads, low=1, high=MAX_HEADS)
+    if kv_heads > heads:
+        raise UserError(f"{source}: num_key_value_heads ({kv_heads}) exceeds num_attention_heads ({heads})")
+    if heads % kv_heads:
+        raise UserError(f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads "
+                        f"({kv_heads})")
+    head_dim = f.int("head_dim", default=hidden // heads, low=1)
+    vocab = f.int("vocab_size", low=1, high=MAX_VOCAB)
+    intermediate = f.int("intermediate_size", default=0)
 
-    num_experts = int(_first(cfg, "n_routed_experts", "num_experts", "num_local_experts", default=0) or 0)
-    top_k = int(_first(cfg, "num_experts_per_tok", "experts_per_token", default=0) or 0) if num_experts else 0
+    num_experts = f.int("n_routed_experts", "num_experts", "num_local_experts", default=0, high=MAX_EXPERTS)
+    top_k = f.int("num_experts_per_tok", "experts_per_token", default=0, high=MAX_EXPERTS) if num_experts else 0
+    if top_k > num_experts:
+        raise UserError(f"{source}: num_experts_per_tok ({top_k}) exceeds the {num_experts} experts")
     if num_experts:
-        moe_flags = _moe_layer_flags(cfg, num_layers)
+        moe_flags = _moe_layer_flags(cfg, num_layers, f)
         # Mixtral and gpt-oss have no separate MoE width: their experts use intermediate_size.
-        moe_intermediate = int(_first(cfg, "moe_intermediate_size", "intermediate_size"))
+        moe_intermediate = f.int("moe_intermediate_size", "intermediate_size", low=1)
     else:
         moe_flags = [False] * num_layers
         moe_intermediate = 0
     num_moe = sum(moe_flags)
 
-    n_shared = int(_first(cfg, "n_shared_experts", default=0) or 0)
+    n_shared = f.int("n_shared_experts", default=0, high=MAX_EXPERTS)
     shared_width = n_shared * moe_intermediate
     if cfg.get("shared_expert_intermediate_size"):  # qwen2_moe: one shared expert of its own width
         n_shared = max(n_shared, 1)
-        shared_width = int(cfg["shared_expert_intermediate_size"])
+        shared_width = f.int("shared_expert_intermediate_size")
 
     layer_types = cfg.get("layer_types") or []
-    window = int(cfg.get("sliding_window") or 0)
+    if not isinstance(layer_types, list):
+        raise UserError(f"{source}: layer_types must be a list, got {str(layer_types)[:80]}")
+    window = f.int("sliding_window", default=0, high=100_000_000)
     if layer_types:
         num_sliding = sum(1 for t in layer_types if t == "sliding_attention")
     elif window and cfg.get("use_sliding_window", True) and model_type == "mistral":
         num_sliding = num_layers  # Mistral-7B v0.1 slides on every layer
     else:
         num_sliding = 0
+    mla = {name: f.int(name, default=0) if is_mla else 0
+           for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim")}
+    if is_mla and mla["kv_lora_rank"] + mla["qk_rope_head_dim"] < 1:
+        raise UserError(f"{source}: kv_lora_rank + qk_rope_head_dim must be at least 1")
+    _check_dtype(cfg, source)
 
     return ModelGeometry(
         model_type=model_type,
         num_layers=num_layers,
         hidden=hidden,
-        vocab=int(cfg["vocab_size"]),
+        vocab=vocab,
         attention="mla" if is_mla else "gqa",
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        q_lora_rank=int(cfg.get("q_lora_rank") or 0) if is_mla else 0,
-        kv_lora_rank=int(cfg.get("kv_lora_rank") or 0) if is_mla else 0,
-        qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0) if is_mla else 0,
-        qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0) if is_mla else 0,
-        v_head_dim=int(_first(cfg, "v_head_dim", default=head_dim)) if is_mla else 0,
-        intermediate=int(_first(cfg, "intermediate_size", default=0)),
+        q_lora_rank=mla["q_lora_rank"],
+        kv_lora_rank=mla["kv_lora_rank"],
+        qk_nope_head_dim=mla["qk_nope_head_dim"],
+        qk_rope_head_dim=mla["qk_rope_head_dim"],
+        v_head_dim=f.int("v_head_dim", default=head_dim) if is_mla else 0,
+        intermediate=intermediate,
         num_dense_layers=num_layers - num_moe,
         num_moe_layers=num_moe,
         num_experts=num_experts,
@@ -320,13 +391,29 @@ def geometry_from_dict(cfg: dict[str, Any], source: str = "config") -> ModelGeom
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")) and not is_mla,
         qk_norm=model_type.startswith("qwen3"),
         expert_bias=model_type == "gpt_oss",
-        mtp_layers=int(_first(cfg, "num_nextn_predict_layers", default=0) or 0),
-        indexer_heads=int(cfg.get("index_n_heads") or 0),
-        indexer_head_dim=int(cfg.get("index_head_dim") or 0),
-        indexer_topk=int(cfg.get("index_topk") or 0),
+        mtp_layers=f.int("num_nextn_predict_layers", default=0, high=MAX_LAYERS),
+        indexer_heads=f.int("index_n_heads", default=0, high=MAX_HEADS),
+        indexer_head_dim=f.int("index_head_dim", default=0),
+        indexer_topk=f.int("index_topk", default=0, high=100_000_000),
         sliding_window=window if num_sliding else 0,
         num_sliding_layers=num_sliding if window else 0,
     )
+
+
+# The dtypes a checkpoint's weights may be stored in (torch_dtype / dtype of config.json); quantized checkpoints
+# say more in their quantization_config.
+KNOWN_DTYPES = {"bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32", "float8_e4m3fn",
+                "float8_e5m2", "auto"}
+
+
+def _check_dtype(cfg: dict[str, Any], source: str) -> None:
+    for name in ("torch_dtype", "dtype"):
+        value = cfg.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str) or value.replace("torch.", "").lower() not in KNOWN_DTYPES:
+            raise UserError(f"{source}: {name} {str(value)[:40]!r} is not a dtype (known: "
+                            f"{', '.join(sorted(KNOWN_DTYPES))})")
 
 
 def read_json_file(path: str | Path, default_name: str, what: str) -> tuple[Any, Path]:

@@ -6,6 +6,7 @@ latency + bytes / link bandwidth. Everything favours the hardware, so the result
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,11 @@ class Floor:
     quant: str
     allreduce_us: float
     assumptions: tuple[str, ...] = field(default_factory=tuple)
+    params_active_with_embeddings: int = 0
+    stored_weight_bytes_per_gpu: float = 0.0  # every weight a rank holds (all experts), not what a step reads
+    kv_bytes_per_gpu: float = 0.0  # the KV cache of batch x context tokens on one rank
+    gpu_memory_bytes: float = 0.0  # 0 when unknown (a custom GPU)
+    warnings: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def aggregate_tokens_per_s(self) -> float:
@@ -84,6 +90,12 @@ class Floor:
     @property
     def weight_bytes_per_gpu(self) -> float:
         return sum(c.bytes_per_gpu for c in self.components if c.category in ("gemm", "moe"))
+
+    @property
+    def fits_in_memory(self) -> bool | None:
+        if not self.gpu_memory_bytes:
+            return None
+        return self.stored_weight_bytes_per_gpu + self.kv_bytes_per_gpu <= self.gpu_memory_bytes
 
     def component(self, name: str) -> Component:
         for c in self.components:
@@ -107,10 +119,20 @@ class Floor:
             "allreduce_us": self.allreduce_us,
             "params": {
                 "total": self.params_total,
+                # what one token reads: output head counted, input embedding table not (OpenAI, DeepSeek,
+                # Moonshot); the other publishers' conventions under their own names (docs/floor.md)
                 "active": self.params_active,
+                "active_with_embeddings": self.params_active_with_embeddings,
                 "active_non_embedding": self.params_active_non_embedding,
                 "mtp": self.params_mtp,
             },
+            "memory_per_gpu": {
+                "weights_bytes": round(self.stored_weight_bytes_per_gpu),
+                "kv_bytes": round(self.kv_bytes_per_gpu),
+                "gpu_bytes": round(self.gpu_memory_bytes) or None,
+                "fits": self.fits_in_memory,
+            },
+            "warnings": list(self.warnings),
             "components": [c.to_dict() for c in self.components],
             "replicated_weights": {
                 "modules": list(self.replicated.modules),
@@ -194,8 +216,9 @@ def compute_floor(
     """
     if tp < 1 or batch < 1 or context < 0:
         raise UserError("--tp and --batch must be at least 1 and --context at least 0")
-    if allreduce_us is not None and allreduce_us < 0:
-        raise UserError("--allreduce-us must be at least 0")
+    if allreduce_us is not None and not (math.isfinite(allreduce_us) and allreduce_us >= 0):
+        raise UserError(f"--allreduce-us must be a finite number of us, at least 0; got {allreduce_us}")
+    check_tp(geometry, tp)
     g = geometry
     use_indexer = g.has_indexer and sparse_attention
     comps: list[Component] = []
@@ -344,6 +367,15 @@ def compute_floor(
     bound = max(by_bound, key=lambda k: by_bound[k]) if floor_ms > 0 else "memory"
 
     replicated = _replicated_weights(g, quant, gpu, tp, use_indexer)
+    stored = stored_weight_bytes(g, quant) / tp + replicated.extra_bytes_per_gpu
+    kv_bytes = next(c.bytes_per_gpu for c in comps if c.name == "kv_cache")
+    gpu_bytes = gpu.memory_gb * 2**30  # datasheet "GB" read as GiB: generous, so only a real overflow warns
+    warnings = []
+    if gpu_bytes and stored + kv_bytes > gpu_bytes:
+        warnings.append(
+            f"does not fit: {stored / 1e9:,.1f} GB of weights + {kv_bytes / 1e9:,.1f} GB of KV per GPU exceed the "
+            f"{gpu.memory_gb:g} GB of a {gpu.id} at tp {tp}; this floor is for a setup that cannot run"
+        )
     return Floor(
         model_type=g.model_type,
         gpu_id=gpu.id,
@@ -362,7 +394,43 @@ def compute_floor(
         quant=quant.describe(),
         allreduce_us=latency_us,
         assumptions=_assumptions(g, gpu, tp, batch, context, latency_us, use_indexer),
+        params_active_with_embeddings=g.params_active_with_embeddings,
+        stored_weight_bytes_per_gpu=stored,
+        kv_bytes_per_gpu=kv_bytes,
+        gpu_memory_bytes=gpu_bytes,
+        warnings=tuple(warnings),
     )
+
+
+def check_tp(g: ModelGeometry, tp: int) -> None:
+    """The engines' rule (vLLM, SGLang): query heads split evenly over the ranks; KV heads too, or each KV head
+    replicated on tp / kv_heads ranks. MLA's latent is shared by all heads, so only the query heads count."""
+    if g.num_heads % tp:
+        raise UserError(f"--tp {tp} cannot shard {g.num_heads} attention heads (num_attention_heads must be "
+                        f"divisible by tp)")
+    kv = g.num_kv_heads
+    if not g.is_mla and kv % tp and tp % kv:
+        raise UserError(f"--tp {tp} cannot shard {kv} KV heads (num_key_value_heads must be divisible by tp, or "
+                        "tp by them)")
+
+
+def stored_weight_bytes(g: ModelGeometry, quant: QuantScheme) -> float:
+    """Bytes of every weight of the main model as stored (all experts, embedding table, head), before sharding."""
+    total = 0.0
+    for layer in range(g.num_layers):
+        total += g.attention_params_per_layer * quant.format_for(g, "attention", layer).bytes_per_weight
+        total += g.indexer_params_per_layer * quant.format_for(g, "indexer", layer).bytes_per_weight
+        total += g.norm_params_per_layer * 2
+    for layer in range(g.num_dense_layers):
+        total += g.dense_mlp_params * quant.format_for(g, "dense_mlp", layer).bytes_per_weight
+    for layer in range(g.num_dense_layers, g.num_layers):
+        if g.is_moe:
+            total += g.num_experts * g.expert_params * quant.format_for(g, "experts", layer).bytes_per_weight
+            total += g.shared_expert_params * quant.format_for(g, "shared_experts", layer).bytes_per_weight
+            total += g.router_params * quant.format_for(g, "router", layer).bytes_per_weight
+    total += g.embedding_params * quant.format_for(g, "embedding").bytes_per_weight
+    total += g.lm_head_params * quant.format_for(g, "lm_head").bytes_per_weight
+    return total
 
 
 def _replicated_weights(

@@ -18,6 +18,7 @@ PCIe Gen5 x16 64, Gen4 x16 32.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -252,8 +253,9 @@ def custom_gpu(
     interconnect_gbps: float | None = None,
 ) -> GpuSpec:
     """A GPU not in the table: its memory bandwidth (GB/s) and dense BF16 TFLOPS (used for every dtype)."""
-    if bandwidth_gbps <= 0 or tflops <= 0:
-        raise UserError("--bandwidth and --tflops must both be positive")
+    for flag, value in (("--bandwidth", bandwidth_gbps), ("--tflops", tflops)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise UserError(f"{flag} must be a positive finite number; got {value}")
     if interconnect not in DEFAULT_ALLREDUCE_US:
         raise UserError(f"unknown interconnect '{interconnect}'; known: {', '.join(DEFAULT_ALLREDUCE_US)}")
     link = (

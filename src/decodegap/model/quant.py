@@ -213,6 +213,15 @@ def _from_modelopt(q: dict[str, Any], source: str) -> QuantScheme:
     )
 
 
+def _whole(value: Any, name: str, source: str, low: int, high: int) -> int:
+    """A whole number in [low, high] from a quantization config, else one line naming the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
+            float("inf"), float("-inf")) or int(value) != value or not low <= value <= high:
+        raise UserError(f"{source}: quantization_config {name} must be a whole number in [{low}, {high}], "
+                        f"got {value!r}")
+    return int(value)
+
+
 def scheme_from_quantization_config(qc: dict[str, Any], source: str) -> QuantScheme:
     """A config.json `quantization_config` (HF transformers conventions)."""
     method = str(qc.get("quant_method") or "").lower()
@@ -225,8 +234,8 @@ def scheme_from_quantization_config(qc: dict[str, Any], source: str) -> QuantSch
     if method == "modelopt":
         return _from_modelopt(qc, source)
     if method in ("gptq", "awq"):
-        bits = int(qc.get("bits", qc.get("w_bit", 4)))
-        group = int(qc.get("group_size", qc.get("q_group_size", 128)) or 128)
+        bits = _whole(qc.get("bits", qc.get("w_bit", 4)), "bits", source, 1, 16)
+        group = _whole(qc.get("group_size", qc.get("q_group_size", 128)) or 128, "group_size", source, -1, 1 << 20)
         if group <= 0:  # GPTQ's -1: one scale per output channel
             group = 4096
         fmt = WeightFormat(

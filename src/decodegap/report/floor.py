@@ -29,10 +29,19 @@ def _headline(floor: Floor) -> str:
 def _params_line(floor: Floor) -> str:
     line = (
         f"params: {_billions(floor.params_total)} total, {_billions(floor.params_active)} active per token "
-        f"({_billions(floor.params_active_non_embedding)} without embeddings)"
+        f"(output head counted, embedding table not; {_billions(floor.params_active_with_embeddings)} with "
+        f"the embedding table, {_billions(floor.params_active_non_embedding)} without embedding and head)"
     )
     if floor.params_mtp:
         line += f", MTP {_billions(floor.params_mtp)} not counted"
+    return line
+
+
+def _memory_line(floor: Floor) -> str:
+    line = (f"memory per GPU: weights {_gb(floor.stored_weight_bytes_per_gpu)} GB + KV "
+            f"{_gb(floor.kv_bytes_per_gpu)} GB")
+    if floor.gpu_memory_bytes:
+        line += f" of {floor.gpu_memory_bytes / 2**30:g} GB ({'fits' if floor.fits_in_memory else 'does NOT fit'})"
     return line
 
 
@@ -98,7 +107,10 @@ def render_text(floor: Floor, width: int = 140) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, highlight=False, markup=False)
     console.print(table)
+    for warning in floor.warnings:
+        console.print(f"warning: {warning}")
     console.print(_params_line(floor))
+    console.print(_memory_line(floor))
     console.print(f"quant: {floor.quant}")
     rep = _replicated_line(floor)
     if rep:
@@ -122,8 +134,10 @@ def render_markdown(floor: Floor) -> str:
         f"| {floor.bound} | | |",
         "",
         f"- {_params_line(floor)}",
+        f"- {_memory_line(floor)}",
         f"- quant: {floor.quant}",
     ]
+    lines[2:2] = [f"> **warning:** {w}" for w in floor.warnings] + ([""] if floor.warnings else [])
     rep = _replicated_line(floor)
     if rep:
         lines.append(f"- {rep}")

@@ -59,6 +59,10 @@ def render_html(report, top: int = 25) -> str:
                        f"<td>{k.us_per_call:.1f}</td><td class='l'><code>{escape(op)}</code></td>"
                        f"<td>{_fmt_bytes(k.bytes_per_call)}</td><td>{f'{k.gbps:.0f}' if k.gbps else ''}</td></tr>")
         out.append("</table>")
+    if report.gap is not None:
+        from decodegap.gap import render_gap_html
+
+        out.append(render_gap_html(report.gap))
     if report.warnings:
         out.append("<h2>Warnings</h2><ul>" + "".join(f"<li class='warn'>{escape(w)}</li>" for w in report.warnings)
                    + "</ul>")

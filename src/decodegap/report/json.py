@@ -88,17 +88,59 @@ def steps_dict(steps) -> dict:
 
 
 def profiler_check(report) -> dict | None:
-    """Profiled step time against the time per token measured without the profiler (--tpot or record's)."""
+    """Profiled step time against the time per token measured without the profiler (--tpot or record's), with
+    the spread of record's unprofiled samples (p10-p90): a median alone hides two kinds of call in one window."""
     main = report.main
     unprofiled, source = report.options.tpot_ms, "--tpot"
     meta = main.trace.record_meta or {}
-    if unprofiled is None and isinstance(meta.get("unprofiled_step_ms"), dict):
-        unprofiled, source = meta["unprofiled_step_ms"].get("median"), "decodegap record (unprofiled steps)"
-    if not isinstance(unprofiled, (int, float)) or unprofiled <= 0:
+    timing = meta.get("unprofiled_step_ms") if isinstance(meta.get("unprofiled_step_ms"), dict) else None
+    if unprofiled is None and timing is not None:
+        unprofiled, source = timing.get("median"), "decodegap record (unprofiled steps)"
+    if not _finite_positive(unprofiled):
         return None
     profiled = main.breakdown.step_ms.median
-    return {"unprofiled_ms": _r(unprofiled), "profiled_ms": _r(profiled), "ratio": _r(profiled / unprofiled),
-            "source": source}
+    out = {"unprofiled_ms": _r(unprofiled), "profiled_ms": _r(profiled), "ratio": _r(profiled / unprofiled),
+           "source": source}
+    if source != "--tpot" and timing is not None:
+        out.update(_spread(timing))
+    return out
+
+
+def _finite_positive(value) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _spread(timing: dict) -> dict:
+    """p10/p90/bimodal as record wrote them, or computed from its samples for traces recorded before it did."""
+    import numpy as np
+
+    raw = timing.get("samples") if isinstance(timing.get("samples"), list) else []
+    samples = [float(v) for v in raw if _finite_positive(v)]
+    out: dict = {"samples": len(samples)}
+    p10, p90 = timing.get("p10"), timing.get("p90")
+    if not (_finite_positive(p10) and _finite_positive(p90)) and samples:
+        p10, p90 = (float(v) for v in np.percentile(samples, [10, 90]))
+    if _finite_positive(p10) and _finite_positive(p90):
+        out.update({"unprofiled_p10_ms": _r(p10), "unprofiled_p90_ms": _r(p90), "spread_ms": _r(p90 - p10)})
+    bimodal = timing.get("bimodal")
+    out["bimodal"] = bool(bimodal) if isinstance(bimodal, bool) else _looks_bimodal(samples)
+    if isinstance(timing.get("call_index"), list):
+        out["call_index"] = timing["call_index"][:64]
+    out["samples_ms"] = [_r(v, 3) for v in samples[:64]]
+    return out
+
+
+def _looks_bimodal(samples: list[float]) -> bool:
+    """Two groups of at least two samples each, split by a gap wider than a third of the median."""
+    if len(samples) < 4:
+        return False
+    ordered = sorted(samples)
+    median = ordered[len(ordered) // 2]
+    gaps = [(ordered[i + 1] - ordered[i], i) for i in range(len(ordered) - 1)]
+    widest, at = max(gaps)
+    return widest > median / 3 and 2 <= at + 1 <= len(ordered) - 2
 
 
 def _plain(value):

@@ -1,0 +1,178 @@
+"""What the floor refuses (configs no model has, tp values that cannot shard the heads, NaN flags) and what it
+warns about (weights that do not fit): exit 2 with one line naming the field, or a warning in every format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from decodegap.cli import main
+from decodegap.errors import UserError
+from decodegap.model import compute_floor, get_gpu, load_model, resolve_quant
+
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+LLAMA = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
+
+
+def run_cli(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+def one_line_error(args, capsys) -> str:
+    code, out, err = run_cli(args, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("decodegap: error:"), (code, out, err)
+    assert "Traceback" not in err and "nan ms" not in out
+    return lines[0]
+
+
+BROKEN = [  # (field, value, what the one line must name)
+    ("num_attention_heads", 0, "num_attention_heads"),
+    ("num_key_value_heads", 0, "num_key_value_heads"),
+    ("num_hidden_layers", 1e12, "num_hidden_layers"),
+    ("num_hidden_layers", 0, "num_hidden_layers"),
+    ("num_hidden_layers", -4, "num_hidden_layers"),
+    ("hidden_size", 0, "hidden_size"),
+    ("hidden_size", 1e30, "hidden_size"),
+    ("vocab_size", -32000, "vocab_size"),
+    ("intermediate_size", "big", "intermediate_size"),
+    ("hidden_size", "4096", "hidden_size"),
+    ("num_hidden_layers", True, "num_hidden_layers"),
+    ("torch_dtype", "bfloat17", "torch_dtype"),
+    ("num_key_value_heads", 64, "num_key_value_heads"),  # above the 32 query heads
+    ("num_key_value_heads", 5, "num_key_value_heads"),  # 32 query heads do not group over 5
+    ("head_dim", 0, "head_dim"),
+]
+
+
+@pytest.mark.parametrize("field,value,named", BROKEN, ids=[f"{f}={v!r}" for f, v, _ in BROKEN])
+def test_broken_config_is_one_line_naming_the_field(field, value, named, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, field: value}))
+    line = one_line_error(["floor", "--model", str(path), "--gpu", "h100"], capsys)
+    assert named in line
+    assert named in one_line_error(["analyze", "--example", "--model", str(path)], capsys)
+
+
+def test_moe_fields_are_checked_too(tmp_path, capsys):
+    cfg = json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text())
+    for field, value in (("num_experts_per_tok", 500), ("mlp_only_layers", "all"), ("moe_intermediate_size", -1)):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({**cfg, field: value}))
+        assert field in one_line_error(["floor", "--model", str(path), "--gpu", "h100"], capsys)
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--bandwidth", "nan", "--tflops", "100"], "--bandwidth"),
+    (["--bandwidth", "1000", "--tflops", "inf"], "--tflops"),
+    (["--gpu", "h100", "--allreduce-us", "nan"], "--allreduce-us"),
+    (["--gpu", "h100", "--allreduce-us", "-1"], "--allreduce-us"),
+])
+def test_nan_flags_are_refused(flags, named, capsys):
+    assert named in one_line_error(["floor", "--model", str(CONFIGS / "llama-3.1-8b.json"), *flags], capsys)
+
+
+def test_analyze_refuses_nan_allreduce(capsys):
+    line = one_line_error(["analyze", "--example", "--gpu", "h200", "--tp", "8", "--allreduce-us", "nan"], capsys)
+    assert "--allreduce-us" in line
+
+
+@pytest.mark.parametrize("config,tp,ok", [
+    ("llama-3.1-8b.json", 3, False),  # 32 heads over 3 ranks
+    ("llama-3.1-8b.json", 16, True),  # 8 KV heads, each on 2 of 16 ranks (replicated)
+    ("llama-3.1-8b.json", 64, False),  # more ranks than query heads
+    ("qwen3-30b-a3b.json", 8, True),  # 32 heads, 4 KV heads: tp a multiple of the KV heads
+    ("qwen3-30b-a3b.json", 6, False),
+    ("deepseek-v3.json", 8, True),  # MLA: only the 128 query heads are split
+    ("deepseek-v3.json", 6, False),
+])
+def test_tp_follows_the_engines_rule(config, tp, ok, capsys):
+    args = ["floor", "--model", str(CONFIGS / config), "--gpu", "h200", "--tp", str(tp)]
+    if ok:
+        code, out, _ = run_cli(args, capsys)
+        assert code == 0 and "floor" in out
+    else:
+        assert f"--tp {tp}" in one_line_error(args, capsys)
+        assert f"--tp {tp}" in one_line_error(["analyze", "--example", "--model", str(CONFIGS / config), "--gpu",
+                                               "h200", "--tp", str(tp)], capsys)
+
+
+def _floor(config, gpu, tp=1, weights=None):
+    return compute_floor(load_model(CONFIGS / config), resolve_quant(CONFIGS / config, weights=weights), get_gpu(gpu),
+                         tp=tp)
+
+
+def test_weights_that_do_not_fit_are_warned_about(capsys):
+    # DeepSeek-V3 (671B, FP8) on one 80 GB H100; Qwen3-30B-A3B in BF16 (61 GB) on a 48 GB L40S
+    ds = _floor("deepseek-v3.json", "h100")
+    assert ds.fits_in_memory is False and ds.stored_weight_bytes_per_gpu == pytest.approx(672e9, rel=0.01)
+    assert any("does not fit" in w for w in ds.warnings)
+    qwen = _floor("qwen3-30b-a3b.json", "l40s", weights="bf16")
+    assert qwen.fits_in_memory is False and qwen.stored_weight_bytes_per_gpu == pytest.approx(61.1e9, rel=0.01)
+    assert qwen.to_dict()["warnings"] and qwen.to_dict()["memory_per_gpu"]["fits"] is False
+    code, out, _ = run_cli(["floor", "--model", str(CONFIGS / "qwen3-30b-a3b.json"), "--gpu", "l40s"], capsys)
+    assert code == 0 and "warning: does not fit" in out
+    code, out, _ = run_cli(["floor", "--model", str(CONFIGS / "qwen3-30b-a3b.json"), "--gpu", "l40s", "--format",
+                            "json"], capsys)
+    assert "does not fit" in json.loads(out)["warnings"][0]
+
+
+def test_weights_that_fit_are_not_warned_about():
+    assert _floor("llama-3.1-8b.json", "h100").warnings == ()
+    assert _floor("deepseek-v3.json", "h200", tp=8).fits_in_memory is True  # 84 GB per GPU of 141
+    assert _floor("qwen3-30b-a3b.json", "l40s", tp=2).warnings == ()
+
+
+def test_the_floor_never_divides_by_a_zero_geometry():
+    with pytest.raises(UserError, match="num_attention_heads"):
+        from decodegap.model import geometry_from_dict
+
+        geometry_from_dict({**LLAMA, "num_attention_heads": 0})
+
+
+def test_hidden_size_too_small_for_the_heads_names_the_derived_field(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in {**LLAMA, "hidden_size": 1}.items() if k != "head_dim"}))
+    line = one_line_error(["floor", "--model", str(path), "--gpu", "h100"], capsys)
+    assert "head_dim (absent, derived" in line
+
+
+def test_bad_quantization_config_is_one_line(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, "quantization_config": {"quant_method": "gptq", "bits": "four"}}))
+    assert "bits" in one_line_error(["floor", "--model", str(path), "--gpu", "h100"], capsys)
+
+
+EXTREMES = [0, -1, 1, 3, 1e12, 1e30, float("nan"), float("inf"), 2**63, "x", "", None, True, [], {}, [1, 2], 0.5]
+FIELDS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+          "vocab_size", "intermediate_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
+          "decoder_sparse_step", "mlp_only_layers", "layer_types", "sliding_window", "torch_dtype",
+          "tie_word_embeddings", "model_type", "kv_lora_rank", "q_lora_rank", "n_routed_experts",
+          "first_k_dense_replace", "index_topk", "num_nextn_predict_layers"]
+
+
+def test_any_mutated_config_is_a_floor_or_one_line(tmp_path, capsys):
+    # property-style over every (field, extreme value) pair of three families: exit 0 with finite figures,
+    # or exit 2 with one line; never a traceback, a hang or "nan"
+    import math
+
+    for base_name in ("llama-3.1-8b.json", "qwen3-30b-a3b.json", "deepseek-v3.json"):
+        base = json.loads((CONFIGS / base_name).read_text())
+        for field in FIELDS:
+            for value in EXTREMES:
+                path = tmp_path / "config.json"
+                path.write_text(json.dumps({**base, field: value}))
+                code, out, err = run_cli(["floor", "--model", str(path), "--gpu", "h200", "--format", "json"], capsys)
+                assert code in (0, 2), (base_name, field, value, err)
+                if code == 2:
+                    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (field, value, err)
+                    continue
+                floor = json.loads(out)
+                assert math.isfinite(floor["floor_ms"]) and floor["floor_ms"] > 0, (field, value)
+                assert all(math.isfinite(c["ms"]) and c["ms"] >= 0 for c in floor["components"]), (field, value)
