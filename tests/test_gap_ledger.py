@@ -60,7 +60,7 @@ def test_example_every_big_floor_component_is_matched_and_none_beats_its_floor()
 
 def test_a_floor_the_trace_beats_is_flagged():
     # the example is one rank of 8; against the whole GLM-5 on one GPU its GEMMs take less than the floor allows
-    report = _report(example_path(), example_path("example_model_config.json"), tp=1)
+    report = _report(example_path(), CONFIGS / "glm-5-nvfp4" / "config.json", tp=1)
     beaten = [r for r in report.gap["rows"] if r["beats_floor"]]
     assert beaten and all(r["measured_ms"] < r["floor_ms"] for r in beaten)
     ledger_warnings = [w for w in report.warnings if w.startswith("gap ledger:")]
@@ -145,3 +145,11 @@ def test_the_launching_op_places_a_plain_gemm(tmp_path):
     report = _report(write(doc, tmp_path / "g.json"), CONFIGS / "qwen3-30b-a3b.json", gpu="h200", context=None)
     experts = next(r for r in report.gap["rows"] if "experts" in r["components"])
     assert experts["mapping"] == "op" and experts["measured_ms"] > 0
+
+
+def test_bundled_example_config_is_the_rank_it_ran():
+    # `analyze --example` reads the config that travels with the trace: the demo's rank, so the ledger holds
+    ex = json.loads(example_path("example_model_config.json").read_text())
+    assert ex == json.loads(DEMO_RANK.read_text())
+    report = _report(example_path(), example_path("example_model_config.json"), tp=1)
+    assert not [r for r in report.gap["rows"] if r["beats_floor"]]

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from decodegap import shapes as shape_info
+from decodegap.categories import is_backward
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace
 
 # Autograd and optimizer work exist only when a model trains.
 _TRAINING_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.(step|zero_grad)#|"
                           r"^## (backward|optimizer) ##$|^optimizer\.step|^torch::autograd::")
-_BACKWARD_KERNEL = re.compile(r"backward|_bwd|bwd_|wgrad|dgrad|_grad_|GammaBeta", re.IGNORECASE)
 BACKWARD_KERNEL_SHARE = 0.05  # of GPU activities: more than a stray reduction kernel named *_backward
 
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_scaled_mm",
@@ -37,7 +37,7 @@ def is_training(trace: Trace) -> bool:
     if not len(gpu):
         return False
     ids, counts = np.unique(gpu.name_id, return_counts=True)
-    backward = sum(c for i, c in zip(ids.tolist(), counts.tolist(), strict=True) if _BACKWARD_KERNEL.search(names[i]))
+    backward = sum(c for i, c in zip(ids.tolist(), counts.tolist(), strict=True) if is_backward(names[i]))
     return backward >= BACKWARD_KERNEL_SHARE * len(gpu)
 
 
