@@ -27,7 +27,6 @@ from decodegap.repetition import (
     mix_overlap,
     normalized_ids,
     regular_anchors,
-    short,
     smallest_period,
 )
 from decodegap.step_marks import FAMILY_ORDER, StepMark, step_marks
@@ -515,7 +514,3 @@ def describe(steps: Steps, layers: int | None) -> str:
     if layers:
         text += f"; {layers} layers"
     return text
-
-
-def layer_words(steps: Steps) -> str:
-    return short(steps.detail, 200)
