@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from decodegap.names import short_kernel_name
-from decodegap.report.text import _calls, _fmt_bytes, _shapes, summary_lines
+from decodegap.report.text import _calls, _fmt_bytes, _shapes, step_noun, summary_lines
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
@@ -41,7 +41,7 @@ def render_html(report, top: int = 25) -> str:
                        f"<td>{r.collective_ms_per_step():.3f}</td></tr>")
         out.append("</table>")
     if b.categories:
-        out.append("<h2>Time per decode step by category</h2><table><tr><th class='l'>category</th>"
+        out.append(f"<h2>Time per {step_noun(b.phase)} by category</h2><table><tr><th class='l'>category</th>"
                    "<th>ms/step</th><th>share</th><th class='l'></th></tr>")
         for c in b.categories:
             out.append(f"<tr><td class='l'>{escape(c.name)}</td><td>{c.ms_per_step:.3f}</td><td>{c.share:.1%}</td>"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from decodegap.names import short_kernel_name
-from decodegap.report.text import _calls, _fmt_bytes, _shapes, summary_lines
+from decodegap.report.text import _calls, _fmt_bytes, _shapes, step_noun, summary_lines
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -31,7 +31,7 @@ def render_markdown(report, top: int = 15) -> str:
                           f"{r.breakdown.gpu_busy_fraction:.0%}", f"{r.collective_ms_per_step():.3f}"]
                          for r in report.ranks])
     if b.categories:
-        lines += ["", "### Time per decode step by category", ""]
+        lines += ["", f"### Time per {step_noun(b.phase)} by category", ""]
         lines += _table(["category", "ms/step", "% GPU time", "% of step"],
                         [[c.name, f"{c.ms_per_step:.3f}", f"{c.share:.1%}", f"{c.share_of_step:.1%}"]
                          for c in b.categories])

@@ -43,6 +43,10 @@ def _terminal_width() -> int:
     return 160
 
 
+def step_noun(phase: str) -> str:
+    return {"decode": "decode step", "training": "training iteration"}.get(phase, f"{phase} forward")
+
+
 def summary_lines(report) -> list[str]:
     main = report.main
     b, steps = main.breakdown, main.steps
@@ -50,7 +54,7 @@ def summary_lines(report) -> list[str]:
     lines.append(describe(steps, b.layers) + f"  [{steps.source}: {steps.detail}]")
     if b.counts.get(b.phase):
         s = b.step_ms
-        noun = {"decode": "decode step", "training": "training iteration"}.get(b.phase, f"{b.phase} forward")
+        noun = step_noun(b.phase)
         rate = f"  = {1000 / s.median:.1f} tok/s per sequence" if s.median and b.phase == "decode" else ""
         lines.append(f"{noun} time: median {s.median:.3f} ms  (min {s.min:.3f}, p90 {s.p90:.3f}, max {s.max:.3f})"
                      + rate if s.median else f"{noun} time: n/a")
@@ -96,7 +100,7 @@ def render_text(report, top: int = 15, full_names: bool = False, width: int | No
         console.print(table)
     if b.categories:
         unit = "GPU" if main.trace.has_gpu else "CPU op"
-        table = Table(title="time per decode step by category" + (f" (rank {main.rank})" if len(report.ranks) > 1
+        table = Table(title=f"time per {step_noun(b.phase)} by category" + (f" (rank {main.rank})" if len(report.ranks) > 1
                                                                    else ""), title_justify="left")
         for col in ("category", "ms/step", f"% {unit} time", "% of step"):
             table.add_column(col, justify="right" if col != "category" else "left")
