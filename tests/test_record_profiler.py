@@ -9,10 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _record_helpers import TRACE_GLOB, all_files, load_trace, step_names, warning_lines
+from _record_helpers import TRACE_GLOB, all_files, load_trace, step_names, warning_lines  # noqa: E402
 
-from decodegap.capture import StepProfiler, profile_steps
-from decodegap.capture.target import parse_target, patch
+from decodegap.capture import StepProfiler, profile_steps  # noqa: E402
+from decodegap.capture.target import parse_target, patch  # noqa: E402
 
 W, K, N = 2, 3, 4
 
