@@ -317,6 +317,13 @@ class StepProfiler:
         except Exception as exc:  # noqa: BLE001
             self._fail(f"exporting the trace failed ({type(exc).__name__}: {exc})")
             return
+        except BaseException as exc:  # the program's SIGTERM handler exited, or a KeyboardInterrupt: let it go on
+            if not self._reported:
+                self._warn(
+                    f"{self.target}: writing the trace was interrupted ({type(exc).__name__}); "
+                    "its partial files were removed, no trace written"
+                )
+            raise
         finally:
             if tmp_json is not None:
                 output.remove_with_siblings(tmp_json)  # the exporter's own temp file too

@@ -103,7 +103,7 @@ def summary(samples: list[float], call_index: list[int], clock: str) -> dict[str
     """The `unprofiled_step_ms` metadata: samples in call order with the target call index of each."""
     s = spread(samples)
     return {
-        "median": s.median,
+        "median": None if s.median is None else round(s.median, 6),
         "samples": [round(x, 6) for x in samples],
         "call_index": list(call_index),
         "clock": clock,
