@@ -127,11 +127,23 @@ def test_profiler_start_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c
 def test_export_fails_midway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd) -> None:
     def broken_export(self, path: str, *args, **kwargs) -> None:
         Path(path).write_text('{"traceEvents": [')  # half a trace, then the disk is full
+        Path(path + ".tmp").write_text("x" * 1000)  # and the exporter's own temp file beside it
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", broken_export)
     sp = StepProfiler(warmup=W, steps=N, timed_steps=K, out_dir=str(tmp_path), enabled=True)
     _assert_isolated(sp, tmp_path, capfd, "exporting the trace failed")
+    assert all_files(tmp_path) == []
+
+
+def test_export_stops_short_without_raising(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd) -> None:
+    # A writer that hits a full disk may return as if all went well: the cut JSON must not become a trace.
+    def short_export(self, path: str, *args, **kwargs) -> None:
+        Path(path).write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a"}, {"ph"')
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", short_export)
+    sp = StepProfiler(warmup=W, steps=N, timed_steps=K, out_dir=str(tmp_path), enabled=True)
+    _assert_isolated(sp, tmp_path, capfd, "stopped before the end of the trace")
     assert all_files(tmp_path) == []
 
 
