@@ -103,9 +103,10 @@ def _wrap_everywhere(target: Target, profiler: StepProfiler, status_dir: str) ->
         hooks["multiprocessing.spawn"] = lambda m: main_script.wrap_spawn_fixups(m, target, state.patch)
     sys.meta_path.insert(0, _AfterImport(hooks))
     argv = getattr(sys, "argv", None) or []
-    if target.module in main_script.startup_main_names(argv, getattr(sys, "orig_argv", argv), sys.path):
+    names, label = main_script.startup_main(argv, getattr(sys, "orig_argv", argv), sys.path)
+    if target.module in names:
         watch = main_script.ScriptWatch(
-            target, lambda m: main_script.patch_main(target, m, state.patch), state.note, script=str(argv[0])
+            target, lambda m: main_script.patch_main(target, m, state.patch), state.note, script=label
         )
         watch.install()
     atexit.register(state.at_exit)

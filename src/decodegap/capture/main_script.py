@@ -49,19 +49,20 @@ def names_of_module_run(name: str) -> set[str]:
     return {name, f"{name}.__main__"}
 
 
-def startup_main_names(argv: Sequence[str], orig_argv: Sequence[str], search_path: Sequence[str]) -> set[str]:
-    """Module names of what this process is about to run as `__main__`, read at start-up (sitecustomize time)."""
+def startup_main(argv: Sequence[str], orig_argv: Sequence[str], search_path: Sequence[str]) -> tuple[set[str], str]:
+    """(module names, label) of what this process is about to run as `__main__`, read at start-up (sitecustomize
+    time, when sys.argv[0] is the script's path, or "-m" with the name in sys.orig_argv)."""
     if not argv or not argv[0] or argv[0] == "-c":
-        return set()
+        return set(), ""
     if argv[0] == "-m":
         # orig_argv is [python, *options, "-m", NAME, *argv[1:]] (or "-mNAME"): NAME sits before argv[1:].
         at = len(orig_argv) - len(argv)
         if at < 1:
-            return set()
+            return set(), ""
         word = orig_argv[at]
         name = word[2:] if word.startswith("-m") and word != "-m" else word
-        return names_of_module_run(name) if name else set()
-    return names_of_script(argv[0], search_path)
+        return (names_of_module_run(name), f"-m {name}") if name else (set(), "")
+    return names_of_script(argv[0], search_path), argv[0]
 
 
 def namespace_names(namespace: dict[str, Any], search_path: Sequence[str]) -> set[str]:
@@ -105,7 +106,7 @@ class ScriptWatch:
         target: Target,
         patch: Callable[[ModuleType], None],
         note: Callable[[str], None],
-        script: str,
+        script: str,  # how the process names its main script: "serve.py", "-m pkg.serve"
     ) -> None:
         self._target = target
         self._patch = patch
