@@ -126,7 +126,8 @@ class ScriptWatch:
     def stop(self) -> None:
         if self.active:
             self.active = False
-            sys.settrace(None)
+            if sys.gettrace() == self._on_call:  # a debugger that took over tracing since keeps it
+                sys.settrace(None)
             if self._main_frame is not None:
                 self._main_frame.f_trace = None
                 self._main_frame = None
