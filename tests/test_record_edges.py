@@ -294,10 +294,15 @@ def test_summary_prints_the_spread_and_a_bimodal_window(tmp_path: Path) -> None:
             def step(self):
                 Runner.calls += 1
                 time.sleep(0.002 if Runner.calls <= 7 else 0.03)  # a short prompt, then a long one
+                if Runner.calls == 14:  # the second profiled step
+                    raise ValueError("bad token")
 
         r = Runner()
         for _ in range(20):
-            r.step()
+            try:
+                r.step()
+            except ValueError:
+                pass
         """)
     )
     args = ["--target", "two_prompts:Runner.step", "--steps", "2", "--warmup", "2", "--timed-steps", "10"]
@@ -305,7 +310,8 @@ def test_summary_prints_the_spread_and_a_bimodal_window(tmp_path: Path) -> None:
     rec = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     assert rec.returncode == 0 and warning_lines(rec.stderr) == [], rec.stderr
     lines = [line for line in rec.stderr.splitlines() if line.startswith("decodegap: record:     ")]
-    assert len(lines) == 2, rec.stderr
+    assert len(lines) == 3, rec.stderr
     assert "unprofiled step" in lines[0] and " p10 " in lines[0] and " p90 " in lines[0]
     assert "(10 calls, wall)" in lines[0]
     assert "bimodal: 5 near " in lines[1] and ", 5 near " in lines[1]
+    assert lines[2].endswith("note: the target raised ValueError in profiled step 1 (call 13)")
