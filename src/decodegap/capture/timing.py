@@ -14,7 +14,7 @@ from typing import Any
 
 # The bimodality rule (docs/record.md, "Unprofiled timing"): split the sorted samples at their widest gap, among
 # splits that leave at least BIMODAL_MIN_SHARE of the samples (and 2) on each side. The samples are two groups
-# when that gap is at least BIMODAL_GAP_FACTOR times the spread inside the wider side and at least
+# when that gap is at least BIMODAL_GAP_FACTOR times the larger of the two sides' spreads and at least
 # BIMODAL_MIN_REL_GAP of the median. The spread of a side is its range (below 10 samples) or its p10-p90 width.
 # Checked on unimodal noise (normal, lognormal, uniform, exponential, Pareto): under 3% false positives at 10
 # samples, none at 20 or more; two groups 3x apart are found every time from 10 samples.
