@@ -146,7 +146,8 @@ def test_never_called_exit_code_and_existing_sitecustomize(tmp_path: Path) -> No
     )
     assert (rec.returncode, rec.stdout) == (3, "ran yes\n")
     assert warning_lines(rec.stderr) == [
-        "decodegap: warning: nowhere.mod:f was never called by any process of the program; no trace written"
+        "decodegap: warning: nowhere.mod:f was never called by any process of the program: "
+        "no process imported module 'nowhere.mod'; no trace written"
     ]
     assert all_files(tmp_path / "t") == []
 

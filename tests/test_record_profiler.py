@@ -9,10 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _record_helpers import TRACE_GLOB, all_files, load_trace, step_names, warning_lines
+from _record_helpers import TRACE_GLOB, all_files, load_trace, step_names, warning_lines  # noqa: E402
 
-from decodegap.capture import StepProfiler, profile_steps
-from decodegap.capture.target import parse_target, patch
+from decodegap.capture import StepProfiler, profile_steps  # noqa: E402
+from decodegap.capture.target import parse_target, patch  # noqa: E402
 
 W, K, N = 2, 3, 4
 
@@ -127,11 +127,23 @@ def test_profiler_start_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c
 def test_export_fails_midway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd) -> None:
     def broken_export(self, path: str, *args, **kwargs) -> None:
         Path(path).write_text('{"traceEvents": [')  # half a trace, then the disk is full
+        Path(path + ".tmp").write_text("x" * 1000)  # and the exporter's own temp file beside it
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", broken_export)
     sp = StepProfiler(warmup=W, steps=N, timed_steps=K, out_dir=str(tmp_path), enabled=True)
     _assert_isolated(sp, tmp_path, capfd, "exporting the trace failed")
+    assert all_files(tmp_path) == []
+
+
+def test_export_stops_short_without_raising(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd) -> None:
+    # A writer that hits a full disk may return as if all went well: the cut JSON must not become a trace.
+    def short_export(self, path: str, *args, **kwargs) -> None:
+        Path(path).write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a"}, {"ph"')
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", short_export)
+    sp = StepProfiler(warmup=W, steps=N, timed_steps=K, out_dir=str(tmp_path), enabled=True)
+    _assert_isolated(sp, tmp_path, capfd, "stopped before the end of the trace")
     assert all_files(tmp_path) == []
 
 
@@ -207,3 +219,69 @@ def test_patch_methods_static_class_and_functions() -> None:
     assert calls == ["forward", "s", "c", "<lambda>"]  # patched once, Base itself untouched
     with pytest.raises(AttributeError):
         patch(parse_target("toymod:Runner.missing"), module, wrap)
+
+
+# -- what the metadata says about the steps -------------------------------------------------------------
+
+
+def test_steps_that_raised_are_named_in_the_metadata(tmp_path: Path) -> None:
+    sp = StepProfiler(warmup=1, steps=3, timed_steps=2, out_dir=str(tmp_path), enabled=True)
+
+    @sp.wrap
+    def step(call: int) -> int:
+        if call in (2, 4):  # the second timed call and the second profiled step
+            raise KeyError(call)
+        return call
+
+    for call in range(7):
+        try:
+            step(call)
+        except KeyError:
+            pass
+    (trace_file,) = tmp_path.glob(TRACE_GLOB)
+    trace = load_trace(trace_file)
+    assert step_names(trace) == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    assert trace["decodegap_record"]["raised"] == [
+        {"call_index": 2, "phase": "timed", "step": None, "exception": "KeyError"},
+        {"call_index": 4, "phase": "profiled", "step": 1, "exception": "KeyError"},
+    ]
+
+
+def test_step_context_marks_a_raise_too(tmp_path: Path) -> None:
+    class DecodeError(RuntimeError):
+        pass
+
+    with StepProfiler(warmup=0, steps=2, timed_steps=0, out_dir=str(tmp_path), enabled=True) as sp:
+        for call in range(2):
+            with pytest.raises(DecodeError), sp.step():
+                raise DecodeError(f"bad token in call {call}")
+    (trace_file,) = tmp_path.glob(TRACE_GLOB)
+    raised = load_trace(trace_file)["decodegap_record"]["raised"]
+    assert [(r["step"], r["exception"]) for r in raised] == [
+        (0, f"{__name__}.test_step_context_marks_a_raise_too.<locals>.DecodeError"),
+        (1, f"{__name__}.test_step_context_marks_a_raise_too.<locals>.DecodeError"),
+    ]
+
+
+def test_unprofiled_samples_of_two_kinds_are_bimodal(tmp_path: Path) -> None:
+    import time
+
+    warmup, timed = 2, 10
+    sp = StepProfiler(warmup=warmup, steps=2, timed_steps=timed, out_dir=str(tmp_path), enabled=True)
+
+    @sp.wrap
+    def step(call: int) -> None:
+        # a short prompt's decode steps, then a long prompt's, inside the timed window
+        time.sleep(0.002 if call < warmup + 6 else 0.025)
+
+    for call in range(warmup + timed + 2):
+        step(call)
+    (trace_file,) = tmp_path.glob(TRACE_GLOB)
+    timed_ms = load_trace(trace_file)["decodegap_record"]["unprofiled_step_ms"]
+    assert timed_ms["call_index"] == list(range(warmup, warmup + timed))
+    assert len(timed_ms["samples"]) == timed
+    assert timed_ms["bimodal"] is True
+    assert [m["count"] for m in timed_ms["modes"]] == [6, 4]
+    low, high = (m["median"] for m in timed_ms["modes"])
+    assert 1.5 < low < 15 < 24 < high  # sleep() takes at least its time; a loaded machine adds to both
+    assert timed_ms["p10"] <= timed_ms["median"] <= timed_ms["p90"]

@@ -77,6 +77,9 @@ def exit_like(returncode: int) -> None:
         sig = -returncode
         try:
             signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP have no handler to reset: they act by default anyway
+        try:
             os.kill(os.getpid(), sig)
         except (OSError, ValueError):
             pass

@@ -5,6 +5,7 @@ Stdlib only: this module is imported in every process that `decodegap record` to
 
 from __future__ import annotations
 
+import glob
 import gzip
 import os
 import re
@@ -13,10 +14,14 @@ import shutil
 import socket
 import sys
 import tempfile
+from dataclasses import dataclass
 
 TRACE_SUFFIX = ".decodegap.pt.trace.json.gz"
 # Temp files carry this suffix so that a glob for finished traces (`*.pt.trace.json.gz`) never sees them.
 PARTIAL_SUFFIX = ".decodegap.partial"
+# A temp file is `.<pid>.<kind>.<8 hex>.<host>.decodegap.partial`, so that `record` can tell which process left it
+# (and whether that process is gone); anything the exporter adds after the name (a `.tmp` of its own) matches too.
+_PARTIAL_RE = re.compile(r"^\.(?P<pid>\d+)\.(?P<kind>[a-z]+)\.[0-9a-f]{8}\.(?P<host>.+?)\.decodegap\.partial")
 
 
 def warn(message: str) -> None:
@@ -79,7 +84,7 @@ def publish_gzip(json_path: str, final_path: str) -> None:
     A reader sees either no file or a whole one under final_path, never a half-written one.
     """
     out_dir = os.path.dirname(final_path) or "."
-    fd, tmp = _create_temp(out_dir, "." + os.path.basename(final_path))
+    fd, tmp = _create_temp(out_dir, "trace")
     try:
         # Level 4: traces are large and we write inside a live step; the size gain of 9 is small.
         with (
@@ -95,15 +100,28 @@ def publish_gzip(json_path: str, final_path: str) -> None:
 
 
 def temp_json_path(out_dir: str) -> str:
-    fd, path = _create_temp(out_dir, ".export")
+    fd, path = _create_temp(out_dir, "export")
     os.close(fd)
     return path
 
 
-def _create_temp(out_dir: str, stem: str) -> tuple[int, str]:
+def json_looks_complete(path: str) -> bool:
+    """Whether a JSON document ends like one: a writer that hit a full disk may stop without raising."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            tail = f.read().rstrip()
+    except OSError:
+        return False
+    return tail.endswith(b"}")
+
+
+def _create_temp(out_dir: str, kind: str) -> tuple[int, str]:
     # Not mkstemp: its 0600 mode would survive the rename; a trace should be as readable as any file (umask).
     for _ in range(100):
-        path = os.path.join(out_dir, f"{stem}.{secrets.token_hex(4)}{PARTIAL_SUFFIX}")
+        name = f".{os.getpid()}.{kind}.{secrets.token_hex(4)}.{host_name()}{PARTIAL_SUFFIX}"
+        path = os.path.join(out_dir, name)
         try:
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), path
         except FileExistsError:
@@ -116,3 +134,58 @@ def unlink_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def remove_with_siblings(path: str) -> None:
+    """Remove a temp file and whatever an exporter made beside it under the same name plus a suffix."""
+    for sibling in glob.glob(glob.escape(path) + "*"):
+        unlink_quietly(sibling)
+
+
+def remove_own_partials(out_dir: str) -> None:
+    """Remove every temp file this process has in out_dir (on SIGTERM in the middle of an export)."""
+    for path in glob.glob(os.path.join(glob.escape(out_dir), f".{os.getpid()}.*{PARTIAL_SUFFIX}*")):
+        unlink_quietly(path)
+
+
+@dataclass(frozen=True)
+class Partial:
+    path: str
+    pid: int
+    size: int
+
+
+def remove_dead_partials(out_dir: str) -> list[Partial]:
+    """Remove the temp files in out_dir left by processes of this host that no longer run; returns them."""
+    host = host_name()
+    removed = []
+    try:
+        names = os.listdir(out_dir)
+    except OSError:
+        return []
+    for name in names:
+        match = _PARTIAL_RE.match(name)
+        if match is None or match["host"] != host or process_alive(int(match["pid"])):
+            continue
+        path = os.path.join(out_dir, name)
+        try:
+            size = os.path.getsize(path)
+            os.unlink(path)
+        except OSError:
+            continue
+        removed.append(Partial(path, int(match["pid"]), size))
+    return removed
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: not ours to judge
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has finished
+    except (OSError, IndexError):
+        return True

@@ -10,13 +10,15 @@ import functools
 import inspect
 import json
 import os
+import signal
 import socket
+import threading
 import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any, TypeVar
 
-from decodegap.capture import output
+from decodegap.capture import output, timing
 from decodegap.capture.timing import StepTimer, cuda_in_use
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,7 +96,7 @@ class StepProfiler:
         record_shapes: bool = False,
         target: str = "",
         warn_if_unused: bool = True,
-        on_event: Callable[[str], None] | None = None,
+        on_event: Callable[[str, str], None] | None = None,
     ) -> None:
         for name, value, least in (
             ("warmup", warmup, 0),
@@ -127,6 +129,7 @@ class StepProfiler:
         self._torch: Any = None
         self._timer: StepTimer | None = None
         self._prof: Any = None
+        self._raised: list[dict[str, Any]] = []
 
     # -- public API ---------------------------------------------------------------------------------
     def step(self) -> Any:
@@ -143,9 +146,12 @@ class StepProfiler:
                     return await fn(*args, **kwargs)
                 token = sp._begin()
                 try:
-                    return await fn(*args, **kwargs)
-                finally:
-                    sp._end(token)
+                    result = await fn(*args, **kwargs)
+                except BaseException as exc:
+                    sp._end(token, exc)
+                    raise
+                sp._end(token)
+                return result
 
             wrapper: Any = async_wrapper
         else:
@@ -155,9 +161,12 @@ class StepProfiler:
                     return fn(*args, **kwargs)
                 token = sp._begin()
                 try:
-                    return fn(*args, **kwargs)
-                finally:
-                    sp._end(token)
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:
+                    sp._end(token, exc)
+                    raise
+                sp._end(token)
+                return result
 
         functools.update_wrapper(wrapper, fn)
         wrapper.__decodegap_profiler__ = sp
@@ -208,33 +217,49 @@ class StepProfiler:
             if index < self.warmup + self.timed_steps:
                 if self._timer is None:
                     self._timer = StepTimer(torch)
-                return ("timed", self._timer.begin())
+                return ("timed", self._timer.begin(), index)
             step = index - self.warmup - self.timed_steps
             if step == 0:
                 self._start_profiler(torch)
                 if self.done:
                     return _PASS
+                self._event("profiling")
             annotation = torch.profiler.record_function(f"{STEP_PREFIX}{step}")
             annotation.__enter__()
-            return ("profiled", annotation, step)
+            return ("profiled", annotation, step, index)
         except Exception as exc:  # noqa: BLE001 - never let the profiler break the step
             self._fail(f"profiling failed ({type(exc).__name__}: {exc})")
             return _PASS
 
-    def _end(self, token: tuple[Any, ...]) -> None:
+    def _end(self, token: tuple[Any, ...], exc: BaseException | None = None) -> None:
         self._depth -= 1
         if token is _PASS or self._depth:
             return
         try:
+            if exc is not None:
+                self._note_raised(token, exc)
             if token[0] == "timed":
                 assert self._timer is not None
-                self._timer.end(token[1])
+                self._timer.end(token[1], token[2])
             else:
                 token[1].__exit__(None, None, None)
                 if token[2] == self.steps - 1:
                     self._finish()
         except Exception as exc:  # noqa: BLE001
             self._fail(f"profiling failed ({type(exc).__name__}: {exc})")
+
+    def _note_raised(self, token: tuple[Any, ...], exc: BaseException) -> None:
+        kind = type(exc)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        phase = token[0]
+        self._raised.append(
+            {
+                "call_index": token[2] if phase == "timed" else token[3],
+                "phase": phase,
+                "step": token[2] if phase == "profiled" else None,
+                "exception": name,
+            }
+        )
 
     def _first_call(self) -> None:
         self._event("called")
@@ -280,28 +305,40 @@ class StepProfiler:
         prof.stop()
         self._prof = None
         final = output.trace_path(self.out_dir, rank)
+        self._event("exporting")
         tmp_json = None
         try:
-            tmp_json = output.temp_json_path(self.out_dir)
-            prof.export_chrome_trace(tmp_json)
-            output.publish_gzip(tmp_json, final)
+            with _ExportGuard(on_default_term=self._abandon_export):
+                tmp_json = output.temp_json_path(self.out_dir)
+                prof.export_chrome_trace(tmp_json)
+                if not output.json_looks_complete(tmp_json):
+                    raise OSError("the exporter stopped before the end of the trace (disk full?)")
+                output.publish_gzip(tmp_json, final)
         except Exception as exc:  # noqa: BLE001
             self._fail(f"exporting the trace failed ({type(exc).__name__}: {exc})")
             return
+        except BaseException as exc:  # the program's SIGTERM handler exited, or a KeyboardInterrupt: let it go on
+            if not self._reported:
+                self._warn(
+                    f"{self.target}: writing the trace was interrupted ({type(exc).__name__}); "
+                    "its partial files were removed, no trace written"
+                )
+            raise
         finally:
             if tmp_json is not None:
-                output.unlink_quietly(tmp_json)
+                output.remove_with_siblings(tmp_json)  # the exporter's own temp file too
         self.trace_path = final
+        self._event("written", json.dumps(metadata))
+
+    def _abandon_export(self) -> None:
+        output.remove_own_partials(self.out_dir)
+        self._warn(f"{self.target}: SIGTERM while writing the trace; its partial files were removed, no trace written")
 
     def _metadata(self, rank: int | None, world_size: int | None) -> dict[str, Any]:
         timed = (
             self._timer.result()
             if self._timer is not None
-            else {
-                "median": None,
-                "samples": [],
-                "clock": "cuda_events" if cuda_in_use(self._torch) else "wall",
-            }
+            else timing.summary([], [], "cuda_events" if cuda_in_use(self._torch) else "wall")
         )
         return {
             "version": METADATA_VERSION,
@@ -315,6 +352,7 @@ class StepProfiler:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "record_shapes": self.record_shapes,
+            "raised": list(self._raised),
         }
 
     def report(self, message: str) -> None:
@@ -331,10 +369,10 @@ class StepProfiler:
         output.warn(message)
         self._event("reported")
 
-    def _event(self, name: str) -> None:
+    def _event(self, name: str, payload: str = "") -> None:
         if self._on_event is not None:
             try:
-                self._on_event(name)
+                self._on_event(name, payload)
             except Exception:  # noqa: BLE001, S110 - bookkeeping only
                 pass
 
@@ -347,6 +385,50 @@ class StepProfiler:
                 pass
 
 
+class _ExportGuard:
+    """Around the export: a SIGTERM whose action is the default (die) first removes the half-written files, then
+    the process dies of it as it would have. A handler of the program's own is called as it would have been; if
+    it raises (sys.exit), the export's `finally` removes the files; if it returns, the export goes on. An ignored
+    SIGTERM, a handler set outside Python, or an export outside the main thread: nothing is installed (`record`
+    removes what a dead process left)."""
+
+    def __init__(self, on_default_term: Callable[[], None]) -> None:
+        self._on_default_term = on_default_term
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> _ExportGuard:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        try:
+            previous = signal.getsignal(signal.SIGTERM)
+            if previous is None or previous == signal.SIG_IGN:
+                return self
+            signal.signal(signal.SIGTERM, self._handle)
+        except (ValueError, OSError):
+            return self
+        self._previous, self._installed = previous, True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            self._installed = False
+            try:
+                signal.signal(signal.SIGTERM, self._previous)
+            except (ValueError, OSError):
+                pass
+
+    def _handle(self, signum: int, frame: Any) -> Any:
+        previous = self._previous
+        if callable(previous):
+            return previous(signum, frame)
+        self._on_default_term()
+        self.__exit__()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return None
+
+
 class _StepContext:
     __slots__ = ("_sp", "_token")
 
@@ -356,8 +438,8 @@ class _StepContext:
     def __enter__(self) -> None:
         self._token = self._sp._begin()
 
-    def __exit__(self, *exc: object) -> None:
-        self._sp._end(self._token)
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self._sp._end(self._token, exc)
 
 
 def _close_if_alive(ref: weakref.ref[StepProfiler]) -> None:

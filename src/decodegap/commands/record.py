@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -124,20 +126,119 @@ def _traces(out_dir: str) -> list[str]:
 
 
 def _summarize(target: str, new: list[str], status_dir: str, out_dir: str, needed: int) -> None:
+    """What happened, on stderr: the traces with their unprofiled timing, what dead processes left half-written
+    (removed), and otherwise one line on why there is no trace."""
     from decodegap.capture import output
 
-    marks = os.listdir(status_dir)
-    called = sum(m.endswith(".called") for m in marks)
+    marks = _read_marks(status_dir)
+    removed = output.remove_dead_partials(out_dir)
     if new:
         click.echo(f"decodegap: record: {len(new)} trace(s) in {out_dir}", err=True)
         for path in new:
             click.echo(f"decodegap: record:   {os.path.basename(path)}", err=True)
-    elif called == 0:
-        output.warn(f"{target} was never called by any process of the program; no trace written")
-    elif not any(m.endswith(".reported") for m in marks):
-        # Processes that died before they could say why (killed, or os._exit) leave only this line.
+            for line in _timing_lines(_trace_metadata(path, marks)):
+                click.echo(f"decodegap: record:     {line}", err=True)
+    unfinished = {pid for pid, events in marks.items() if not {"written", "reported"} & events.keys()}
+    running = {pid for pid in unfinished if "called" in marks[pid] and output.process_alive(pid)}
+    died_exporting = sorted(pid for pid in unfinished - running if "exporting" in marks[pid])
+    for pid in died_exporting:
+        left = [p for p in removed if p.pid == pid]
+        cleaned = f"; removed its {len(left)} partial file(s) ({_mb(sum(p.size for p in left))})" if left else ""
+        output.warn(f"process {pid} ran all {needed} calls of {target} but died while writing its trace{cleaned}")
+    others = [p for p in removed if p.pid not in died_exporting]
+    if running:
         output.warn(
-            f"{target} was called in {called} process(es), but none completed {needed} calls; "
-            "no trace written"
+            f"{len(running)} process(es) that called {target} still run after the program's main process "
+            f"exited (pid {', '.join(str(pid) for pid in sorted(running))}); their traces may still appear in {out_dir}"
         )
+    if others:
+        output.warn(
+            f"removed {len(others)} partial trace file(s) ({_mb(sum(p.size for p in others))}) left in {out_dir} "
+            f"by process(es) {', '.join(str(pid) for pid in sorted({p.pid for p in others}))} that no longer run"
+        )
+    if not new:
+        why = _why_no_trace(target, marks, needed, set(died_exporting) | running)
+        if why:
+            output.warn(why)
     sys.stderr.flush()
+
+
+def _why_no_trace(target: str, marks: dict[int, dict[str, str]], needed: int, told: set[int]) -> str:
+    def having(event: str) -> list[int]:
+        return [pid for pid, events in marks.items() if event in events]
+
+    called = having("called")
+    if called or having("reported"):  # a process that reported said why, in its own warning line
+        short = [pid for pid in called if pid not in told and "reported" not in marks[pid]]
+        if not short:
+            return ""
+        return (
+            f"{target} was called in {len(short)} process(es) that stopped before completing {needed} calls "
+            "(warmup + timed + steps); no trace written"
+        )
+    notes = [marks[pid]["unresolved"] for pid in having("unresolved")]
+    if notes:
+        return f"{target} was never wrapped: {notes[0]}; no trace written"
+    if having("wrapped"):
+        return f"{target} was wrapped in {len(having('wrapped'))} process(es) but never called; no trace written"
+    module = target.split(":", 1)[0]
+    hints = sorted({marks[pid]["no-module"] for pid in having("no-module")} - {""})
+    return (
+        f"{target} was never called by any process of the program: no process imported module {module!r}"
+        f"{hints[0] if hints else ''}; no trace written"
+    )
+
+
+def _read_marks(status_dir: str) -> dict[int, dict[str, str]]:
+    """`<pid>.<event>` files (their text is the event's payload) as {pid: {event: payload}}."""
+    marks: dict[int, dict[str, str]] = {}
+    for name in os.listdir(status_dir):
+        pid, _, event = name.partition(".")
+        if not pid.isdigit() or not event:
+            continue
+        try:
+            with open(os.path.join(status_dir, name), encoding="utf-8") as f:
+                payload = f.read()
+        except OSError:
+            payload = ""
+        marks.setdefault(int(pid), {})[event] = payload
+    return marks
+
+
+def _trace_metadata(path: str, marks: dict[int, dict[str, str]]) -> dict | None:
+    # The file name is <host>.<pid>.rank-<rank>.decodegap.pt.trace.json.gz; the process left its metadata as a mark.
+    match = re.search(r"\.(\d+)\.rank-", os.path.basename(path))
+    pid = int(match.group(1)) if match else None
+    payload = marks.get(pid, {}).get("written", "") if pid is not None else ""
+    try:
+        meta = json.loads(payload) if payload else None
+    except ValueError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _timing_lines(meta: dict | None) -> list[str]:
+    timed = meta.get("unprofiled_step_ms") if meta else None
+    if not isinstance(timed, dict) or timed.get("median") is None:
+        return []
+    count = len(timed.get("samples") or [])
+    lines = [
+        f"unprofiled step {timed['median']:.3f} ms median, p10 {timed['p10']:.3f}, p90 {timed['p90']:.3f} "
+        f"({count} calls, {timed.get('clock')})"
+    ]
+    modes = timed.get("modes") or []
+    if timed.get("bimodal") and len(modes) == 2:
+        low, high = modes
+        lines.append(
+            f"note: the unprofiled samples are bimodal: {low['count']} near {low['median']:.3f} ms, "
+            f"{high['count']} near {high['median']:.3f} ms (calls of two kinds, e.g. different shapes, in the "
+            "timed window); compare the profiled steps with the right group"
+        )
+    for raised in (meta or {}).get("raised") or []:
+        where = f"profiled step {raised['step']}" if raised.get("phase") == "profiled" else "a timed call"
+        lines.append(f"note: the target raised {raised.get('exception')} in {where} (call {raised.get('call_index')})")
+    return lines
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
