@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decodegap.capture.timing import BIMODAL_MIN_REL_GAP, BIMODAL_MIN_SAMPLES, percentile, summary, two_modes
+from decodegap.capture.timing import summary
+from decodegap.samples import BIMODAL_MIN_REL_GAP, BIMODAL_MIN_SAMPLES, percentile, two_modes
 
 
 def test_summary_keeps_call_order_index_and_spread() -> None:

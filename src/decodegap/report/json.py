@@ -7,6 +7,7 @@ import msgspec
 from decodegap import __version__
 from decodegap.breakdown import Spread
 from decodegap.names import short_kernel_name
+from decodegap.samples import spread
 from decodegap.steps import PHASES, describe
 
 SCHEMA = "decodegap.report/1"
@@ -113,34 +114,22 @@ def _finite_positive(value) -> bool:
 
 
 def _spread(timing: dict) -> dict:
-    """p10/p90/bimodal as record wrote them, or computed from its samples for traces recorded before it did."""
-    import numpy as np
-
+    """p10/p90/bimodal as record wrote them, or computed by the same rule for traces recorded before it did."""
     raw = timing.get("samples") if isinstance(timing.get("samples"), list) else []
     samples = [float(v) for v in raw if _finite_positive(v)]
     out: dict = {"samples": len(samples)}
+    computed = spread(samples)
     p10, p90 = timing.get("p10"), timing.get("p90")
-    if not (_finite_positive(p10) and _finite_positive(p90)) and samples:
-        p10, p90 = (float(v) for v in np.percentile(samples, [10, 90]))
+    if not (_finite_positive(p10) and _finite_positive(p90)):
+        p10, p90 = computed.p10, computed.p90
     if _finite_positive(p10) and _finite_positive(p90):
         out.update({"unprofiled_p10_ms": _r(p10), "unprofiled_p90_ms": _r(p90), "spread_ms": _r(p90 - p10)})
     bimodal = timing.get("bimodal")
-    out["bimodal"] = bool(bimodal) if isinstance(bimodal, bool) else _looks_bimodal(samples)
+    out["bimodal"] = bimodal if isinstance(bimodal, bool) else computed.bimodal
     if isinstance(timing.get("call_index"), list):
         out["call_index"] = timing["call_index"][:64]
     out["samples_ms"] = [_r(v, 3) for v in samples[:64]]
     return out
-
-
-def _looks_bimodal(samples: list[float]) -> bool:
-    """Two groups of at least two samples each, split by a gap wider than a third of the median."""
-    if len(samples) < 4:
-        return False
-    ordered = sorted(samples)
-    median = ordered[len(ordered) // 2]
-    gaps = [(ordered[i + 1] - ordered[i], i) for i in range(len(ordered) - 1)]
-    widest, at = max(gaps)
-    return widest > median / 3 and 2 <= at + 1 <= len(ordered) - 2
 
 
 def _plain(value):

@@ -67,8 +67,11 @@ def summary_lines(report) -> list[str]:
                          f"{b.kernels_per_step:.0f} CPU ops per step" + layers)
     check = profiler_check(report)
     if check:
-        lines.append(f"profiled {check['profiled_ms']:.3f} ms vs unprofiled {check['unprofiled_ms']:.3f} ms per step "
-                     f"({check['source']}): ratio {check['ratio']:.2f}")
+        band = (f" (p10-p90 {check['unprofiled_p10_ms']:.3f}-{check['unprofiled_p90_ms']:.3f} ms over "
+                f"{check['samples']} calls{', bimodal: two kinds of call' if check.get('bimodal') else ''})"
+                if "unprofiled_p10_ms" in check else "")
+        lines.append(f"profiled {check['profiled_ms']:.3f} ms vs unprofiled {check['unprofiled_ms']:.3f} ms per step"
+                     f"{band} ({check['source']}): ratio {check['ratio']:.2f}")
     return lines
 
 
@@ -100,8 +103,8 @@ def render_text(report, top: int = 15, full_names: bool = False, width: int | No
         console.print(table)
     if b.categories:
         unit = "GPU" if main.trace.has_gpu else "CPU op"
-        table = Table(title=f"time per {step_noun(b.phase)} by category" + (f" (rank {main.rank})" if len(report.ranks) > 1
-                                                                   else ""), title_justify="left")
+        rank_note = f" (rank {main.rank})" if len(report.ranks) > 1 else ""
+        table = Table(title=f"time per {step_noun(b.phase)} by category{rank_note}", title_justify="left")
         for col in ("category", "ms/step", f"% {unit} time", "% of step"):
             table.add_column(col, justify="right" if col != "category" else "left")
         for c in b.categories:
