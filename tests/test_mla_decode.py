@@ -373,3 +373,107 @@ print("ok", k.metadata.shared)
     env.pop("TRITON_INTERPRET", None)  # compiled, not interpreted
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The sm_90 CUDA stage 1 (FP8, <= 16 heads; mla_decode_sm90.cu), merged by the Triton merge kernel
+
+
+def needs_sm90() -> None:
+    if DEVICE != "cuda":
+        pytest.skip("needs a CUDA device")
+    needs_triton()
+    from decodegap.kernels import mla_decode_sm90
+
+    if not mla_decode_sm90.applies(torch.empty(1, 16, HEAD_DIM, device="cuda", dtype=BF16),
+                                   torch.empty(1, 1, HEAD_DIM, device="cuda", dtype=FP8)):
+        pytest.skip("the CUDA fast path does not apply on this GPU (sm_90 only) or did not build")
+
+
+# (batch, heads, page_size, lengths, kv_scale, forced split count or None)
+CUDA_CASES = [
+    (1, 16, 1, [1], 1.0, None),                  # one token, token slots
+    (3, 16, 16, [37, 1, 100], 0.37, 3),          # odd lengths, several pages and splits
+    (3, 8, 64, [200, 129, 3], 0.37, 5),          # empty splits of the short sequence
+    (3, 1, 1, [9, 33, 0], 1.7, 2),               # one head, an empty sequence
+    (2, 12, 64, [64, 65], 1.0, 1),               # one split, page boundaries, heads not a multiple of 8
+    (4, 16, 16, [1500, 700, 31, 2048], 0.8, None),  # the heuristic's split count
+]
+
+
+@pytest.mark.parametrize("variant", [0, 1, 2])
+@pytest.mark.parametrize("batch,heads,page_size,lens,kv_scale,num_splits", CUDA_CASES,
+                         ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[5]}" for c in CUDA_CASES])
+def test_cuda_kernel_matches_reference(variant, batch, heads, page_size, lens, kv_scale, num_splits):
+    needs_sm90()
+    from decodegap.kernels.mla_decode_triton import mla_decode_triton
+
+    case = make_case(batch, heads, page_size, FP8, lens, kv_scale)
+    out = torch.full((batch, heads, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
+    res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, kv_scale,
+                                 return_lse=True, num_splits=num_splits, out=out, poison_workspace=True,
+                                 backend="cuda", cuda_variant=variant)
+    assert res is out
+    check_against_reference(case, res, lse)
+
+
+def test_cuda_kernel_is_the_default_for_fp8_up_to_16_heads():
+    needs_sm90()
+    from decodegap.kernels.mla_decode_triton import default_config, uses_cuda_kernel
+
+    q16, q17 = (torch.empty(1, h, HEAD_DIM, device=DEVICE, dtype=BF16) for h in (16, 17))
+    fp8, bf16 = (torch.empty(2, 16, HEAD_DIM, device=DEVICE, dtype=d) for d in (FP8, BF16))
+    assert uses_cuda_kernel(q16, fp8)
+    assert not uses_cuda_kernel(q17, fp8) and not uses_cuda_kernel(q16, bf16)
+    assert not uses_cuda_kernel(q16, fp8, backend="triton")
+    assert not uses_cuda_kernel(q16, fp8, config=default_config(16, FP8))  # an explicit Triton tile
+
+
+def test_cuda_kernel_under_cuda_graph_capture():
+    """Captured once, replayed on new inputs copied into the captured tensors: the same results as eager."""
+    needs_sm90()
+    case = make_case(4, 16, 64, FP8, [300, 5, 1000, 64], 0.8)
+    args = (case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE)
+    mla_decode(*args, kv_scale=0.8, return_lse=True, validate=False)  # build, compile and warm outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = mla_decode(*args, kv_scale=0.8, return_lse=True, validate=False)
+    case.q.copy_(torch.randn_like(case.q.float()).to(BF16))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_against_reference(case, out, lse)
+
+
+def test_cuda_kernel_reads_a_pool_past_2_31_elements():
+    """A pool of 2^31 + elements (2.2 GB of FP8): the live pages sit at its end, beyond any 32-bit offset."""
+    needs_sm90()
+    page_size, pages = 64, (2**31 // (64 * HEAD_DIM)) + 8
+    pool = torch.empty((pages, page_size, HEAD_DIM), dtype=FP8, device=DEVICE)
+    small = make_case(2, 16, page_size, FP8, [130, 64], 0.8)
+    n = small.kv_cache.shape[0]
+    pool[pages - n:] = small.kv_cache
+    table = torch.where(small.block_table < n, small.block_table + (pages - n), small.block_table)
+    out, lse = mla_decode(small.q, pool, table.int(), small.seq_lens, SM_SCALE, kv_scale=0.8, return_lse=True)
+    small_out = mla_decode(small.q, small.kv_cache, small.block_table, small.seq_lens, SM_SCALE, kv_scale=0.8,
+                           impl="reference")
+    assert rel_err(out, small_out) < REL_TOL
+    del pool
+
+
+@pytest.mark.slow
+def test_cuda_source_compiles_for_sm90():
+    """The CUDA source builds for sm_90 wherever nvcc exists (no GPU needed), as it will at first use."""
+    from decodegap.kernels import mla_decode_sm90
+
+    nvcc = mla_decode_sm90._nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not installed")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
+                              os.path.join(tmp, "k.cubin"), str(mla_decode_sm90._SOURCE)],
+                             capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Used" in res.stderr

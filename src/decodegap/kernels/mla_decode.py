@@ -114,7 +114,8 @@ def check_args(
         raise ValueError(f"seq_lens must have shape [B={batch}]; got {list(seq_lens.shape)}")
     devices = {t.device for t in (q, kv_cache, block_table, seq_lens)}
     if len(devices) != 1:
-        raise ValueError(f"q, kv_cache, block_table and seq_lens must be on one device; got {sorted(map(str, devices))}")
+        raise ValueError(
+            f"q, kv_cache, block_table and seq_lens must be on one device; got {sorted(map(str, devices))}")
 
 
 def check_values(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> None:

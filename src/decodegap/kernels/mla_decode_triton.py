@@ -230,32 +230,53 @@ def _mla_decode_tokens_major(
 
 @triton.jit
 def _mla_decode_merge(
-    part_ptr, part_lse_ptr, out_ptr, lse_ptr, num_heads, num_splits,
+    part_ptr, part_lse_ptr, out_ptr, lse_ptr, num_heads, num_splits, part_scale,
     stride_ob, stride_oh,
-    DL: tl.constexpr, RETURN_LSE: tl.constexpr,
+    DL: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
 ):
+    """One (head, sequence, BLOCK_D output columns) per program. ONE_SHOT (num_splits <= BLOCK_S): the split
+    lse and the partial rows are loaded at once, one memory round trip; else BLOCK_S splits at a time, whose
+    loads are independent (a loop over single splits waits one memory latency per split: most of a B=1 call).
+    Partials are fp32 or fp16 (times part_scale)."""
     pid_h = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
-    offs = tl.arange(0, DL)
+    pid_d = tl.program_id(2)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     base = (pid_b * num_heads + pid_h) * num_splits
-    m = float("-inf")
-    l = 0.0
-    acc = tl.zeros([DL], dtype=tl.float32)
-    for s in range(num_splits):
-        lse_s = tl.load(part_lse_ptr + base + s)
-        m_new = tl.maximum(m, lse_s)
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # all empty so far: keep weights at 0, not NaN
-        alpha = tl.exp2(m - m_ref)
+    if ONE_SHOT:
+        live = offs_s < num_splits
+        lse_s = tl.load(part_lse_ptr + base + offs_s, mask=live, other=float("-inf"))
+        rows = tl.load(part_ptr + (base + offs_s)[:, None] * DL + offs_d[None, :], mask=live[:, None], other=0.0)
+        m_max = tl.max(lse_s, 0)
+        m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)  # all empty: keep weights at 0, not NaN
         w = tl.exp2(lse_s - m_ref)
-        acc = acc * alpha + w * tl.load(part_ptr + (base + s) * DL + offs)
-        l = l * alpha + w
-        m = m_new
-    has = l > 0
-    o = acc / tl.where(has, l, 1.0)
-    tl.store(out_ptr + pid_b * stride_ob + pid_h * stride_oh + offs, o.to(tl.bfloat16))
+        acc = tl.sum(w[:, None] * rows.to(tl.float32), 0)
+        l_sum = tl.sum(w, 0)
+    else:
+        m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+        for s0 in range(0, num_splits, BLOCK_S):
+            m = tl.maximum(m, tl.load(part_lse_ptr + base + s0 + offs_s, mask=s0 + offs_s < num_splits,
+                                      other=float("-inf")))
+        m_max = tl.max(m, 0)
+        m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        l_s = tl.zeros([BLOCK_S], dtype=tl.float32)
+        for s0 in range(0, num_splits, BLOCK_S):
+            live = s0 + offs_s < num_splits
+            w = tl.exp2(tl.load(part_lse_ptr + base + s0 + offs_s, mask=live, other=float("-inf")) - m_ref)
+            rows = tl.load(part_ptr + (base + s0 + offs_s)[:, None] * DL + offs_d[None, :], mask=live[:, None],
+                           other=0.0)
+            acc += tl.sum(w[:, None] * rows.to(tl.float32), 0)
+            l_s += w
+        l_sum = tl.sum(l_s, 0)
+    has = l_sum > 0
+    o = acc * (part_scale / tl.where(has, l_sum, 1.0))
+    tl.store(out_ptr + pid_b * stride_ob + pid_h * stride_oh + offs_d, o.to(tl.bfloat16))
     if RETURN_LSE:
-        lse = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
-        tl.store(lse_ptr + pid_b * num_heads + pid_h, lse * 0.6931471805599453)
+        lse = tl.where(has, m_max + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf"))
+        tl.store(lse_ptr + pid_b * num_heads + pid_h, lse * 0.6931471805599453, mask=pid_d == 0)
 
 
 @dataclass(frozen=True)
@@ -359,19 +380,25 @@ def _kernel_and_constants(cfg: Config, kv_dtype: torch.dtype, page_size: int, sp
     return (_mla_decode_heads_major if cfg.heads_major else _mla_decode_tokens_major), consts, options
 
 
+def _score_scales(sm_scale: float, kv_scale: float, dtype) -> tuple[float, float]:
+    """(q_scale, s_scale): the dots take q * q_scale and the fp32 scores are multiplied by s_scale (log2 units).
+    fp16 dots: q * 2^e with 2^e ~ qk_scale is exact (a bf16 value has 8 significant bits, fp16 11) and keeps the
+    scaled q (|q| * qk_scale ~ a score's scale) far inside fp16's range; the rest of qk_scale multiplies the
+    fp32 scores. bf16 dots: q as is."""
+    qk_scale = float(sm_scale) * float(kv_scale) * _LOG2E
+    q_scale = 2.0 ** round(math.log2(qk_scale)) if dtype == tl.float16 else 1.0
+    return q_scale, qk_scale / q_scale
+
+
 def _launch(cfg: Config, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
             out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor, sm_scale: float,
             kv_scale: float, splits: int, return_lse: bool, warmup: bool = False):
     """Run stage 1 (or only compile it, for `warmup`) on a grid of head blocks x splits x batch."""
     batch, num_heads, _ = q.shape
     kernel, consts, options = _kernel_and_constants(cfg, kv_cache.dtype, kv_cache.shape[1], splits > 1, return_lse)
-    qk_scale = float(sm_scale) * float(kv_scale) * _LOG2E
-    # fp16 dots: q * 2^e with 2^e ~ qk_scale is exact (a bf16 value has 8 significant bits, fp16 11) and keeps the
-    # scaled q (|q| * qk_scale ~ a score's scale) far inside fp16's range; the rest of qk_scale multiplies the
-    # fp32 scores. bf16 dots: q as is.
-    q_scale = 2.0 ** round(math.log2(qk_scale)) if consts["DOT_DTYPE"] == tl.float16 else 1.0
+    q_scale, s_scale = _score_scales(sm_scale, kv_scale, consts["DOT_DTYPE"])
     args = (q, kv_cache, block_table, seq_lens, out, lse, part, part_lse,
-            q_scale, qk_scale / q_scale, float(kv_scale), num_heads, splits,
+            q_scale, s_scale, float(kv_scale), num_heads, splits,
             q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
             out.stride(0), out.stride(1), num_heads * splits, splits)
     grid = (triton.cdiv(num_heads, cfg.block_h), splits, batch)
@@ -403,10 +430,15 @@ def compile_for_gpu(cfg: Config, kv_dtype: torch.dtype, *, split: bool = True, r
 
 
 def num_splits_for(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                   config: Config | None = None, return_lse: bool = False) -> int:
+                   config: Config | None = None, return_lse: bool = False, backend: str = "auto",
+                   cuda_variant: int | None = None) -> int:
     """The split count `mla_decode_triton` picks for these arguments: whole waves of programs, where a program's
     registers and shared memory (from its compiled kernel, once per config) say how many share an SM."""
     batch, num_heads, _ = q.shape
+    if uses_cuda_kernel(q, kv_cache, config, backend):
+        from decodegap.kernels.mla_decode_sm90 import DEFAULT_VARIANT
+
+        return _cuda_splits(q, kv_cache, block_table, DEFAULT_VARIANT if cuda_variant is None else cuda_variant)
     cfg = config or default_config(num_heads, kv_cache.dtype)
     per_sm = 2
     if q.is_cuda:
@@ -434,10 +466,14 @@ def mla_decode_triton(
     config: Config | None = None,
     out: torch.Tensor | None = None,
     poison_workspace: bool = False,
+    backend: str = "auto",
+    cuda_variant: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The Triton path, without the public entry's checks (call `mla_decode` unless you have checked the
-    arguments). Keyword-only knobs for tests and tuning: a fixed split count or tile config, a preallocated
-    output, and NaN-poisoned partial buffers (to prove every partial is written before it is merged)."""
+    """The fused path, without the public entry's checks (call `mla_decode` unless you have checked the
+    arguments). FP8 caches with <= 16 heads on Hopper run the CUDA stage 1 (mla_decode_sm90.py) unless a Triton
+    `config` or backend="triton" is given; everything else runs the Triton kernels. Keyword-only knobs for tests
+    and tuning: a fixed split count or tile config, a preallocated output, NaN-poisoned partial buffers (to prove
+    every partial is written before it is merged), the backend and the CUDA kernel variant."""
     batch, num_heads, _ = q.shape
     if out is None:
         out = torch.empty((batch, num_heads, LATENT_DIM), dtype=torch.bfloat16, device=q.device)
@@ -445,21 +481,89 @@ def mla_decode_triton(
     if batch == 0:
         return (out, lse) if return_lse else out
     q = q.contiguous()  # tiny; the kernel assumes unit stride in the last dim
+    if uses_cuda_kernel(q, kv_cache, config, backend):
+        from decodegap.kernels.mla_decode_sm90 import DEFAULT_VARIANT
+
+        return _mla_decode_cuda(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_scale, return_lse,
+                                num_splits, poison_workspace,
+                                DEFAULT_VARIANT if cuda_variant is None else cuda_variant)
     cfg = config or default_config(num_heads, kv_cache.dtype)
     if num_splits is None:
         num_splits = num_splits_for(q, kv_cache, block_table, cfg, return_lse)
     split = num_splits > 1
     if split:
-        make = torch.full if poison_workspace else (lambda shape, _v, **kw: torch.empty(shape, **kw))
-        part = make((batch, num_heads, num_splits, LATENT_DIM), math.nan, dtype=torch.float32, device=q.device)
-        part_lse = make((batch, num_heads, num_splits), math.nan, dtype=torch.float32, device=q.device)
+        part, part_lse = _workspace(batch, num_heads, num_splits, q.device, poison_workspace)
     else:
         part = part_lse = out  # unused
     _launch(cfg, q, kv_cache, block_table, seq_lens, out, lse, part, part_lse, sm_scale, kv_scale, num_splits,
             return_lse)
     if split:
-        _mla_decode_merge[(num_heads, batch)](
-            part, part_lse, out, lse, num_heads, num_splits, out.stride(0), out.stride(1),
-            DL=LATENT_DIM, RETURN_LSE=return_lse, num_warps=4,
-        )
+        _merge(part, part_lse, out, lse, return_lse)
     return (out, lse) if return_lse else out
+
+
+def _merge(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, return_lse: bool,
+           part_scale: float = 1.0):
+    batch, num_heads, num_splits, _ = part.shape
+    # One warp per program, <= 2048 partial elements: the sum over splits stays within a warp (with 4 warps the
+    # [16, 256] tile was summed through shared memory: 13 µs at B=32, 12 splits, L1 82% busy, DRAM 10%).
+    block_s = min(256, triton.next_power_of_2(num_splits))
+    block_d = max(16, min(LATENT_DIM, 2048 // block_s))
+    _mla_decode_merge[(num_heads, batch, LATENT_DIM // block_d)](
+        part, part_lse, out, lse, num_heads, num_splits, float(part_scale), out.stride(0), out.stride(1),
+        DL=LATENT_DIM, BLOCK_S=block_s, BLOCK_D=block_d, ONE_SHOT=num_splits <= block_s,
+        RETURN_LSE=return_lse, num_warps=1,
+    )
+
+
+def _workspace(batch: int, num_heads: int, num_splits: int, device, poison: bool,
+               dtype: torch.dtype = torch.float32):
+    make = torch.full if poison else (lambda shape, _v, **kw: torch.empty(shape, **kw))
+    part = make((batch, num_heads, num_splits, LATENT_DIM), math.nan, dtype=dtype, device=device)
+    part_lse = make((batch, num_heads, num_splits), math.nan, dtype=torch.float32, device=device)
+    return part, part_lse
+
+
+def _mla_decode_cuda(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_scale, return_lse, num_splits,
+                     poison_workspace, variant):
+    """The sm_90 CUDA stage 1 (FP8, <= 16 heads; mla_decode_sm90.py) and the Triton merge. It always writes
+    partials, also for one split: the merge then computes the lse (one split's partials are 1/300 of its KV at
+    16 heads and 4k tokens)."""
+    from decodegap.kernels import mla_decode_sm90 as sm90
+
+    batch, num_heads, _ = q.shape
+    if num_splits is None:
+        num_splits = _cuda_splits(q, kv_cache, block_table, variant)
+    # fp16 partials of sum(p v) / sum(p) in cache units (|x| <= 448): half the traffic of fp32, within 2^-11;
+    # the merge applies kv_scale.
+    part, part_lse = _workspace(batch, num_heads, num_splits, q.device, poison_workspace, torch.float16)
+    q_scale, s_scale = _score_scales(sm_scale, kv_scale, tl.float16)
+    sm90.launch_stage1(q, kv_cache, block_table, seq_lens, part, part_lse, q_scale, s_scale, num_splits, variant)
+    _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale))
+    return (out, lse) if return_lse else out
+
+
+def _cuda_splits(q, kv_cache, block_table, variant) -> int:
+    from decodegap.kernels import mla_decode_sm90 as sm90
+
+    info = sm90.kernel_info(q.device.index if q.device.index is not None else torch.cuda.current_device(),
+                            variant)
+    return pick_num_splits(q.shape[0], 1, block_table.shape[1] * kv_cache.shape[1], q.shape[1],
+                           _num_sms(q.device.index), info.block_n, info.ctas_per_sm)
+
+
+def uses_cuda_kernel(q: torch.Tensor, kv_cache: torch.Tensor, config: Config | None = None,
+                     backend: str = "auto") -> bool:
+    """Whether mla_decode_triton runs the sm_90 CUDA stage 1 for these arguments: backend "cuda", or "auto"
+    with no explicit Triton config on a GPU where the fast path applies (FP8, <= 16 heads, Hopper)."""
+    if backend not in ("auto", "triton", "cuda"):
+        raise ValueError(f"backend must be auto, triton or cuda; got {backend!r}")
+    if backend == "triton" or (backend == "auto" and (config is not None or _INTERPRETED or not q.is_cuda)):
+        return False
+    from decodegap.kernels import mla_decode_sm90 as sm90
+
+    ok = sm90.applies(q, kv_cache)
+    if backend == "cuda" and not ok:
+        raise ValueError("backend='cuda' needs an FP8 cache, <= 16 heads, 16-byte aligned rows and an sm_90 GPU "
+                         "where the kernel builds")
+    return ok
