@@ -4,7 +4,10 @@ SASS instructions in the KV loop per warp (one [BLOCK_N, 576] tile) and per toke
 
     PYTHONPATH=src python3 benchmarks/inspect_sm90.py [--dump DIR] [--only NAME ...]
 
-Runs on a CPU machine with triton's bundled ptxas/cuobjdump; on a GPU machine it does the same.
+Runs on a CPU machine with triton's bundled ptxas/cuobjdump; on a GPU machine it does the same. The CUDA stage-1
+variants (mla_decode_sm90.cu) are built with nvcc -cubin where nvcc exists (columns: cvt = F2FP, mma = HMMA in
+SASS, the ldmatrix column counts movmatrix; loop = the longest loop, which for the pipelined kernel includes the
+rare rescale block).
 """
 
 from __future__ import annotations
@@ -79,6 +82,40 @@ def summarize(name: str, cfg: Config, k, dump: str | None) -> str:
     return "| " + " | ".join(head + cols + [str(len(body)), f"{per_token:.0f}", top]) + " |"
 
 
+def cuda_rows() -> list[str]:
+    """The same columns for the CUDA stage-1 variants (mla_decode_sm90.cu), built with nvcc -cubin for sm_90."""
+    from decodegap.kernels import mla_decode_sm90
+
+    nvcc = mla_decode_sm90._nvcc()
+    if nvcc is None:
+        return ["| cuda variants | nvcc not found |"]
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90", "-cubin", "-o", cubin,
+                        str(mla_decode_sm90._SOURCE)], check=True, capture_output=True)
+        sass = subprocess.run([f"{BIN}/cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+        res = subprocess.run([f"{BIN}/cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
+    usage = dict(re.findall(r"Function (\S+):\s*\n\s*REG:(\d+)", res))
+    rows = []
+    for func in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = func.split()[0]
+        m = re.search(r"mla_decode_fp8_sm90ILi(\d+)ELi(\d+)ELi(\d+)ELb(\d)ELb(\d)E", name)
+        if not m:
+            continue
+        nt, st, ctas, pipe, prmt = (int(x) for x in m.groups())
+        body = loop_body(func)
+        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", i).split()[0].split(".")[0] for i in body)
+        top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
+        label = (f"cuda N{8 * nt} st{st} {ctas}/SM{' pipelined' if pipe else ''}, V by "
+                 f"{'PRMT' if prmt else 'movmatrix'}")
+        smem = st * nt * 8 * 592 + (2 if pipe else 1) * 4 * nt * 32 * 16
+        cells = [label, usage.get(name, "?"), "-", f"{smem // 1024} KiB", str(ops["F2FP"]), str(ops["HMMA"]), "0",
+                 str(ops["MOVM"]) + " movmatrix", "0", str(ops["LDL"] + ops["STL"]), str(len(body)),
+                 f"{len(body) * 4 / (8 * nt):.0f}", top]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", help="write ptx/sass/ttgir per config here")
@@ -94,6 +131,8 @@ def main() -> None:
             print(summarize(name, cfg, compile_for_gpu(cfg, kv, asm_widen=asm_widen), args.dump), flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"| {name} | failed: {type(e).__name__}: {str(e)[:200]} |", flush=True)
+    if not args.only:
+        print("\n".join(cuda_rows()))
 
 
 if __name__ == "__main__":
