@@ -18,7 +18,7 @@ CASES = {
     "json.load (stdlib)": "import gzip, json\nopener = gzip.open if PATH.endswith('.gz') else open\n"
                           "with opener(PATH, 'rb') as f:\n    json.load(f)",
     "decodegap analyze (load + steps + breakdown + findings)":
-        "from decodegap.analyze import analyze_path\nfrom decodegap.report.json import render_json\n"
+        "from decodegap.pipeline import analyze_path\nfrom decodegap.report.json import render_json\n"
         "render_json(analyze_path(PATH))",
 }
 

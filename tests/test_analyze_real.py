@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from decodegap.analyze import AnalysisOptions, analyze_path
+from decodegap.pipeline import AnalysisOptions, analyze_path
 from decodegap.report.json import render_json, report_dict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decodegap.analyze import analyze_path
+from decodegap.pipeline import analyze_path
 from decodegap.report.json import report_dict
 from tracegen import decode_loop, write, write_kineto_layout
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decodegap.analyze import analyze_path
+from decodegap.pipeline import analyze_path
 from decodegap.cli import main
 from decodegap.errors import UserError
 from decodegap.report.json import report_dict

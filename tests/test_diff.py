@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from decodegap.analyze import analyze_path
+from decodegap.pipeline import analyze_path
 from decodegap.cli import main
 from decodegap.diff import diff_reports, load_report, render_diff
 from decodegap.report.json import render_json

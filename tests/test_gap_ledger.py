@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from decodegap.analyze import AnalysisOptions, analyze_path
+from decodegap.pipeline import AnalysisOptions, analyze_path
 from decodegap.cli import main
 from decodegap.commands.analyze import example_path
 from decodegap.demo.config import FULL

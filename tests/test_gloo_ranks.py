@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from decodegap.analyze import analyze_path
+from decodegap.pipeline import analyze_path
 from decodegap.report.json import report_dict
 
 pytest.importorskip("torch")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from decodegap.analyze import analyze_path
+from decodegap.pipeline import analyze_path
 from decodegap.capture import METADATA_KEY
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from decodegap.analyze import analyze_path
+from decodegap.pipeline import analyze_path
 from decodegap.report.json import report_dict
 from _record_helpers import TRACE_GLOB, all_files, load_trace, step_names, warning_lines
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from decodegap.analyze import analyze_path
+from decodegap.pipeline import analyze_path
 from decodegap.cli import main
 from decodegap.report.json import report_dict
 from decodegap.step_marks import parse_mark

@@ -96,6 +96,8 @@ class Breakdown:
     counts: dict = field(default_factory=dict)  # steps per phase
     ms_each: dict = field(default_factory=dict)  # wall time of each step, per phase
     layer_kinds: list[LayerKind] = field(default_factory=list)
+    layer_starts: tuple[int, ...] = ()  # positions in the typical step's rows where each layer begins
+    typical_step: int | None = None  # index into the phase's steps of the step the layers were read from
 
 
 def _busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
@@ -177,6 +179,7 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
         launch_us_per_kernel=_launch_cost_us(trace, links, rows), categories=categories, kernels=kernels,
         layers=found.count, layers_evidence=found.evidence, longest_gaps=_longest_gaps(trace, decode),
         phase=phase, counts=_counts(steps), ms_each=_ms_each(steps), layer_kinds=found.kinds,
+        layer_starts=found.starts, typical_step=len(decode) // 2 if decode else None,
     )
 
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from decodegap.errors import UserError
-from decodegap.report.json import SCHEMA
+from decodegap.analysis import SCHEMA
 
 CHANGE = 0.10  # relative change below which a kernel group counts as unchanged
 MIN_MS = 0.005  # and absolute change below which, too
@@ -22,7 +22,7 @@ def load_report(path: Path, tpot_ms: float | None = None) -> dict:
             data = None
         if isinstance(data, dict) and data.get("schema") == SCHEMA:
             return data
-    from decodegap.analyze import AnalysisOptions, analyze_path
+    from decodegap.pipeline import AnalysisOptions, analyze_path
     from decodegap.report.json import report_dict
 
     return report_dict(analyze_path(path, AnalysisOptions(tpot_ms=tpot_ms)))

@@ -109,6 +109,7 @@ class Layers:
     first: int = 0  # first and last position of a layer kernel: the layer region
     last: int = 0
     kinds: list[LayerKind] = field(default_factory=list)
+    starts: tuple[int, ...] = ()  # where each layer's counting kernel runs in the step (a layer's boundary)
 
     def glue(self, length: int) -> float:
         """Activities of a block of `length` that lie outside its layers: the once-per-forward work."""
@@ -160,7 +161,7 @@ def _layers(a: Anchor, group: list[Anchor], seq: np.ndarray, names, kinds=None) 
     evidence = f"{len(group)} kernels run {count} times per step at a regular spacing of {a.period:.0f} GPU activities"
     if kinds:
         evidence += "; " + describe_kinds(kinds)
-    return Layers(count, evidence, period, first, last, kinds or [])
+    return Layers(count, evidence, period, first, last, kinds or [], tuple(int(p) for p in a.positions))
 
 
 def _kinds(seq, coarse_group: list[Anchor], fine: Anchor, k: int, names) -> list[LayerKind]:

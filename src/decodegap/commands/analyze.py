@@ -9,14 +9,8 @@ import click
 
 from decodegap.errors import UserError
 
-EXAMPLE = "example_trace.json.gz"
-# The example is the demo's GLM-5-shaped rank (decodegap.demo) replayed from a CUDA graph on an H200: its model
-# config travels with it, and the demo keeps 2,048 active tokens in the pool.
-EXAMPLE_MODEL = "example_model_config.json"
-EXAMPLE_CONTEXT = 2048
-
-
-def example_path(name: str = EXAMPLE) -> Path:
+def example_path(name: str = "example_trace.json.gz") -> Path:
+    """A file of the bundled example (decodegap.api.EXAMPLE_TRACE and its config)."""
     return Path(str(resources.files("decodegap") / "data" / name))
 
 
@@ -46,28 +40,15 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
             batch, context, allreduce_us, output):
     """Read a torch.profiler trace (a .json/.json.gz file or a folder of per-rank traces) and show where the
     time of each decode step goes, the root causes, and the fixes."""
-    from decodegap.analyze import AnalysisOptions, analyze_path
+    from decodegap.api import EXAMPLE_TRACE, run
 
     if example and trace:
         raise UserError("give a TRACE or --example, not both")
     if not example and trace is None:
         raise UserError("missing TRACE (a .json/.json.gz trace or a folder of them); try --example")
-    path = example_path() if example else trace
-    model_given = model_path is not None  # the example's own config does not switch the floor on by itself
-    if example and model_path is None:
-        model_path, context = example_path(EXAMPLE_MODEL), context or EXAMPLE_CONTEXT
-    options = AnalysisOptions(tpot_ms=tpot_ms)
-    floor_request = None
-    if model_path is not None or gpu is not None:
-        from decodegap.gap import prepare_model_options
-
-        floor_request = prepare_model_options(options, model_path, quant_path, weights, kv_format, gpu, tp, batch,
-                                              context, allreduce_us)
-    report = analyze_path(path, options)
-    if floor_request is not None and model_given:  # --model without --gpu: the GPU the trace names
-        from decodegap.gap import attach_floor_from_trace
-
-        attach_floor_from_trace(report, floor_request)
+    report = run(EXAMPLE_TRACE if example else trace, model=model_path, quant=quant_path, weights=weights,
+                 kv=kv_format, gpu=gpu, tp=tp, batch=batch, context=context, tpot_ms=tpot_ms,
+                 allreduce_us=allreduce_us)
     if fmt == "json":
         from decodegap.report.json import render_json
 

@@ -84,7 +84,7 @@ def record(model: DemoModel, out_dir: str | Path, steps: int, warmup: int, timed
 
 def model_options(config: DemoConfig):
     """AnalysisOptions that know the demo's own geometry: its KV width and active token count sharpen findings."""
-    from decodegap.analyze import AnalysisOptions
+    from decodegap.pipeline import AnalysisOptions
     from decodegap.model.config import geometry_from_dict
 
     geometry = geometry_from_dict(hf_config(config), source="decodegap demo")
@@ -104,7 +104,7 @@ def hf_config(c: DemoConfig) -> dict:
 
 def analyze(trace_path: Path, config: DemoConfig):
     """The project's analysis of a demo trace (on a CPU-only trace the analyzer breaks down CPU ops instead)."""
-    from decodegap.analyze import analyze_path
+    from decodegap.pipeline import analyze_path
 
     return analyze_path(trace_path, model_options(config))
 
@@ -117,7 +117,7 @@ class CompareRow:
     trace: Path | None
     finding_ids: list[str] = field(default_factory=list)
     profiled_ms: float | None = None  # the analyzer's median step in the trace
-    report: object | None = None  # decodegap.analyze.Report of the recorded trace
+    report: object | None = None  # decodegap.pipeline.Report of the recorded trace
 
     batch: int = 1
 

@@ -9,7 +9,7 @@ is not evidence of anything."""
 from __future__ import annotations
 
 from decodegap.findings.base import Finding
-from decodegap.report.json import profiler_check
+from decodegap.profiler_check import profiler_check
 
 TOLERANCE = 0.15
 

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from decodegap.names import short_kernel_name
 from decodegap.steps import describe
-from decodegap.report.json import profiler_check
+from decodegap.profiler_check import profiler_check
 
 
 def _fmt_bytes(n: int | None) -> str:

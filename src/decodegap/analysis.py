@@ -1,0 +1,484 @@
+"""The Analysis: everything decodegap found in a trace, typed and immutable; the one thing every view reads.
+
+Built once from the pipeline's stages (steps, breakdown, findings, floor); `to_dict()` is exactly what
+`analyze --format json` prints, `load()` reads a saved report back, and the JSON Schema is generated from these
+types (docs/report.schema.json). DataFrame views need pandas (the `pandas` extra)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from decodegap import __version__
+from decodegap.breakdown import Spread
+from decodegap.categories import categorize
+from decodegap.errors import UserError
+from decodegap.names import short_kernel_name
+from decodegap.profiler_check import profiler_check
+from decodegap.steps import PHASES, describe
+from decodegap.trace.tables import GPU_KIND_NAMES
+
+SCHEMA = "decodegap.report/1"
+
+
+class Struct(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=False):
+    pass
+
+
+class Tool(Struct):
+    name: str
+    version: str
+
+
+class TraceInfo(Struct):
+    path: str
+    files: list[str]
+    device: str | None
+    detail_rank: int | None
+
+
+class StepStats(Struct):
+    median: float
+    mean: float
+    min: float
+    max: float
+    p90: float
+
+
+class PhaseSteps(Struct):
+    count: int
+    source: str
+    ms: StepStats
+    ms_each: list[float]
+    tokens: int | None
+    batch: int | None
+
+
+class StepsSummary(Struct):
+    decode: PhaseSteps
+    prefill: PhaseSteps
+    mixed: PhaseSteps
+    training: PhaseSteps
+    source: str
+    source_detail: str
+    dropped_partial: int
+
+
+class StepRow(Struct):
+    """One step of the main rank: where it starts on the GPU timeline and where its time goes."""
+
+    index: int
+    phase: str
+    label: str | None
+    start_ms: float
+    ms: float
+    gpu_busy_ms: float
+    batch: int | None
+    tokens: int | None
+    category_ms: dict[str, float]
+
+
+class LayerRow(Struct):
+    """One layer of the typical step (the one the layer count was read from)."""
+
+    index: int
+    kind: int  # 0..k-1 when layers alternate between k kinds (layer_kinds[kind]), else 0
+    start_ms: float  # from the step's start
+    ms: float  # from this layer's first kernel to the next layer's
+    gpu_ms: float  # GPU time of its kernels
+
+
+class LayerKind(Struct):
+    count: int
+    markers: list[str]
+
+
+class Category(Struct):
+    name: str
+    ms_per_step: float
+    share: float
+    share_of_step: float
+
+
+class Kernel(Struct):
+    name: str
+    short_name: str
+    category: str
+    calls_per_step: float
+    ms_per_step: float
+    share: float
+    us_per_call: float
+    op: str | None
+    input_shapes: list | None
+    grid: str | None
+    block: str | None
+    from_graph: bool
+    bytes_per_call: int | None
+    bytes_source: str | None
+    gbps: float | None
+
+
+class RankRow(Struct):
+    rank: int
+    path: str
+    decode_steps: int
+    step_ms_median: float
+    gpu_busy_fraction: float
+    collective_ms_per_step: float
+
+
+class Finding(Struct):
+    id: str
+    title: str
+    ms_per_step: float
+    share: float
+    share_of: str
+    evidence: dict[str, Any]  # each detector's numbers, keys listed in its module (findings/)
+    fix: str
+
+
+class ProfilerCheck(Struct, omit_defaults=True):
+    unprofiled_ms: float
+    profiled_ms: float
+    ratio: float
+    source: str
+    samples: int | None = None
+    unprofiled_p10_ms: float | None = None
+    unprofiled_p90_ms: float | None = None
+    spread_ms: float | None = None
+    bimodal: bool | None = None
+    call_index: list[int] | None = None
+    samples_ms: list[float] | None = None
+
+
+class FloorComponent(Struct):
+    name: str
+    category: str
+    bytes_per_gpu: int
+    flops_per_gpu: int
+    memory_ms: float
+    compute_ms: float
+    ms: float
+    bound: str
+    formats: str
+    detail: str
+
+
+class Params(Struct):
+    total: int
+    active: int
+    active_with_embeddings: int
+    active_non_embedding: int
+    mtp: int
+
+
+class MemoryPerGpu(Struct):
+    weights_bytes: int
+    kv_bytes: int
+    gpu_bytes: int | None
+    fits: bool | None
+
+
+class ReplicatedWeights(Struct):
+    modules: list[str]
+    extra_bytes_per_gpu: int
+    extra_ms: float
+
+
+class Floor(Struct):
+    schema: str
+    model_type: str
+    gpu: str
+    tp: int
+    batch: int
+    context: int
+    quant: str
+    floor_ms: float
+    tokens_per_s: float
+    aggregate_tokens_per_s: float
+    bound: str
+    allreduce_us: float
+    params: Params
+    memory_per_gpu: MemoryPerGpu
+    warnings: list[str]
+    components: list[FloorComponent]
+    replicated_weights: ReplicatedWeights
+    assumptions: list[str]
+
+
+class LedgerRow(Struct):
+    category: str
+    components: list[str]
+    measured_ms: float
+    floor_ms: float
+    excess_ms: float
+    efficiency: float | None
+    mapping: str
+    kernel_groups: int | None
+    beats_floor: bool
+
+
+class GapLedger(Struct):
+    step_ms: float
+    floor_ms: float
+    excess_ms: float
+    efficiency: float | None
+    explained_by_findings_ms: float
+    unexplained_ms: float
+    gpu: str | None
+    tp: int
+    rows: list[LedgerRow]
+    warnings: list[str]
+
+
+class Analysis(Struct):
+    schema: str
+    tool: Tool
+    trace: TraceInfo
+    workload: str  # inference | training
+    summary: str  # what the trace is, in words
+    steps: StepsSummary
+    breakdown_phase: str
+    layers: int | None
+    layers_evidence: str
+    layer_kinds: list[LayerKind]
+    gpu_busy_fraction: float | None
+    gpu_ms_per_step: float | None
+    idle_ms_per_step: float | None
+    kernels_per_step: float | None
+    launch_us_per_kernel: float | None
+    categories: list[Category]
+    kernels: list[Kernel]
+    ranks: list[RankRow]
+    slowest_rank: int | None
+    findings: list[Finding]
+    profiler_check: ProfilerCheck | None
+    warnings: list[str]
+    floor: Floor | None
+    gap: GapLedger | None
+    step_rows: list[StepRow] = []
+    layer_rows: list[LayerRow] = []
+
+    # --- views -------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return msgspec.to_builtins(self)
+
+    def to_json(self) -> str:
+        return msgspec.json.format(msgspec.json.encode(self), indent=2).decode()
+
+    @property
+    def decode(self) -> PhaseSteps:
+        return self.steps.decode
+
+    def __repr__(self) -> str:
+        main = getattr(self.steps, self.breakdown_phase)
+        findings = ", ".join(f.id for f in self.findings) or "none"
+        floor = f", floor={self.floor.floor_ms:.3f} ms" if self.floor else ""
+        return (f"Analysis({self.trace.path!r}, {self.summary!r}, {self.breakdown_phase} median "
+                f"{main.ms.median:.3f} ms, findings: {findings}{floor}, warnings: {len(self.warnings)})")
+
+    def _repr_html_(self) -> str:
+        from decodegap.report.html import summary_fragment
+
+        return summary_fragment(self)
+
+    def kernels_df(self):
+        return _frame([msgspec.to_builtins(k) for k in self.kernels], list(Kernel.__struct_fields__))
+
+    def categories_df(self):
+        return _frame([msgspec.to_builtins(c) for c in self.categories], list(Category.__struct_fields__))
+
+    def findings_df(self):
+        rows = [{k: v for k, v in msgspec.to_builtins(f).items() if k != "evidence"} | {"evidence": f.evidence}
+                for f in self.findings]
+        return _frame(rows, list(Finding.__struct_fields__))
+
+    def steps_df(self):
+        cats = sorted({c for r in self.step_rows for c in r.category_ms})
+        rows = []
+        for r in self.step_rows:
+            row = {k: v for k, v in msgspec.to_builtins(r).items() if k != "category_ms"}
+            rows.append(row | {f"{c}_ms": r.category_ms.get(c, 0.0) for c in cats})
+        columns = [f for f in StepRow.__struct_fields__ if f != "category_ms"] + [f"{c}_ms" for c in cats]
+        return _frame(rows, columns)
+
+
+def _frame(rows: list[dict], columns: list[str]):
+    try:
+        import pandas as pd
+    except ImportError as exc:
+        raise ImportError("the DataFrame views need pandas: pip install 'decodegap[pandas]'") from exc
+    return pd.DataFrame(rows, columns=columns)
+
+
+# --- building ---------------------------------------------------------------------------------------------------
+
+def _r(value, digits: int = 4):
+    if value is None:
+        return None
+    value = float(value)
+    return round(value, digits) if math.isfinite(value) else None
+
+
+def build(report) -> Analysis:
+    """The typed Analysis of a pipeline run (decodegap.pipeline.Report)."""
+    return msgspec.convert(_plain(report), Analysis)
+
+
+def _plain(report) -> dict:
+    main = report.main
+    b, steps = main.breakdown, main.steps
+    out = {
+        "schema": SCHEMA,
+        "tool": {"name": "decodegap", "version": __version__},
+        "trace": {"path": str(report.path), "files": [str(r.trace.path) for r in report.ranks],
+                  "device": main.trace.device_name, "detail_rank": main.rank if len(report.ranks) > 1 else None},
+        "workload": steps.workload,
+        "summary": describe(steps, b.layers),
+        "steps": _steps(steps),
+        "breakdown_phase": b.phase,
+        "layers": b.layers,
+        "layers_evidence": b.layers_evidence,
+        "layer_kinds": [{"count": k.count, "markers": list(k.markers)} for k in b.layer_kinds],
+        "gpu_busy_fraction": _r(b.gpu_busy_fraction),
+        "gpu_ms_per_step": _r(b.gpu_ms_per_step),
+        "idle_ms_per_step": _r(max(b.step_ms.median - b.busy_ms_per_step, 0.0)),
+        "kernels_per_step": _r(b.kernels_per_step, 2),
+        "launch_us_per_kernel": _r(b.launch_us_per_kernel, 3),
+        "categories": [{"name": c.name, "ms_per_step": _r(c.ms_per_step), "share": _r(c.share),
+                        "share_of_step": _r(c.share_of_step)} for c in b.categories],
+        "kernels": [kernel_dict(k) for k in b.kernels],
+        "ranks": [{"rank": r.rank, "path": str(r.trace.path), "decode_steps": r.breakdown.decode_count,
+                   "step_ms_median": _r(r.breakdown.step_ms.median),
+                   "gpu_busy_fraction": _r(r.breakdown.gpu_busy_fraction),
+                   "collective_ms_per_step": _r(r.collective_ms_per_step())} for r in report.ranks],
+        "slowest_rank": main.rank if len(report.ranks) > 1 else None,
+        "findings": [f.to_dict() for f in report.findings],
+        "profiler_check": profiler_check(report),
+        "warnings": list(report.warnings),
+        "floor": report.floor_dict,
+        "gap": report.gap,
+        "step_rows": _step_rows(main),
+        "layer_rows": _layer_rows(main),
+    }
+    return out
+
+
+def kernel_dict(k) -> dict:
+    return {
+        "name": k.name, "short_name": short_kernel_name(k.name), "category": k.category,
+        "calls_per_step": _r(k.calls_per_step, 3), "ms_per_step": _r(k.ms_per_step), "share": _r(k.share),
+        "us_per_call": _r(k.us_per_call, 3), "op": k.op, "input_shapes": k.input_shapes, "grid": k.grid,
+        "block": k.block, "from_graph": k.from_graph, "bytes_per_call": k.bytes_per_call,
+        "bytes_source": k.bytes_source, "gbps": _r(k.gbps, 1),
+    }
+
+
+def _ms(values: list[float]) -> dict:
+    s = Spread.of(values)
+    return {"median": _r(s.median), "mean": _r(s.mean), "min": _r(s.min), "max": _r(s.max), "p90": _r(s.p90)}
+
+
+def _known(values: list) -> int | None:
+    """The value the steps agree on (their median), None when no step knows it."""
+    known = sorted(v for v in values if v)
+    return known[len(known) // 2] if known else None
+
+
+def _steps(steps) -> dict:
+    out = {}
+    for phase in PHASES:
+        group = steps.of(phase)
+        out[phase] = {"count": len(group), "source": steps.source, "ms": _ms([s.wall_ns / 1e6 for s in group]),
+                      "ms_each": [_r(s.wall_ns / 1e6) for s in group],
+                      "tokens": _known([s.tokens for s in group]), "batch": _known([s.batch for s in group])}
+    out["source"] = steps.source
+    out["source_detail"] = steps.detail
+    out["dropped_partial"] = steps.dropped_partial
+    return out
+
+
+def _row_categories(trace) -> np.ndarray:
+    """The category of every GPU row, naming each distinct (name, kind) once."""
+    gpu = trace.gpu
+    if not len(gpu):
+        return np.empty(0, dtype=object)
+    keys = gpu.name_id.astype(np.int64) * 4 + gpu.kind.astype(np.int64)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    names = np.array([categorize(trace.names[int(k) // 4], GPU_KIND_NAMES[int(k) % 4]) for k in uniq], dtype=object)
+    return names[inverse]
+
+
+def _step_rows(main) -> list[dict]:
+    from decodegap.breakdown import _busy_ns
+
+    trace, steps = main.trace, main.steps
+    if not trace.has_gpu:
+        return [{"index": s.index, "phase": s.kind, "label": s.label, "start_ms": _r(s.start_ns / 1e6),
+                 "ms": _r(s.wall_ns / 1e6), "gpu_busy_ms": 0.0, "batch": s.batch, "tokens": s.tokens,
+                 "category_ms": {}} for s in steps.steps]
+    gpu = trace.gpu
+    cats = _row_categories(trace)
+    end = gpu.end_ns
+    rows = []
+    for s in steps.steps:
+        r = s.rows
+        per: dict[str, float] = {}
+        if len(r):
+            for name, dur in zip(cats[r].tolist(), gpu.dur_ns[r].tolist(), strict=True):
+                per[name] = per.get(name, 0.0) + dur
+        busy = _busy_ns(gpu.ts_ns[r], end[r], s.start_ns, s.end_ns) if len(r) else 0
+        rows.append({"index": s.index, "phase": s.kind, "label": s.label, "start_ms": _r(s.start_ns / 1e6),
+                     "ms": _r(s.wall_ns / 1e6), "gpu_busy_ms": _r(busy / 1e6), "batch": s.batch, "tokens": s.tokens,
+                     "category_ms": {k: _r(v / 1e6) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}})
+    return rows
+
+
+def _layer_rows(main) -> list[dict]:
+    b, trace = main.breakdown, main.trace
+    phase_steps = main.steps.of(b.phase)
+    if not b.layer_starts or b.typical_step is None or not trace.has_gpu:
+        return []
+    step = phase_steps[b.typical_step]
+    rows, gpu = step.rows, trace.gpu
+    kinds = max(len(b.layer_kinds), 1)
+    starts = list(b.layer_starts)
+    period = int(round((starts[-1] - starts[0]) / max(len(starts) - 1, 1))) if len(starts) > 1 else len(rows)
+    bounds = starts + [min(starts[-1] + period, len(rows))]
+    out = []
+    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        if hi <= lo:
+            continue
+        seg = rows[lo:hi]
+        t0 = int(gpu.ts_ns[seg[0]])
+        t1 = int(gpu.ts_ns[rows[hi]]) if hi < len(rows) else int(gpu.end_ns[seg].max())
+        out.append({"index": i, "kind": i % kinds, "start_ms": _r((t0 - step.start_ns) / 1e6),
+                    "ms": _r((t1 - t0) / 1e6), "gpu_ms": _r(gpu.dur_ns[seg].sum() / 1e6)})
+    return out
+
+
+# --- reading back ------------------------------------------------------------------------------------------------
+
+def load(path: str | Path) -> Analysis:
+    """A report saved with `analyze --format json` (or Analysis.to_json), read back."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return msgspec.json.decode(raw, type=Analysis)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise UserError(f"{path}: not a decodegap report ({str(exc)[:200]})") from None
+
+
+def json_schema() -> dict:
+    """The JSON Schema of the report, generated from the types above (shipped as docs/report.schema.json)."""
+    schema = msgspec.json.schema(Analysis)
+    schema["$id"] = "https://decodegap.dev/schema/report-1.json"
+    schema["title"] = "decodegap report (schema decodegap.report/1)"
+    return schema

@@ -1,0 +1,54 @@
+"""The profiled step against the time per token measured without the profiler (`--tpot`, or what `decodegap record`
+measured beside its trace), with the spread of record's unprofiled samples. Findings and the report read it."""
+
+from __future__ import annotations
+
+import math
+
+from decodegap.samples import spread
+
+
+def _r(value, digits: int = 4):
+    return None if value is None else round(float(value), digits)
+
+
+def profiler_check(report) -> dict | None:
+    """Profiled step time against the time per token measured without the profiler (--tpot or record's), with
+    the spread of record's unprofiled samples (p10-p90): a median alone hides two kinds of call in one window."""
+    main = report.main
+    unprofiled, source = report.options.tpot_ms, "--tpot"
+    meta = main.trace.record_meta or {}
+    timing = meta.get("unprofiled_step_ms") if isinstance(meta.get("unprofiled_step_ms"), dict) else None
+    if unprofiled is None and timing is not None:
+        unprofiled, source = timing.get("median"), "decodegap record (unprofiled steps)"
+    if not _finite_positive(unprofiled):
+        return None
+    profiled = main.breakdown.step_ms.median
+    out = {"unprofiled_ms": _r(unprofiled), "profiled_ms": _r(profiled), "ratio": _r(profiled / unprofiled),
+           "source": source}
+    if source != "--tpot" and timing is not None:
+        out.update(_spread(timing))
+    return out
+
+
+def _finite_positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _spread(timing: dict) -> dict:
+    """p10/p90/bimodal as record wrote them, or computed by the same rule for traces recorded before it did."""
+    raw = timing.get("samples") if isinstance(timing.get("samples"), list) else []
+    samples = [float(v) for v in raw if _finite_positive(v)]
+    out: dict = {"samples": len(samples)}
+    computed = spread(samples)
+    p10, p90 = timing.get("p10"), timing.get("p90")
+    if not (_finite_positive(p10) and _finite_positive(p90)):
+        p10, p90 = computed.p10, computed.p90
+    if _finite_positive(p10) and _finite_positive(p90):
+        out.update({"unprofiled_p10_ms": _r(p10), "unprofiled_p90_ms": _r(p90), "spread_ms": _r(p90 - p10)})
+    bimodal = timing.get("bimodal")
+    out["bimodal"] = bimodal if isinstance(bimodal, bool) else computed.bimodal
+    if isinstance(timing.get("call_index"), list):
+        out["call_index"] = timing["call_index"][:64]
+    out["samples_ms"] = [_r(v, 3) for v in samples[:64]]
+    return out

@@ -1,0 +1,95 @@
+"""The Python API (issue 15): decodegap.analyze / load / diff, the typed Analysis, its DataFrames and JSON Schema."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import decodegap
+from decodegap.analysis import Analysis, json_schema
+from decodegap.cli import main
+from decodegap.errors import UserError
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def example() -> Analysis:
+    return decodegap.analyze(decodegap.EXAMPLE_TRACE)
+
+
+def _cli_json(capsys, *args) -> dict:
+    try:
+        main(["analyze", *args, "--format", "json"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    return json.loads(capsys.readouterr().out)
+
+
+def test_facade_equals_the_cli_json(example, capsys):
+    assert example.to_dict() == _cli_json(capsys, "--example")
+    assert isinstance(example, Analysis) and example.steps.decode.count == 3 and example.layers == 78
+
+
+def test_analysis_is_typed_and_immutable(example):
+    assert example.findings[0].id == "kv_pool_cast" and example.findings[0].evidence["calls_per_step"] == 78
+    assert example.kernels[0].category == "cast" and example.steps.source == "profiler_step"
+    with pytest.raises(AttributeError):
+        example.layers = 1
+
+
+def test_repr_is_short_and_says_what_the_trace_is(example):
+    text = repr(example)
+    assert len(text) < 2000
+    assert "3 decode forwards" in text and "kv_pool_cast" in text
+    html = example._repr_html_()
+    assert "<table" in html and "kv_pool_cast" in html and len(html) < 20_000
+
+
+def test_dataframes(example):
+    kernels = example.kernels_df()
+    assert {"name", "category", "calls_per_step", "ms_per_step", "share", "us_per_call"} <= set(kernels.columns)
+    assert len(kernels) == len(example.kernels) and kernels.iloc[0]["category"] == "cast"
+    assert list(example.categories_df()["name"])[:2] == ["cast", "gemm"]
+    assert list(example.findings_df()["id"])[0] == "kv_pool_cast"
+    steps = example.steps_df()
+    assert len(steps) == 3 and {"index", "phase", "start_ms", "ms", "gpu_busy_ms", "cast_ms"} <= set(steps.columns)
+    assert steps["cast_ms"].between(60, 70).all()  # the pool cast, every step
+
+
+def test_load_reads_a_saved_report_back(example, tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(example.to_json())
+    assert decodegap.load(path) == example
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "something else"}')
+    with pytest.raises(UserError):
+        decodegap.load(bad)
+
+
+def test_diff_api(example, tmp_path):
+    d = decodegap.diff(example, example)
+    assert d["schema"] == "decodegap.diff/1" and d["speedup"] == pytest.approx(1.0)
+
+
+def test_options_reach_the_floor():
+    a = decodegap.analyze(decodegap.EXAMPLE_TRACE, model=decodegap.EXAMPLE_MODEL, gpu="h200", context=2048)
+    assert a.floor is not None and a.floor.gpu == "h200" and a.gap is not None and a.gap.rows
+    with pytest.raises(UserError):
+        decodegap.analyze(decodegap.EXAMPLE_TRACE, model=decodegap.EXAMPLE_MODEL, gpu="no-such-gpu")
+
+
+def test_json_schema_is_generated_and_shipped():
+    shipped = json.loads((ROOT / "docs" / "report.schema.json").read_text())
+    assert shipped == json.loads(json.dumps(json_schema(), sort_keys=True)), \
+        "regenerate: python -c 'from decodegap.analysis import json_schema; ...' (see docs/report-schema.md)"
+
+
+def test_schema_doc_covers_every_top_level_key():
+    doc = (ROOT / "docs" / "report-schema.md").read_text()
+    documented = set(re.findall(r"`([a-z_]+)(?:[.\[`])", doc))
+    missing = [f for f in Analysis.__struct_fields__ if f not in documented]
+    assert not missing, f"docs/report-schema.md does not describe {missing}"
