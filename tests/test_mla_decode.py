@@ -477,3 +477,44 @@ def test_cuda_source_compiles_for_sm90():
                              capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Used" in res.stderr
+
+
+def test_cuda_fast_path_can_be_switched_off(monkeypatch):
+    from decodegap.kernels import mla_decode_sm90
+
+    monkeypatch.setenv("DECODEGAP_MLA_CUDA", "0")
+    assert not mla_decode_sm90._arch_allowed((9, 0))
+    monkeypatch.setenv("DECODEGAP_MLA_CUDA", "1")
+    assert mla_decode_sm90._arch_allowed((8, 9)) and not mla_decode_sm90._arch_allowed((8, 0))
+    monkeypatch.delenv("DECODEGAP_MLA_CUDA")
+    assert mla_decode_sm90._arch_allowed((9, 0)) and not mla_decode_sm90._arch_allowed((12, 0))
+
+
+def test_cuda_build_without_nvcc_says_so(monkeypatch, tmp_path):
+    from decodegap.kernels import mla_decode_sm90
+
+    monkeypatch.setattr(mla_decode_sm90, "_nvcc", lambda: None)
+    monkeypatch.setenv("DECODEGAP_CACHE_DIR", str(tmp_path))
+    with pytest.raises(RuntimeError, match="nvcc not found"):
+        mla_decode_sm90.build("sm_90")
+
+
+def test_without_nvcc_the_triton_path_runs(monkeypatch, tmp_path):
+    """No compiler on the GPU machine: one warning, and mla_decode falls back to the Triton kernels."""
+    needs_sm90()
+    from decodegap.kernels import mla_decode_sm90
+
+    monkeypatch.setattr(mla_decode_sm90, "_nvcc", lambda: None)
+    monkeypatch.setenv("DECODEGAP_CACHE_DIR", str(tmp_path))  # no library built there
+    mla_decode_sm90._library.cache_clear()
+    mla_decode_sm90.kernel_info.cache_clear()
+    try:
+        case = make_case(2, 16, 16, FP8, [40, 9], 0.8)
+        with pytest.warns(UserWarning, match="unavailable, using Triton"):
+            assert not mla_decode_sm90.applies(case.q, case.kv_cache)
+        out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, kv_scale=0.8,
+                              return_lse=True)
+        check_against_reference(case, out, lse)
+    finally:
+        mla_decode_sm90._library.cache_clear()
+        mla_decode_sm90.kernel_info.cache_clear()
