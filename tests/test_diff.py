@@ -7,7 +7,7 @@ from pathlib import Path
 
 from decodegap.pipeline import analyze_path
 from decodegap.cli import main
-from decodegap.diff import diff_reports, load_report, render_diff
+from decodegap.compare import diff_reports, load_report, render_diff
 from decodegap.report.json import render_json
 from tracegen import decode_loop, write
 

@@ -66,7 +66,7 @@ def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp
 def diff(before, after) -> dict:
     """Two profiles side by side (each an Analysis, a saved report, a trace or a folder): step time, categories,
     kernel groups new/gone/faster/slower, findings gone/kept/new. Returns the `decodegap.diff/1` dict."""
-    from decodegap.diff import diff_reports, load_report
+    from decodegap.compare import diff_reports, load_report
 
     def as_dict(side) -> dict:
         return side.to_dict() if isinstance(side, Analysis) else load_report(Path(side))

@@ -14,7 +14,7 @@ import click
 @click.option("--top", type=click.IntRange(1, 10_000), default=15, show_default=True)
 def command(before: Path, after: Path, fmt: str, top: int) -> None:
     """Compare two decode profiles: step time, categories, kernel groups new/gone/faster/slower, findings."""
-    from decodegap.diff import check_inputs, diff_reports, load_report, render_diff
+    from decodegap.compare import check_inputs, diff_reports, load_report, render_diff
 
     check_inputs(before, after)
     click.echo(render_diff(diff_reports(load_report(before), load_report(after)), fmt, top), nl=False)
