@@ -3,7 +3,6 @@ name), with a hard stop for files that would not fit in memory."""
 
 from __future__ import annotations
 
-import gzip
 import os
 import zlib
 from collections.abc import Iterator
@@ -12,10 +11,19 @@ from pathlib import Path
 from decodegap.errors import UserError
 
 CHUNK_BYTES = 1 << 23
+COMPRESSED_READ_BYTES = 1 << 20
 # Memory per byte of trace text: the streaming decoder keeps only columns (about a sixth of the text), the
 # whole-text fallback for other layouts keeps the text plus its records. Refuse what cannot fit rather than swap.
 STREAMING_TEXT_PER_MEMORY = 4.0
 WHOLE_TEXT_PER_MEMORY = 1 / 2.5
+# JSON may start with any amount of blank space, but a trace starts with `{` or `[`: a file that is blank this far
+# in is refused at once, instead of after reading gigabytes of spaces.
+LEADING_BLANK_MAX = 1 << 20
+JSON_BLANKS = b" \t\n\r"
+
+
+class NotATrace(UserError):
+    """The file is no profiler trace at all (empty, not JSON, JSON without traceEvents): a folder skips it."""
 
 
 class TruncatedStream(Exception):
@@ -63,32 +71,76 @@ def _open(path: Path):
         raise UserError(f"{path}: is a folder") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror})") from None
-    magic = f.read(2)
-    f.seek(0)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f, mode="rb"), True
-    return f, False
+    return f
+
+
+def _gunzip(f, path: Path) -> Iterator[bytes]:
+    """The decompressed text of a gzip file (one or more members), CHUNK_BYTES at most at a time. zlib rather than
+    GzipFile: GzipFile.read loses the text it decompressed before a cut, and a cut file must keep all of it.
+    Raises TruncatedStream at a cut or corrupt stream after yielding what came before."""
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    data, produced = b"", 0
+    while True:
+        if not data:
+            data = f.read(COMPRESSED_READ_BYTES)
+            if not data:
+                if inflater.eof:
+                    return
+                raise TruncatedStream("the gzip stream ends early (truncated file)")
+        if inflater.eof:  # another member follows, or padding
+            if not data.strip(b"\x00"):
+                data = b""
+                continue
+            inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        try:
+            text = inflater.decompress(data, CHUNK_BYTES)
+        except zlib.error as exc:
+            if produced:
+                raise TruncatedStream(f"the gzip stream is corrupt after {produced} bytes ({exc})") from None
+            raise UserError(f"{path}: not a readable gzip file ({exc})") from None
+        data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
+        if text:
+            produced += len(text)
+            yield text
+
+
+def _plain(f) -> Iterator[bytes]:
+    while chunk := f.read(CHUNK_BYTES):
+        yield chunk
+
+
+def _is_blank(chunk: bytes) -> bool:
+    # isspace() stops at the first other byte (cheap on real text); the translate confirms JSON's four blanks only
+    return chunk.isspace() and not chunk.translate(None, JSON_BLANKS)
 
 
 def iter_text_chunks(path: Path, limit: int | None = None) -> Iterator[bytes]:
-    """The trace's text in chunks. Raises TruncatedStream at a cut-off gzip stream (after yielding what it had)."""
-    stream, compressed = _open(path)
+    """The trace's text in chunks, without its leading blank space. A chunk that is all blank space comes as a
+    single space (the same JSON outside strings), so no amount of blank space costs memory.
+    Raises TruncatedStream at a cut-off gzip stream (after yielding what it had)."""
+    leading = 0
+    for chunk in _raw_chunks(path, limit):
+        if leading is not None:
+            text = chunk.lstrip(JSON_BLANKS)
+            leading += len(chunk) - len(text)
+            if leading > LEADING_BLANK_MAX:
+                raise NotATrace(f"{path}: not a JSON trace (over {leading >> 20} MB of blank space before any JSON)")
+            if not text:
+                continue
+            chunk, leading = text, None
+        yield b" " if _is_blank(chunk) else chunk
+
+
+def _raw_chunks(path: Path, limit: int | None) -> Iterator[bytes]:
     total = 0
-    with stream:
-        while True:
-            try:
-                chunk = stream.read(CHUNK_BYTES)
-            except EOFError:
-                raise TruncatedStream("the gzip stream ends early (truncated file)") from None
-            except (gzip.BadGzipFile, zlib.error) as exc:
-                if total:
-                    raise TruncatedStream(f"the gzip stream is corrupt after {total} bytes ({exc})") from None
-                raise UserError(f"{path}: not a readable gzip file ({exc})") from None
-            except OSError as exc:
-                raise UserError(f"{path}: cannot read ({exc})") from None
-            if not chunk:
-                return
-            total += len(chunk)
-            if limit is not None and total > limit:
-                raise too_big(path, total, limit)
-            yield chunk
+    with _open(path) as f:
+        compressed = f.read(2) == b"\x1f\x8b"
+        f.seek(0)
+        try:
+            for chunk in (_gunzip(f, path) if compressed else _plain(f)):
+                total += len(chunk)
+                if limit is not None and total > limit:
+                    raise too_big(path, total, limit)
+                yield chunk
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read ({exc})") from None
