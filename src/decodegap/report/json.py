@@ -85,8 +85,10 @@ def _plain(value):
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
+# msgspec writes NaN and the infinities as null: the output is strict JSON whatever slips into a report.
 _encoder = msgspec.json.Encoder(enc_hook=_plain)
 
 
 def render_json(report) -> str:
+    """The report as strict JSON (never NaN or Infinity, which JSON has no words for)."""
     return msgspec.json.format(_encoder.encode(report_dict(report)), indent=2).decode()

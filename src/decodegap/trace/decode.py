@@ -11,6 +11,7 @@ json when msgspec refuses NaN, Infinity or 1e999), and failing that event by eve
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -62,6 +63,15 @@ def loads(text) -> object:
     raise Unreadable(_reason(first))
 
 
+def _times_as_words(item: dict) -> None:
+    """A NaN or infinite ts/dur (read by Python's json) as the word msgspec reads back as that float: JSON would
+    write it as null and the event would count as oddly typed rather than as one without a usable time."""
+    for key in ("ts", "dur"):
+        value = item.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            item[key] = str(value)
+
+
 class _Batches:
     """Decodes event batches, falling back to event-by-event conversion for batches with odd field types."""
 
@@ -105,7 +115,9 @@ class _Batches:
     def _convert(self, items: list) -> list:
         events = []
         for item in items:
-            try:  # through JSON again, so the Raw fields are filled as on the fast path (NaN becomes null)
+            if isinstance(item, dict):
+                _times_as_words(item)
+            try:  # through JSON again, so the Raw fields are filled as on the fast path
                 events.append(_one_event.decode(msgspec.json.encode(item)))
             except (*DECODE_ERRORS, OverflowError, TypeError):
                 self.skipped += 1

@@ -53,7 +53,7 @@ OUTLIER_SPANS = 100.0
 MIN_CORE_SPAN_US = 1e6
 # A GPU activity that runs on past the start of the next one on its (in-order) stream by more than this, and by
 # more than half its own length, reports a duration the stream could not have had: it is cut at that next start.
-STREAM_OVERLAP_US = 1000.0
+STREAM_OVERLAP_US = 10.0
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 # Kineto writes the CPU ops first and the GPU activities (with the runtime calls) after them, not in time order: a
 # cut file may hold the whole CPU side and only the start of the GPU timeline. It is analyzed only when the GPU
