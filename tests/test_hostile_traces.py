@@ -342,3 +342,19 @@ def test_user_error_messages_are_one_line():
     with pytest.raises(UserError) as info:
         load_trace(Path("/nonexistent/trace.json"))
     assert_one_line(str(info.value))
+
+
+@pytest.mark.parametrize("where", [0.3, 0.9])
+def test_damaged_gzip_data_is_refused(tmp_path, capsys, where):
+    data = bytearray(gzip.compress(fixture_text("cast_graph")))
+    data[int(len(data) * where)] ^= 0xFF
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(bytes(data))
+    assert_exit_2(["analyze", str(path)], capsys, "gzip")
+
+
+def test_bytes_after_a_whole_gzip_stream_are_ignored(tmp_path):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(fixture_text("cast_graph")) + b"not gzip at all")
+    report = analyze_path(path)
+    assert report.main.breakdown.decode_count == 3 and not any("truncated" in w for w in report.warnings)

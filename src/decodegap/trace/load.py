@@ -340,9 +340,13 @@ def _no_gc():
 def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     builder = TableBuilder()
-    with _no_gc():
-        header, warnings, truncated = decode_trace(path, builder.add)
-        trace = builder.finish(path, header, warnings)
+    try:
+        with _no_gc():
+            header, warnings, truncated = decode_trace(path, builder.add)
+            trace = builder.finish(path, header, warnings)
+    except MemoryError:  # e.g. a small text of millions of tiny events in a layout that is decoded whole
+        raise UserError(f"{path}: the trace does not fit in this machine's memory (capture fewer steps, or set "
+                        "DECODEGAP_MAX_TRACE_BYTES lower to be refused earlier)") from None
     if not len(trace.gpu) and not len(trace.cpu_ops.ts_ns) and not trace.annotations:
         raise NotATrace(f"{path}: the trace has no profiler events (no kernels, CPU ops or annotations)")
     if truncated:

@@ -11,7 +11,8 @@ from pathlib import Path
 from decodegap.errors import UserError
 
 CHUNK_BYTES = 1 << 23
-COMPRESSED_READ_BYTES = 1 << 20
+COMPRESSED_READ_BYTES = 1 << 16
+GZIP_WBITS = zlib.MAX_WBITS | 16
 # Memory per byte of trace text: the streaming decoder keeps only columns (about a sixth of the text), the
 # whole-text fallback for other layouts keeps the text plus its records. Refuse what cannot fit rather than swap.
 STREAMING_TEXT_PER_MEMORY = 4.0
@@ -75,33 +76,43 @@ def _open(path: Path):
 
 
 def _gunzip(f, path: Path) -> Iterator[bytes]:
-    """The decompressed text of a gzip file (one or more members), CHUNK_BYTES at most at a time. zlib rather than
-    GzipFile: GzipFile.read loses the text it decompressed before a cut, and a cut file must keep all of it.
-    Raises TruncatedStream at a cut or corrupt stream after yielding what came before."""
-    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-    data, produced = b"", 0
+    """The decompressed text of a gzip file (one or more members) in chunks of about CHUNK_BYTES. zlib rather than
+    GzipFile, fed a little compressed input at a time: GzipFile.read loses what it decompressed before a cut, and a
+    cut .gz must keep the same text as the same cut .json. Raises TruncatedStream at a cut (after yielding what came
+    before), UserError at damaged data."""
+    inflater = zlib.decompressobj(GZIP_WBITS)
+    data, out, size, produced = b"", [], 0, 0
     while True:
         if not data:
             data = f.read(COMPRESSED_READ_BYTES)
             if not data:
+                yield b"".join(out)
                 if inflater.eof:
                     return
                 raise TruncatedStream("the gzip stream ends early (truncated file)")
-        if inflater.eof:  # another member follows, or padding
+        after_member = inflater.eof
+        if after_member:  # another member follows, or padding
             if not data.strip(b"\x00"):
                 data = b""
                 continue
-            inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            inflater = zlib.decompressobj(GZIP_WBITS)
         try:
             text = inflater.decompress(data, CHUNK_BYTES)
         except zlib.error as exc:
-            if produced:
-                raise TruncatedStream(f"the gzip stream is corrupt after {produced} bytes ({exc})") from None
-            raise UserError(f"{path}: not a readable gzip file ({exc})") from None
+            if after_member:  # bytes that are no gzip follow a whole, checksummed member: the text ends there
+                yield b"".join(out)
+                return
+            if not produced + size:
+                raise UserError(f"{path}: not a readable gzip file ({exc})") from None
+            # zlib notices most damage only at the checksum, after decoding past it: no text of it can be trusted
+            raise UserError(f"{path}: the gzip data is damaged (noticed after {produced + size} bytes of text: "
+                            f"{exc})") from None
         data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
-        if text:
-            produced += len(text)
-            yield text
+        out.append(text)
+        size += len(text)
+        if size >= CHUNK_BYTES:
+            yield b"".join(out)
+            produced, out, size = produced + size, [], 0
 
 
 def _plain(f) -> Iterator[bytes]:
@@ -138,6 +149,8 @@ def _raw_chunks(path: Path, limit: int | None) -> Iterator[bytes]:
         f.seek(0)
         try:
             for chunk in (_gunzip(f, path) if compressed else _plain(f)):
+                if not chunk:
+                    continue
                 total += len(chunk)
                 if limit is not None and total > limit:
                     raise too_big(path, total, limit)
