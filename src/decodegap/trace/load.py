@@ -348,7 +348,8 @@ def load_trace(path: str | Path) -> Trace:
         raise UserError(f"{path}: the trace does not fit in this machine's memory (capture fewer steps, or set "
                         "DECODEGAP_MAX_TRACE_BYTES lower to be refused earlier)") from None
     if not len(trace.gpu) and not len(trace.cpu_ops.ts_ns) and not trace.annotations:
-        raise NotATrace(f"{path}: the trace has no profiler events (no kernels, CPU ops or annotations)")
+        why = f": {'; '.join(trace.warnings)}" if trace.warnings else ""
+        raise NotATrace(f"{path}: the trace has no profiler events (no kernels, CPU ops or annotations){why}")
     if truncated:
         _salvage_truncated(trace, truncated)
     return trace
