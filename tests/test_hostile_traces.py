@@ -358,3 +358,13 @@ def test_bytes_after_a_whole_gzip_stream_are_ignored(tmp_path):
     path.write_bytes(gzip.compress(fixture_text("cast_graph")) + b"not gzip at all")
     report = analyze_path(path)
     assert report.main.breakdown.decode_count == 3 and not any("truncated" in w for w in report.warnings)
+
+
+def test_non_finite_numbers_in_the_header_become_unknown(tmp_path):
+    doc = decode_loop(steps=3, layers=2)
+    doc["decodegap_record"] = {"unprofiled_step_ms": {"median": "__X__"}}
+    path = write_kineto_layout(doc, tmp_path / "t.json")
+    path.write_text(path.read_text().replace('"__X__"', "1e999"))
+    report = analyze_path(path)
+    assert report.main.trace.record_meta == {"unprofiled_step_ms": {"median": None}}
+    assert report_dict(report)["profiler_check"] is None

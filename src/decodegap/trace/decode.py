@@ -216,12 +216,29 @@ def _decode_header(path: Path, text: bytes, fallback: bytes) -> schema.TraceDocu
     raise UserError(f"{path}: the trace header is not valid JSON ({error})")
 
 
+def _finite(value):
+    """`value` with NaN and infinite numbers (which only Python's json reads) replaced by None, in place."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        keys = item.keys() if isinstance(item, dict) else range(len(item)) if isinstance(item, list) else ()
+        for key in keys:
+            child = item[key]
+            if isinstance(child, float) and not math.isfinite(child):
+                item[key] = None
+            elif isinstance(child, (dict, list)):
+                stack.append(child)
+    return value
+
+
 def _pick_header(raw: dict, events: list) -> schema.TraceDocument:
     """The header fields that have the expected types; the others are ignored."""
 
     def field(key, kind):
         value = raw.get(key)
-        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return _finite(value) if isinstance(value, kind) and not isinstance(value, bool) else None
 
     return schema.TraceDocument(
         traceEvents=events, deviceProperties=field("deviceProperties", list),
