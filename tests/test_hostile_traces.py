@@ -368,3 +368,12 @@ def test_non_finite_numbers_in_the_header_become_unknown(tmp_path):
     report = analyze_path(path)
     assert report.main.trace.record_meta == {"unprofiled_step_ms": {"median": None}}
     assert report_dict(report)["profiler_check"] is None
+
+
+def test_a_last_kernel_far_longer_than_the_trace_is_dropped(tmp_path):
+    doc = decode_loop(steps=3, layers=2)
+    last = [e for e in doc["traceEvents"] if e["cat"] == "kernel"][-1]
+    last["dur"] = 5e6  # 5 s at the end of a trace of 0.7 ms: no next kernel to cut it at
+    report = analyze_path(write(doc, tmp_path / "t.json"))
+    assert_sane_report(report_dict(report))
+    assert any("far outside the trace's time range" in w for w in report.warnings), report.warnings

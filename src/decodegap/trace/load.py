@@ -49,8 +49,8 @@ MAX_ABS_US = 3e15
 # A start further than this many core spans outside the trace's core span, or a duration longer than this many
 # core spans, is no measurement of this trace (a stray timestamp, an overflowed counter) and is dropped.
 OUTLIER_SPANS = 100.0
-# The core span is never taken below this, so a trace of a few events keeps a long kernel.
-MIN_CORE_SPAN_US = 1e6
+# The core span is never taken below this (10 ms), so a trace of a few events keeps a kernel of up to a second.
+MIN_CORE_SPAN_US = 1e4
 # A GPU activity that runs on past the start of the next one on its (in-order) stream by more than this, and by
 # more than half its own length, reports a duration the stream could not have had: it is cut at that next start.
 STREAM_OVERLAP_US = 10.0
