@@ -77,16 +77,15 @@ def _open(path: Path):
 
 def _gunzip(f, path: Path) -> Iterator[bytes]:
     """The decompressed text of a gzip file (one or more members) in chunks of about CHUNK_BYTES. zlib rather than
-    GzipFile, fed a little compressed input at a time: GzipFile.read loses what it decompressed before a cut, and a
-    cut .gz must keep the same text as the same cut .json. Raises TruncatedStream at a cut (after yielding what came
-    before), UserError at damaged data."""
+    GzipFile: GzipFile.read loses what it decompressed before a cut, and a cut .gz must keep the same text as the
+    same cut .json. Raises TruncatedStream at a cut (after yielding what came before), UserError at damaged data."""
     inflater = zlib.decompressobj(GZIP_WBITS)
-    data, out, size, produced = b"", [], 0, 0
+    data, out, produced = b"", bytearray(), 0  # out: the text of the chunk being filled
     while True:
         if not data:
             data = f.read(COMPRESSED_READ_BYTES)
             if not data:
-                yield b"".join(out)
+                yield out
                 if inflater.eof:
                     return
                 raise TruncatedStream("the gzip stream ends early (truncated file)")
@@ -97,22 +96,21 @@ def _gunzip(f, path: Path) -> Iterator[bytes]:
                 continue
             inflater = zlib.decompressobj(GZIP_WBITS)
         try:
-            text = inflater.decompress(data, CHUNK_BYTES)
+            text = inflater.decompress(data, CHUNK_BYTES - len(out))
         except zlib.error as exc:
             if after_member:  # bytes that are no gzip follow a whole, checksummed member: the text ends there
-                yield b"".join(out)
+                yield out
                 return
-            if not produced + size:
+            if not produced + len(out):
                 raise UserError(f"{path}: not a readable gzip file ({exc})") from None
             # zlib notices most damage only at the checksum, after decoding past it: no text of it can be trusted
-            raise UserError(f"{path}: the gzip data is damaged (noticed after {produced + size} bytes of text: "
+            raise UserError(f"{path}: the gzip data is damaged (noticed after {produced + len(out)} bytes of text: "
                             f"{exc})") from None
         data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
-        out.append(text)
-        size += len(text)
-        if size >= CHUNK_BYTES:
-            yield b"".join(out)
-            produced, out, size = produced + size, [], 0
+        out += text
+        if len(out) >= CHUNK_BYTES:
+            yield out
+            produced, out = produced + len(out), bytearray()
 
 
 def _plain(f) -> Iterator[bytes]:
