@@ -161,10 +161,9 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
 
     kernels = [_group(trace, key, entry, n, total_gpu_ns, category(entry[0])) for key, entry in groups.items()]
     kernels.sort(key=lambda k: -k.ms_per_step)
-    step_wall_ms = step_ms.median or 1.0
     categories = [
         CategoryTime(name, by_category[name] / 1e6 / n, by_category[name] / total_gpu_ns if total_gpu_ns else 0.0,
-                     by_category[name] / 1e6 / n / step_wall_ms)
+                     _share_of_step(by_category[name] / 1e6 / n, step_ms))
         for name in CATEGORIES if by_category[name]
     ]
     categories.sort(key=lambda c: -c.ms_per_step)
@@ -181,6 +180,12 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
         phase=phase, counts=_counts(steps), ms_each=_ms_each(steps), layer_kinds=found.kinds,
         layer_starts=found.starts, typical_step=len(decode) // 2 if decode else None,
     )
+
+
+def _share_of_step(ms_per_step: float, step_ms: Spread) -> float:
+    """Of the mean step's wall time (the mean, as ms_per_step is one), at most 1: a category running on several
+    streams at once can overlap itself."""
+    return min(ms_per_step / step_ms.mean, 1.0) if step_ms.mean > 0 else 0.0
 
 
 def _counts(steps: Steps) -> dict:
@@ -311,7 +316,7 @@ def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
     wall = [s.wall_ns / 1e6 for s in decode]
     step_ms = Spread.of(wall)
     categories = [CategoryTime(c, by_category[c] / 1e6 / n, by_category[c] / total_ns if total_ns else 0.0,
-                               by_category[c] / 1e6 / n / (step_ms.median or 1.0))
+                               _share_of_step(by_category[c] / 1e6 / n, step_ms))
                   for c in CATEGORIES if by_category[c]]
     categories.sort(key=lambda c: -c.ms_per_step)
     layers, evidence = _layers_from_calls(kernels)

@@ -4,28 +4,127 @@ findings that appeared or vanished. Works on JSON reports, so either side can be
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Union
+
+import msgspec
 
 from decodegap.errors import UserError
 from decodegap.analysis import SCHEMA
 
 CHANGE = 0.10  # relative change below which a kernel group counts as unchanged
 MIN_MS = 0.005  # and absolute change below which, too
+SAVED_REPORT_MAX_BYTES = 50_000_000  # a larger .json is read as a trace
 
 
 def load_report(path: Path, tpot_ms: float | None = None) -> dict:
     """A report dict from a trace, a folder of traces, or a saved `analyze --format json` report."""
-    if path.is_file() and path.suffix == ".json" and path.stat().st_size < 50_000_000:
-        try:
-            data = json.loads(path.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            data = None
-        if isinstance(data, dict) and data.get("schema") == SCHEMA:
-            return data
+    if path.is_file() and path.suffix == ".json" and path.stat().st_size < SAVED_REPORT_MAX_BYTES:
+        saved = _saved_report(path)
+        if saved is not None:
+            return saved
     from decodegap.pipeline import AnalysisOptions, analyze_path
     from decodegap.report.json import report_dict
 
     return report_dict(analyze_path(path, AnalysisOptions(tpot_ms=tpot_ms)))
+
+
+class _Ms(msgspec.Struct):
+    median: Union[float, None] = None
+
+
+class _Decode(msgspec.Struct):
+    ms: _Ms
+
+
+class _Steps(msgspec.Struct):
+    decode: _Decode
+
+
+class _Category(msgspec.Struct):
+    name: str
+    ms_per_step: float
+
+
+class _Kernel(msgspec.Struct):
+    name: str
+    category: str
+    ms_per_step: float
+    calls_per_step: float
+
+
+class _Finding(msgspec.Struct):
+    id: str
+
+
+class _TracePath(msgspec.Struct):
+    path: str
+
+
+class _SavedReport(msgspec.Struct):
+    """What diff reads from a saved report (other fields are free)."""
+
+    trace: _TracePath
+    steps: _Steps
+    categories: list[_Category]
+    kernels: list[_Kernel]
+    findings: list[_Finding]
+
+
+def _saved_report(path: Path) -> dict | None:
+    """The saved report at `path`, checked for the fields diff reads and for finite, non-negative numbers;
+    None when the file is no decodegap report (it is then read as a trace)."""
+    try:
+        data = json.loads(path.read_bytes())  # Python's json reads NaN and Infinity too: refused below, by name
+    except RecursionError:
+        raise UserError(f"{path}: the JSON is nested too deeply to be a decodegap report") from None
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+        return None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        return None
+    try:
+        msgspec.convert(data, _SavedReport)
+    except msgspec.ValidationError as exc:
+        raise UserError(f"{path}: a damaged decodegap report ({exc})") from None
+    bad = _first_bad_number(data)
+    if bad is not None:
+        raise UserError(f"{path}: a damaged decodegap report ({bad} is {_value_at(data, bad)!r}: "
+                        "reports hold finite numbers only)")
+    for where, value in _times(data):
+        if value is not None and value < 0:
+            raise UserError(f"{path}: a damaged decodegap report ({where} is {value}, a negative time)")
+    return data
+
+
+def _first_bad_number(data) -> str | None:
+    """The path (a.b[2].c) of the first NaN or infinite number in a JSON value; iterative, so depth costs nothing."""
+    stack = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return where or "$"
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+    return None
+
+
+def _value_at(data, where: str):
+    for part in where.replace("[", ".[").split("."):
+        if part and part != "$":
+            data = data[int(part[1:-1])] if part.startswith("[") else data[part]
+    return data
+
+
+def _times(data: dict):
+    yield "steps.decode.ms.median", data["steps"]["decode"]["ms"]["median"]
+    for i, c in enumerate(data["categories"]):
+        yield f"categories[{i}].ms_per_step", c["ms_per_step"]
+    for i, k in enumerate(data["kernels"]):
+        yield f"kernels[{i}].ms_per_step", k["ms_per_step"]
+        yield f"kernels[{i}].calls_per_step", k["calls_per_step"]
 
 
 def _key(k: dict) -> tuple:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-# What a templated PyTorch kernel actually computes, most specific first.
-_HINTS = [
-    re.compile(r"(\w+_kernel_cuda)"),
-    re.compile(r"(?<![\w])((?!Binary|AUnary|BUnary)\w+Functor\w*)"),
-    re.compile(r"(\w+Functor\w*)"),
-    re.compile(r"(\w+Ops?)(?=<)"),
-    re.compile(r"\b(silu\w*|gelu\w*|\w+_functor)"),
+# What a templated PyTorch kernel actually computes, most specific first. Every pattern is anchored at the start
+# of an identifier (\b): unanchored, r"\w+Functor" retries from every character of a long identifier, which is
+# quadratic (minutes on a 200 kB template name). A leftmost match always starts at an identifier's start, so the
+# anchor changes no result.
+_HINTS = [  # (literals one of which the match contains: a cheap test that skips the scan, pattern)
+    (("_kernel_cuda",), re.compile(r"\b(\w+_kernel_cuda)")),
+    (("Functor",), re.compile(r"\b((?!Binary|AUnary|BUnary)\w+Functor\w*)")),
+    (("Functor",), re.compile(r"\b(\w+Functor\w*)")),
+    (("Op",), re.compile(r"\b(\w+Ops?)(?=<)")),
+    (("silu", "gelu", "_functor"), re.compile(r"\b(silu\w*|gelu\w*|\w+_functor)")),
 ]
 _GENERIC_BASES = {"Kernel", "Kernel2", "kernel", "device_kernel", "launch_kernel"}
 _LAMBDA_DTYPE = re.compile(r"lambda\((c10::BFloat16|c10::Half|float|c10::Float8_e4m3fn|c10::Float8_e5m2)\)")
@@ -31,8 +34,8 @@ def short_kernel_name(name: str, limit: int = 72) -> str:
         if inner:
             return short_kernel_name(inner.group(1), limit)
     extras = []
-    for hint in _HINTS:
-        found = hint.search(rest)
+    for literals, hint in _HINTS:
+        found = hint.search(rest) if any(word in rest for word in literals) else None
         if found and found.group(1) != base and not found.group(1).startswith("gpu_kernel_impl"):
             extras.append(found.group(1).rsplit("::", 1)[-1])
             break

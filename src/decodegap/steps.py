@@ -134,6 +134,7 @@ def _from_marks(trace: Trace, links: Links, marks: dict[str, list[StepMark]]):
             source, detail = family, _family_words(family) + " (kernels taken from their launches)"
             if gpu:
                 _cross_check(pieces, gpu, warnings)
+                pieces = _add_gpu_only(pieces, cpu, gpu, trace)
         elif gpu or cpu:  # no launch records: the marks' own time ranges on the GPU timeline
             use = gpu or cpu
             pieces = _assign(use, trace.gpu.ts_ns, trace, warnings)
@@ -191,6 +192,25 @@ def _assign(marks: list[StepMark], when: np.ndarray, trace: Trace, warnings: lis
         else:
             pieces.append(_Piece(m.ts_ns, m.end_ns, rows, m))
     return pieces
+
+
+def _add_gpu_only(pieces: list[_Piece], cpu: list[StepMark], gpu: list[StepMark], trace: Trace) -> list[_Piece]:
+    """Steps whose CPU-side mark is missing (lost or unreadable) but whose GPU-side one is there: their kernels
+    by GPU time, among those no CPU-side step took."""
+    named = {m.name for m in cpu}
+    orphans = [g for g in gpu if g.name not in named]
+    if not orphans:
+        return pieces
+    taken = np.zeros(len(trace.gpu), dtype=bool)
+    for p in pieces:
+        taken[p.rows] = True
+    ts, end = trace.gpu.ts_ns, trace.gpu.end_ns
+    for g in orphans:
+        lo, hi = np.searchsorted(ts, [g.ts_ns, g.end_ns], side="left")
+        rows = np.arange(lo, hi)[~taken[lo:hi]]
+        if len(rows):
+            pieces.append(_Piece(int(ts[rows[0]]), int(end[rows].max()), rows, g))
+    return sorted(pieces, key=lambda p: p.start_ns)
 
 
 def _cross_check(pieces: list[_Piece], gpu_marks: list[StepMark], warnings: list[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from importlib import resources
 from pathlib import Path
 
@@ -14,6 +15,13 @@ def example_path(name: str = "example_trace.json.gz") -> Path:
     return Path(str(resources.files("decodegap") / "data" / name))
 
 
+def _finite_positive_ms(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    # click's FloatRange lets nan and inf through (every comparison with nan is False)
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"{value} is not a time in ms (a finite number above 0)", ctx=ctx, param=param)
+    return value
+
+
 @click.command("analyze")
 @click.argument("trace", required=False, type=click.Path(path_type=Path))
 @click.option("--example", is_flag=True,
@@ -21,7 +29,7 @@ def example_path(name: str = "example_trace.json.gz") -> Path:
 @click.option("--format", "fmt", type=click.Choice(["text", "md", "json", "html"]), default="text", show_default=True)
 @click.option("--top", type=click.IntRange(1, 10_000), default=15, show_default=True, help="Kernel groups to list.")
 @click.option("--full-names", is_flag=True, help="Show full kernel names in the text report.")
-@click.option("--tpot", "tpot_ms", type=click.FloatRange(min=0, min_open=True),
+@click.option("--tpot", "tpot_ms", type=float, callback=_finite_positive_ms,
               help="Time per output token measured WITHOUT the profiler, in ms, to cross-check the profiled step.")
 @click.option("--model", "model_path", type=click.Path(path_type=Path),
               help="Hugging Face config.json (or its folder): sharpens findings and enables the floor.")

@@ -3,11 +3,17 @@
 Kineto writes one event per block, separated by `},\\n  {`. Cutting the text at those separators lets each
 few-megabyte batch be decoded (typed, only the needed fields) and turned into columns before the next is read,
 so memory holds one batch of records instead of the whole file's. Text laid out any other way (minified,
-re-indented, a bare event array) is decoded whole, which costs more memory but reads the same."""
+re-indented, a bare event array) is decoded whole, which costs more memory but reads the same.
+
+Odd text degrades step by step instead of failing the file: a batch msgspec refuses is read untyped (by Python's
+json when msgspec refuses NaN, Infinity or 1e999), and failing that event by event, skipping what cannot be read."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,18 +21,55 @@ import msgspec
 
 from decodegap.errors import UserError
 from decodegap.trace import schema
-from decodegap.trace.read import CHUNK_BYTES, TruncatedStream, iter_text_chunks, text_limit_bytes, too_big
+from decodegap.trace.read import CHUNK_BYTES, NotATrace, TruncatedStream, iter_text_chunks, text_limit_bytes, too_big
 
 EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 SEPARATOR = b"},\n  {"
 HEADER_MAX_BYTES = 64 << 20
 
 Consume = Callable[[list], None]
-# msgspec reports bad UTF-8 inside strings as UnicodeDecodeError rather than DecodeError.
-DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
+# What a decoder raises on text it cannot read: msgspec reports bad UTF-8 inside strings as UnicodeDecodeError, a
+# number beyond float range (1e999) as ValidationError even untyped, and nesting deeper than the interpreter's
+# recursion limit as RecursionError.
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError)
+# Python's json reads NaN, Infinity and 1e999 (which other tools write) but builds a dict per object: small texts only.
+PYTHON_JSON_MAX_BYTES = 64 << 20
 _event_list = msgspec.json.Decoder(list[schema.AnyEvent], strict=False)
 _document = msgspec.json.Decoder(schema.Document, strict=False)
 _one_event = msgspec.json.Decoder(schema.AnyEvent, strict=False)
+
+
+class Unreadable(Exception):
+    """Text no decoder could read; the message says why."""
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return f"nested deeper than {sys.getrecursionlimit()} levels"
+    return str(exc)
+
+
+def loads(text) -> object:
+    """Untyped JSON: msgspec, else Python's json for what msgspec refuses but JSON writers produce (NaN, 1e999)."""
+    try:
+        return msgspec.json.decode(text)
+    except DECODE_ERRORS as exc:
+        first = exc
+    if len(text) <= PYTHON_JSON_MAX_BYTES and not isinstance(first, RecursionError):
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            pass
+    raise Unreadable(_reason(first))
+
+
+def _times_as_words(item: dict) -> None:
+    """A NaN or infinite ts/dur (read by Python's json) as the word msgspec reads back as that float: JSON would
+    write it as null and the event would count as oddly typed rather than as one without a usable time."""
+    for key in ("ts", "dur"):
+        value = item.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            item[key] = str(value)
 
 
 class _Batches:
@@ -34,39 +77,68 @@ class _Batches:
 
     def __init__(self, path: Path, consume: Consume) -> None:
         self.path, self.consume = path, consume
-        self.skipped = 0
+        self.skipped = 0  # events with fields of unexpected types
+        self.unreadable = 0  # events whose text no decoder could read
         self.seen_separator = False
 
     def decode(self, text) -> list:
         try:
             return _event_list.decode(text)
-        except msgspec.ValidationError:
+        except DECODE_ERRORS:
             return self._tolerant(text)
-        except DECODE_ERRORS as exc:
-            raise UserError(f"{self.path}: invalid JSON inside traceEvents ({exc})") from None
 
     def _tolerant(self, text) -> list:
         try:
-            items = msgspec.json.decode(text)
-        except DECODE_ERRORS as exc:
-            raise UserError(f"{self.path}: invalid JSON inside traceEvents ({exc})") from None
-        return self._convert(items)
+            items = loads(text)
+        except Unreadable:
+            return self._one_by_one(text)
+        return self._convert(items if isinstance(items, list) else [items])
+
+    def _one_by_one(self, text) -> list:
+        """Each event of a `[...]` batch on its own. Kineto's separator holds a raw newline, which no JSON string
+        may contain, so the pieces between separators are whole events."""
+        pieces = bytes(text[1:-1]).split(SEPARATOR)
+        events = []
+        for i, piece in enumerate(pieces):
+            one = (b"{" if i else b"") + piece + (b"}" if i < len(pieces) - 1 else b"")
+            try:
+                events.append(_one_event.decode(one))
+                continue
+            except DECODE_ERRORS:
+                pass
+            try:
+                events += self._convert([loads(one)])
+            except Unreadable:
+                self.unreadable += 1
+        return events
 
     def _convert(self, items: list) -> list:
         events = []
         for item in items:
+            if isinstance(item, dict):
+                _times_as_words(item)
             try:  # through JSON again, so the Raw fields are filled as on the fast path
                 events.append(_one_event.decode(msgspec.json.encode(item)))
-            except msgspec.ValidationError:
+            except (*DECODE_ERRORS, OverflowError, TypeError):
                 self.skipped += 1
         return events
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.unreadable:
+            out.append(f"{self.unreadable} events were not readable JSON (corrupt or nested too deeply) and were "
+                       "skipped")
+        if self.skipped:
+            out.append(f"{self.skipped} events had fields of unexpected types and were skipped")
+        return out
 
     def __call__(self, text) -> None:
         self.consume(self.decode(text))
 
 
-def decode_trace(path: Path, consume: Consume) -> tuple[schema.TraceDocument, list[str]]:
-    """Feed every event batch to `consume`; return the document's other fields and any warnings."""
+def decode_trace(path: Path, consume: Consume) -> tuple[schema.TraceDocument, list[str], str | None]:
+    """Feed every event batch to `consume`; return the document's other fields, any warnings, and why the text
+    ends early when it does (the caller decides whether what came before the cut can be trusted)."""
     warnings: list[str] = []
     batches = _Batches(path, consume)
     head = bytearray()
@@ -112,36 +184,51 @@ def decode_trace(path: Path, consume: Consume) -> tuple[schema.TraceDocument, li
         text = whole if whole is not None else head
         if truncated:
             raise UserError(f"{path}: {truncated}")
-        return _decode_whole(path, text, batches), warnings
+        doc = _decode_whole(path, text, batches)
+        return doc, warnings + batches.warnings(), None
 
     events, footer = _split_tail(pending, batches)
     if events is None:
-        # The file was cut off (profiler killed mid-export, partial copy): keep every complete event.
-        warnings.append(f"the trace is truncated ({truncated or 'the JSON ends early'}); "
-                        "the events before the cut were analyzed")
+        # The file was cut off (profiler killed mid-export, partial copy): every complete event is kept.
+        truncated = truncated or "the JSON ends early"
         footer = b"}"
     else:
         batches.consume(events)
-        if truncated:
-            warnings.append(f"the trace is truncated ({truncated}); the events before the cut were analyzed")
     header = _decode_header(path, header_text + b"]" + footer, header_text + b"]}")
-    if batches.skipped:
-        warnings.append(f"{batches.skipped} events had fields of unexpected types and were skipped")
     if not isinstance(header, schema.TraceDocument):
-        raise UserError(f"{path}: not a profiler trace (the top level is not an object)")
-    return header, warnings
+        raise NotATrace(f"{path}: not a profiler trace (the top level is not an object)")
+    return header, warnings + batches.warnings(), truncated
 
 
 def _decode_header(path: Path, text: bytes, fallback: bytes) -> schema.TraceDocument:
+    error = ""
     for candidate in (text, fallback):
         try:
             return _document.decode(candidate)
-        except msgspec.ValidationError:
-            raw = msgspec.json.decode(candidate)
-            return _pick_header(raw if isinstance(raw, dict) else {}, [])
-        except DECODE_ERRORS as exc:
-            error = exc
+        except DECODE_ERRORS:
+            pass
+        try:
+            raw = loads(candidate)
+        except Unreadable as exc:
+            error = str(exc)
+            continue
+        return _pick_header(raw if isinstance(raw, dict) else {}, [])
     raise UserError(f"{path}: the trace header is not valid JSON ({error})")
+
+
+def _finite(value):
+    """`value` with NaN and infinite numbers (which only Python's json reads) replaced by None, in place."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        keys = item.keys() if isinstance(item, dict) else range(len(item)) if isinstance(item, list) else ()
+        for key in keys:
+            child = item[key]
+            if isinstance(child, float) and not math.isfinite(child):
+                item[key] = None
+            elif isinstance(child, (dict, list)):
+                stack.append(child)
+    return value
 
 
 def _pick_header(raw: dict, events: list) -> schema.TraceDocument:
@@ -149,7 +236,9 @@ def _pick_header(raw: dict, events: list) -> schema.TraceDocument:
 
     def field(key, kind):
         value = raw.get(key)
-        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return _finite(value) if isinstance(value, kind) and not isinstance(value, bool) else None
 
     return schema.TraceDocument(
         traceEvents=events, deviceProperties=field("deviceProperties", list),
@@ -169,28 +258,29 @@ def _split_tail(pending: bytearray, batches: _Batches, tries: int = 64) -> tuple
         text = b"[" + pending[:close] + b"]"
         try:
             return _event_list.decode(text), bytes(pending[close + 1:])
-        except msgspec.ValidationError:
-            return batches._tolerant(text), bytes(pending[close + 1:])
         except DECODE_ERRORS:
+            pass
+        try:  # odd values (NaN, a string for a number) rather than the wrong bracket?
+            items = loads(text)
+        except Unreadable:
             continue
+        return batches._convert(items if isinstance(items, list) else [items]), bytes(pending[close + 1:])
     return None, b""
 
 
 def _decode_whole(path: Path, text, batches: _Batches) -> schema.TraceDocument:
     if not bytes(text[:4096]).strip():
-        raise UserError(f"{path}: the file is empty")
+        raise NotATrace(f"{path}: the file is empty")
     try:
         doc = _document.decode(text)
-    except msgspec.ValidationError:
-        doc = _tolerant_document(path, text, batches)
     except DECODE_ERRORS as exc:
-        if "truncated" in str(exc).lower():
+        if isinstance(exc, msgspec.DecodeError) and "truncated" in str(exc).lower():
             raise UserError(f"{path}: the JSON is truncated ({exc})") from None
-        raise UserError(f"{path}: not a JSON trace ({exc})") from None
+        doc = _tolerant_document(path, text, batches)
     if isinstance(doc, list):
         doc = schema.TraceDocument(traceEvents=doc)
     if not isinstance(doc, schema.TraceDocument) or doc.traceEvents is None:
-        raise UserError(f"{path}: not a profiler trace (no traceEvents list)")
+        raise NotATrace(f"{path}: not a profiler trace (no traceEvents list)")
     batches.consume(doc.traceEvents)
     doc.traceEvents = None
     return doc
@@ -198,11 +288,11 @@ def _decode_whole(path: Path, text, batches: _Batches) -> schema.TraceDocument:
 
 def _tolerant_document(path: Path, text, batches: _Batches) -> schema.TraceDocument:
     try:
-        raw = msgspec.json.decode(text)
-    except DECODE_ERRORS as exc:
-        raise UserError(f"{path}: not a JSON trace ({exc})") from None
+        raw = loads(text)
+    except Unreadable as exc:
+        raise NotATrace(f"{path}: not a JSON trace ({exc})") from None
     events = raw.get("traceEvents") if isinstance(raw, dict) else raw
     if not isinstance(events, list):
-        raise UserError(f"{path}: not a profiler trace (no traceEvents list)")
+        raise NotATrace(f"{path}: not a profiler trace (no traceEvents list)")
     converted = batches._convert(events)
     return _pick_header(raw if isinstance(raw, dict) else {}, converted)

@@ -13,6 +13,7 @@ import numpy as np
 from decodegap.errors import UserError
 from decodegap.trace import schema
 from decodegap.trace.decode import decode_trace
+from decodegap.trace.read import NotATrace
 from decodegap.trace.tables import (
     KERNEL,
     MEMCPY,
@@ -42,6 +43,23 @@ _CATEGORY_TABLE = {
 }
 _GPU_KIND = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "memcpy": MEMCPY, "gpu_memset": MEMSET, "memset": MEMSET}
 
+# What a sane time is. Kineto writes microseconds (since the epoch or a boot clock): beyond 3e15 us (95 years) no
+# clock reads, and within it every start, duration and end stays inside int64 nanoseconds.
+MAX_ABS_US = 3e15
+# A start further than this many core spans outside the trace's core span, or a duration longer than this many
+# core spans, is no measurement of this trace (a stray timestamp, an overflowed counter) and is dropped.
+OUTLIER_SPANS = 100.0
+# The core span is never taken below this (10 ms), so a trace of a few events keeps a kernel of up to a second.
+MIN_CORE_SPAN_US = 1e4
+# A GPU activity that runs on past the start of the next one on its (in-order) stream by more than this, and by
+# more than half its own length, reports a duration the stream could not have had: it is cut at that next start.
+STREAM_OVERLAP_US = 10.0
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# Kineto writes the CPU ops first and the GPU activities (with the runtime calls) after them, not in time order: a
+# cut file may hold the whole CPU side and only the start of the GPU timeline. It is analyzed only when the GPU
+# timeline reaches this share of the window the CPU side spans; otherwise its steps would come out short or empty.
+SALVAGE_COVERAGE = 0.98
+
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_PATTERNS = (
     re.compile(r"-TP-(\d+)"),  # SGLang: <id>-TP-<rank>[-DP-..][-EXTEND|-DECODE].trace.json.gz
@@ -50,14 +68,14 @@ _RANK_PATTERNS = (
 
 
 def _as_int(value, default: int = -1) -> int:
+    """An int64 from a JSON value (numbers as strings too), else `default`."""
     if value is None or isinstance(value, bool):
         return default
-    if isinstance(value, int):
-        return value
     try:
-        return int(float(value))
-    except (TypeError, ValueError):
+        number = value if isinstance(value, int) else int(float(value))
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
         return default
+    return number if INT64_MIN <= number <= INT64_MAX else default
 
 
 class _Interner:
@@ -77,36 +95,47 @@ class _Interner:
 
 
 def _column(events: list, attribute: str, dtype) -> np.ndarray:
-    """One field of every record as an array; attrgetter + map keep the loop in C."""
-    return np.fromiter(map(attrgetter(attribute), events), dtype, len(events))
+    """One field of every record as an array; attrgetter + map keep the loop in C. An integer the column's type
+    cannot hold (a correlation of 2**64) becomes -1, unknown."""
+    try:
+        return np.fromiter(map(attrgetter(attribute), events), dtype, len(events))
+    except OverflowError:
+        info = np.iinfo(dtype)
+        return np.fromiter((v if info.min <= v <= info.max else -1 for v in map(attrgetter(attribute), events)),
+                           dtype, len(events))
 
 
 def _ids_or_fallback(ids: np.ndarray, events: list, fallback: str) -> np.ndarray:
     """Device/stream from args, or from pid/tid for the (old) traces that only put them there."""
     missing = np.flatnonzero(ids < 0)
+    limit = np.iinfo(ids.dtype).max
     for i in missing.tolist():
-        ids[i] = _tid(getattr(events[i], fallback))
+        value = _tid(getattr(events[i], fallback))
+        ids[i] = value if value <= limit else hash(value) & 0x7FFFFFFF
     return ids
 
 
 def _tid(value) -> int:
-    if isinstance(value, int):
+    """A thread (or process) id as an int64: ints as they are, anything else (strings, huge ints) hashed."""
+    if isinstance(value, int) and INT64_MIN <= value <= INT64_MAX:
         return value
     return hash(value) & 0x7FFFFFFF if value is not None else -1
 
 
-def _usable(batch: list) -> tuple[list[schema.Event], int]:
-    """Complete ('X') events with a usable time and non-negative duration, and the count of odd ones dropped."""
+def _usable(batch: list) -> tuple[list[schema.Event], int, int]:
+    """Complete ('X') events with a sane start and duration, the count of non-objects and of events whose time is
+    missing, NaN, infinite, negative (durations) or beyond any clock."""
     good = [e for e in batch if type(e) is schema.Event and e.ph == "X"]
     odd = sum(1 for e in batch if type(e) is not schema.Event)
-    usable = [e for e in good if e.ts == e.ts and e.dur >= 0]  # e.ts == e.ts rejects NaN (missing ts)
-    odd += len(good) - len(usable)
+    # The comparisons are False for NaN (a missing ts is NaN), so NaN and infinities fail them too.
+    usable = [e for e in good if -MAX_ABS_US <= e.ts <= MAX_ABS_US and 0.0 <= e.dur <= MAX_ABS_US]
+    bad_time = len(good) - len(usable)
     for e in usable:
         if type(e.args) is not schema.EventArgs:
             e.args = schema.NO_ARGS
         if type(e.name) is not str:
             e.name = "" if e.name is None else str(e.name)
-    return usable, odd
+    return usable, odd, bad_time
 
 
 class TableBuilder:
@@ -123,10 +152,12 @@ class TableBuilder:
         self.runtime: list[tuple[np.ndarray, ...]] = []
         self.annotations: list[tuple] = []
         self.odd = 0
+        self.bad_time = 0
 
     def add(self, batch: list) -> None:
-        events, odd = _usable(batch)
+        events, odd, bad_time = _usable(batch)
         self.odd += odd
+        self.bad_time += bad_time
         groups: dict[str, list] = {"gpu": [], "cpu_op": [], "runtime": [], "annotation": [], "gpu_annotation": []}
         for e in events:
             table = _CATEGORY_TABLE.get(e.cat) or _CATEGORY_TABLE.get(e.cat.lower())
@@ -174,12 +205,15 @@ class TableBuilder:
 
     def finish(self, path: Path, header: schema.TraceDocument, warnings: list[str]) -> Trace:
         if self.odd:
-            warnings.append(f"{self.odd} events were malformed (not objects, or without a usable time) "
-                            "and were skipped")
+            warnings.append(f"{self.odd} events were malformed (not objects) and were skipped")
+        if self.bad_time:
+            warnings.append(f"{self.bad_time} events had no usable time (missing, NaN, infinite, a negative "
+                            "duration, or beyond any clock) and were skipped")
         gpu_cols = _join(self.gpu, (np.int8, np.int32, np.float64, np.float64, np.int32, np.int64, np.int64,
                                     np.int64, np.int32, np.int32, np.int64))
         op_cols = _join(self.ops, (np.int32, np.float64, np.float64, np.int64, np.int64))
         rt_cols = _join(self.runtime, (np.int32, np.float64, np.float64, np.int64, np.int64, np.int64))
+        gpu_cols, op_cols, rt_cols = self._drop_outliers(gpu_cols, op_cols, rt_cols, warnings)
         starts = [cols[i].min() for cols, i in ((gpu_cols, 2), (op_cols, 1), (rt_cols, 1)) if cols[i].size]
         starts += [min(a[1] for a in self.annotations)] if self.annotations else []
         origin_us = float(min(starts)) if starts else 0.0
@@ -193,6 +227,10 @@ class TableBuilder:
 
         order = np.argsort(gpu_cols[2], kind="stable")
         kind, name_id, ts, dur, device, stream, corr, ext, grid, block, nbytes = (c[order] for c in gpu_cols)
+        clipped = _clip_stream_overlaps(ts, dur, device, stream)
+        if clipped:
+            warnings.append(f"{clipped} GPU activities ran on past the start of the next one on their stream "
+                            "(impossible on an in-order stream) and were cut at that start")
         gpu = GpuTable(kind=kind, name_id=name_id, ts_ns=ns(ts), dur_ns=dur_ns(dur), device=device,
                        stream=stream, correlation=corr, external_id=ext, grid_id=grid, block_id=block,
                        nbytes=nbytes)
@@ -221,10 +259,60 @@ class TableBuilder:
         )
 
 
+    def _drop_outliers(self, gpu_cols: list, op_cols: list, rt_cols: list, warnings: list[str]) -> tuple:
+        """Drop the events whose start or duration no clock of this trace could have measured (see _outliers)."""
+        ann_ts = np.array([a[1] for a in self.annotations], dtype=np.float64)
+        ann_dur = np.array([a[2] for a in self.annotations], dtype=np.float64)
+        tables = [(gpu_cols[2], gpu_cols[3]), (op_cols[1], op_cols[2]), (rt_cols[1], rt_cols[2]), (ann_ts, ann_dur)]
+        masks, core_us = _outliers(tables)
+        dropped = sum(int(m.sum()) for m in masks)
+        if not dropped:
+            return gpu_cols, op_cols, rt_cols
+        warnings.append(f"{dropped} events started far outside the trace's time range or lasted far longer than "
+                        f"it (over {OUTLIER_SPANS:g}x its core span of {core_us / 1e3:.3f} ms) and were dropped")
+        gpu_mask, op_mask, rt_mask, ann_mask = masks
+        op_keep = np.flatnonzero(~op_mask).tolist()
+        self.op_dims = [self.op_dims[i] for i in op_keep]
+        self.op_types = [self.op_types[i] for i in op_keep]
+        self.op_collective = [self.op_collective[i] for i in op_keep]
+        self.annotations = [a for a, drop in zip(self.annotations, ann_mask.tolist(), strict=True) if not drop]
+        return ([c[~gpu_mask] for c in gpu_cols], [c[~op_mask] for c in op_cols], [c[~rt_mask] for c in rt_cols])
+
+
+def _outliers(tables: list[tuple[np.ndarray, np.ndarray]]) -> tuple[list[np.ndarray], float]:
+    """Per (starts, durations) table, the rows that start more than OUTLIER_SPANS core spans outside the trace's core
+    span or last longer than OUTLIER_SPANS core spans; and the core span. The core span runs from the k-th earliest
+    start to the k-th latest (k = 0.1% of the events, at least a few), so a few stray timestamps cannot widen it."""
+    starts = np.concatenate([ts for ts, _ in tables])
+    n = len(starts)
+    if not n:
+        return [np.zeros(len(ts), dtype=bool) for ts, _ in tables], 0.0
+    k = max(n // 1000, min(8, n // 10))
+    lo, hi = np.partition(starts, (k, n - 1 - k))[[k, n - 1 - k]]
+    core = max(float(hi - lo), MIN_CORE_SPAN_US)
+    first, last = lo - OUTLIER_SPANS * core, hi + OUTLIER_SPANS * core
+    return [(ts < first) | (ts > last) | (dur > OUTLIER_SPANS * core) for ts, dur in tables], float(hi - lo)
+
+
+def _clip_stream_overlaps(ts: np.ndarray, dur: np.ndarray, device: np.ndarray, stream: np.ndarray) -> int:
+    """Cut (in place) the GPU activities that overlap the next one on their stream by more than STREAM_OVERLAP_US
+    and by more than half their own duration: work on one stream runs in order. Returns how many were cut."""
+    if len(ts) < 2:
+        return 0
+    order = np.lexsort((ts, stream, device))
+    d, s, t, du = device[order], stream[order], ts[order], dur[order]
+    room = t[1:] - t[:-1]  # from each start to the next start on the same stream
+    overlap = du[:-1] - room
+    cut = ((d[1:] == d[:-1]) & (s[1:] == s[:-1]) & (s[:-1] >= 0) & (overlap > STREAM_OVERLAP_US)
+           & (overlap > 0.5 * du[:-1]))
+    dur[order[:-1][cut]] = room[cut]
+    return int(cut.sum())
+
+
 def _join(chunks: list[tuple[np.ndarray, ...]], dtypes: tuple) -> list[np.ndarray]:
     if not chunks:
         return [np.empty(0, dtype=d) for d in dtypes]
-    return [np.concatenate(cols) for cols in zip(*chunks)]
+    return [np.concatenate(cols) for cols in zip(*chunks, strict=True)]
 
 
 def _collective(args: schema.EventArgs) -> dict:
@@ -252,12 +340,66 @@ def _no_gc():
 def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     builder = TableBuilder()
-    with _no_gc():
-        header, warnings = decode_trace(path, builder.add)
-        trace = builder.finish(path, header, warnings)
+    try:
+        with _no_gc():
+            header, warnings, truncated = decode_trace(path, builder.add)
+            trace = builder.finish(path, header, warnings)
+    except MemoryError:  # e.g. a small text of millions of tiny events in a layout that is decoded whole
+        raise UserError(f"{path}: the trace does not fit in this machine's memory (capture fewer steps, or set "
+                        "DECODEGAP_MAX_TRACE_BYTES lower to be refused earlier)") from None
     if not len(trace.gpu) and not len(trace.cpu_ops.ts_ns) and not trace.annotations:
-        raise UserError(f"{path}: the trace has no profiler events (no kernels, CPU ops or annotations)")
+        why = f": {'; '.join(trace.warnings)}" if trace.warnings else ""
+        raise NotATrace(f"{path}: the trace has no profiler events (no kernels, CPU ops or annotations){why}")
+    if truncated:
+        _salvage_truncated(trace, truncated)
     return trace
+
+
+def gpu_coverage(trace: Trace) -> float | None:
+    """How much of the CPU side's window (its CPU ops and CPU annotations, which Kineto writes first) the GPU data
+    is known to cover; None when there is no CPU side to compare with. The GPU data reaches only as far as
+    - the last GPU activity's end;
+    - the first launch whose GPU activity is missing (a CPU that runs ahead launches work the file lost);
+    - when some GPU activity has lost its launch record, the last runtime call's end: the runtime calls are
+      written among the GPU activities and are cut with them, so later launches are unknown."""
+    ops, marks = trace.cpu_ops, [a for a in trace.annotations if not a.on_gpu]
+    if not len(ops.ts_ns) and not marks:
+        return None
+    starts = ([int(ops.ts_ns.min())] if len(ops.ts_ns) else []) + [a.ts_ns for a in marks]
+    ends = ([int((ops.ts_ns + ops.dur_ns).max())] if len(ops.ts_ns) else []) + [a.ts_ns + a.dur_ns for a in marks]
+    start, end = min(starts), max(ends)
+    if not len(trace.gpu):
+        return 0.0
+    reach = int(trace.gpu.end_ns.max())
+    rt, gpu = trace.runtime, trace.gpu
+    if len(rt.ts_ns):
+        launch_ids = [i for i, name in enumerate(trace.names) if "Launch" in name]
+        lost = np.isin(rt.name_id, launch_ids) & (rt.correlation >= 0) & ~np.isin(rt.correlation, gpu.correlation)
+        if lost.any():
+            reach = min(reach, int(rt.ts_ns[lost].min()))
+    orphans = (gpu.correlation >= 0) & ~np.isin(gpu.correlation, rt.correlation)
+    if orphans.any():
+        reach = min(reach, int((rt.ts_ns + rt.dur_ns).max()) if len(rt.ts_ns) else start)
+    if end <= start:
+        return 1.0 if reach >= end else 0.0
+    return min(max((reach - start) / (end - start), 0.0), 1.0)
+
+
+def _salvage_truncated(trace: Trace, reason: str) -> None:
+    """Keep a cut trace only when its GPU timeline covers (nearly) the whole profiled window; say how much."""
+    expects_gpu = trace.has_gpu or len(trace.runtime.ts_ns) > 0 or trace.device_name is not None
+    coverage = gpu_coverage(trace) if expects_gpu else None
+    if coverage is None:
+        trace.warnings.append(f"the trace is truncated ({reason}); the events before the cut were analyzed")
+        return
+    percent = int(coverage * 100)  # rounded down: 97.9% must not read as 98%
+    if coverage < SALVAGE_COVERAGE:
+        raise UserError(f"{trace.path}: truncated: GPU events cover {percent}% of the profiled window ({reason}; "
+                        "Kineto writes the GPU timeline after the CPU ops, so the steps would come out wrong)")
+    reach = int(trace.gpu.end_ns.max())
+    trace.annotations = [a for a in trace.annotations if a.ts_ns + a.dur_ns <= reach]
+    trace.warnings.append(f"the trace is truncated ({reason}); GPU events cover {percent}% of the profiled window, "
+                          "the steps before the cut were analyzed")
 
 
 def _is_trace_file(path: Path) -> bool:
@@ -283,10 +425,32 @@ def find_trace_files(path: Path) -> list[Path]:
     return files
 
 
+def _load_folder_files(path: Path, files: list[Path]) -> list[Trace]:
+    """Every trace among the files; a file that is no trace at all (a config.json beside the traces) is skipped
+    with a warning rather than failing the folder."""
+    if path.is_file():
+        return [load_trace(files[0])]
+    traces, skipped = [], []
+    for f in files:
+        try:
+            traces.append(load_trace(f))
+        except NotATrace as exc:
+            skipped.append((f, str(exc).removeprefix(f"{f}: ")))
+    if not traces:
+        first, why = skipped[0]
+        raise UserError(f"{path}: the folder holds no profiler traces ({len(skipped)} JSON file(s) that are not, "
+                        f"e.g. {first.name}: {why})")
+    if skipped:
+        names = ", ".join(f.name for f, _ in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+        traces[0].warnings.append(f"skipped {len(skipped)} file(s) in the folder that are not profiler traces: "
+                                  f"{names}")
+    return traces
+
+
 def load_traces(path: str | Path) -> list[Trace]:
     """One trace per rank, ordered by rank. Rank comes from the file name (SGLang, vLLM), else distributedInfo."""
-    files = find_trace_files(Path(path))
-    traces = [load_trace(f) for f in files]
+    path = Path(path)
+    traces = _load_folder_files(path, find_trace_files(path))
     for trace in traces:
         from_name = rank_from_filename(trace.path.name)
         if from_name is not None:

@@ -3,7 +3,6 @@ name), with a hard stop for files that would not fit in memory."""
 
 from __future__ import annotations
 
-import gzip
 import os
 import zlib
 from collections.abc import Iterator
@@ -12,10 +11,20 @@ from pathlib import Path
 from decodegap.errors import UserError
 
 CHUNK_BYTES = 1 << 23
+COMPRESSED_READ_BYTES = 1 << 16
+GZIP_WBITS = zlib.MAX_WBITS | 16
 # Memory per byte of trace text: the streaming decoder keeps only columns (about a sixth of the text), the
 # whole-text fallback for other layouts keeps the text plus its records. Refuse what cannot fit rather than swap.
 STREAMING_TEXT_PER_MEMORY = 4.0
 WHOLE_TEXT_PER_MEMORY = 1 / 2.5
+# JSON may start with any amount of blank space, but a trace starts with `{` or `[`: a file that is blank this far
+# in is refused at once, instead of after reading gigabytes of spaces.
+LEADING_BLANK_MAX = 1 << 20
+JSON_BLANKS = b" \t\n\r"
+
+
+class NotATrace(UserError):
+    """The file is no profiler trace at all (empty, not JSON, JSON without traceEvents): a folder skips it."""
 
 
 class TruncatedStream(Exception):
@@ -63,32 +72,86 @@ def _open(path: Path):
         raise UserError(f"{path}: is a folder") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror})") from None
-    magic = f.read(2)
-    f.seek(0)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f, mode="rb"), True
-    return f, False
+    return f
+
+
+def _gunzip(f, path: Path) -> Iterator[bytes]:
+    """The decompressed text of a gzip file (one or more members) in chunks of about CHUNK_BYTES. zlib rather than
+    GzipFile: GzipFile.read loses what it decompressed before a cut, and a cut .gz must keep the same text as the
+    same cut .json. Raises TruncatedStream at a cut (after yielding what came before), UserError at damaged data."""
+    inflater = zlib.decompressobj(GZIP_WBITS)
+    data, out, produced = b"", bytearray(), 0  # out: the text of the chunk being filled
+    while True:
+        if not data:
+            data = f.read(COMPRESSED_READ_BYTES)
+            if not data:
+                yield out
+                if inflater.eof:
+                    return
+                raise TruncatedStream("the gzip stream ends early (truncated file)")
+        after_member = inflater.eof
+        if after_member:  # another member follows, or padding
+            if not data.strip(b"\x00"):
+                data = b""
+                continue
+            inflater = zlib.decompressobj(GZIP_WBITS)
+        try:
+            text = inflater.decompress(data, CHUNK_BYTES - len(out))
+        except zlib.error as exc:
+            if after_member:  # bytes that are no gzip follow a whole, checksummed member: the text ends there
+                yield out
+                return
+            if not produced + len(out):
+                raise UserError(f"{path}: not a readable gzip file ({exc})") from None
+            # zlib notices most damage only at the checksum, after decoding past it: no text of it can be trusted
+            raise UserError(f"{path}: the gzip data is damaged (noticed after {produced + len(out)} bytes of text: "
+                            f"{exc})") from None
+        data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
+        out += text
+        if len(out) >= CHUNK_BYTES:
+            yield out
+            produced, out = produced + len(out), bytearray()
+
+
+def _plain(f) -> Iterator[bytes]:
+    while chunk := f.read(CHUNK_BYTES):
+        yield chunk
+
+
+def _is_blank(chunk: bytes) -> bool:
+    # isspace() stops at the first other byte (cheap on real text); the translate confirms JSON's four blanks only
+    return chunk.isspace() and not chunk.translate(None, JSON_BLANKS)
 
 
 def iter_text_chunks(path: Path, limit: int | None = None) -> Iterator[bytes]:
-    """The trace's text in chunks. Raises TruncatedStream at a cut-off gzip stream (after yielding what it had)."""
-    stream, compressed = _open(path)
+    """The trace's text in chunks, without its leading blank space. A chunk that is all blank space comes as a
+    single space (the same JSON outside strings), so no amount of blank space costs memory.
+    Raises TruncatedStream at a cut-off gzip stream (after yielding what it had)."""
+    leading = 0
+    for chunk in _raw_chunks(path, limit):
+        if leading is not None:
+            text = chunk.lstrip(JSON_BLANKS)
+            leading += len(chunk) - len(text)
+            if leading > LEADING_BLANK_MAX:
+                raise NotATrace(f"{path}: not a JSON trace (over {leading >> 20} MB of blank space before any JSON)")
+            if not text:
+                continue
+            chunk, leading = text, None
+        yield b" " if _is_blank(chunk) else chunk
+
+
+def _raw_chunks(path: Path, limit: int | None) -> Iterator[bytes]:
     total = 0
-    with stream:
-        while True:
-            try:
-                chunk = stream.read(CHUNK_BYTES)
-            except EOFError:
-                raise TruncatedStream("the gzip stream ends early (truncated file)") from None
-            except (gzip.BadGzipFile, zlib.error) as exc:
-                if total:
-                    raise TruncatedStream(f"the gzip stream is corrupt after {total} bytes ({exc})") from None
-                raise UserError(f"{path}: not a readable gzip file ({exc})") from None
-            except OSError as exc:
-                raise UserError(f"{path}: cannot read ({exc})") from None
-            if not chunk:
-                return
-            total += len(chunk)
-            if limit is not None and total > limit:
-                raise too_big(path, total, limit)
-            yield chunk
+    with _open(path) as f:
+        compressed = f.read(2) == b"\x1f\x8b"
+        f.seek(0)
+        try:
+            for chunk in (_gunzip(f, path) if compressed else _plain(f)):
+                if not chunk:
+                    continue
+                total += len(chunk)
+                if limit is not None and total > limit:
+                    raise too_big(path, total, limit)
+                yield chunk
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read ({exc})") from None
