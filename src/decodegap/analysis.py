@@ -7,6 +7,7 @@ types (docs/report.schema.json). DataFrame views need pandas (the `pandas` extra
 from __future__ import annotations
 
 import math
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -282,8 +283,6 @@ class Analysis(Struct):
                 f"{main.ms.median:.3f} ms, findings: {findings}{floor}, warnings: {len(self.warnings)})")
 
     def _repr_html_(self) -> str:
-        from decodegap.report.html import summary_fragment
-
         return summary_fragment(self)
 
     def kernels_df(self):
@@ -305,6 +304,21 @@ class Analysis(Struct):
             rows.append(row | {f"{c}_ms": r.category_ms.get(c, 0.0) for c in cats})
         columns = [f for f in StepRow.__struct_fields__ if f != "category_ms"] + [f"{c}_ms" for c in cats]
         return _frame(rows, columns)
+
+
+def summary_fragment(analysis) -> str:
+    """A short HTML summary of an Analysis, for Jupyter (`_repr_html_`): what the trace is, findings, categories."""
+    phase = getattr(analysis.steps, analysis.breakdown_phase)
+    rows = "".join(f"<tr><td>{escape(f.id)}</td><td>{f.ms_per_step:.3f}</td><td>{f.share:.0%}</td>"
+                   f"<td style='text-align:left'>{escape(f.title)}</td></tr>" for f in analysis.findings)
+    cats = "".join(f"<tr><td>{escape(c.name)}</td><td>{c.ms_per_step:.3f}</td><td>{c.share:.1%}</td></tr>"
+                   for c in analysis.categories[:12])
+    floor = (f"<p>floor {analysis.floor.floor_ms:.3f} ms on {escape(analysis.floor.gpu)}</p>"
+             if analysis.floor else "")
+    return (f"<div><p><b>decodegap</b>: {escape(analysis.summary)}; median {phase.ms.median:.3f} ms "
+            f"({escape(analysis.steps.source)})</p>{floor}"
+            f"<table><tr><th>finding</th><th>ms/step</th><th>share</th><th>what</th></tr>{rows}</table>"
+            f"<table><tr><th>category</th><th>ms/step</th><th>% GPU</th></tr>{cats}</table></div>")
 
 
 def _frame(rows: list[dict], columns: list[str]):

@@ -69,17 +69,3 @@ def render_html(report, top: int = 25) -> str:
     out.append("</body></html>\n")
     return "\n".join(out)
 
-
-def summary_fragment(analysis) -> str:
-    """A short HTML summary of an Analysis, for Jupyter (`_repr_html_`): what the trace is, findings, categories."""
-    phase = getattr(analysis.steps, analysis.breakdown_phase)
-    rows = "".join(f"<tr><td>{escape(f.id)}</td><td>{f.ms_per_step:.3f}</td><td>{f.share:.0%}</td>"
-                   f"<td style='text-align:left'>{escape(f.title)}</td></tr>" for f in analysis.findings)
-    cats = "".join(f"<tr><td>{escape(c.name)}</td><td>{c.ms_per_step:.3f}</td><td>{c.share:.1%}</td></tr>"
-                   for c in analysis.categories[:12])
-    floor = (f"<p>floor {analysis.floor.floor_ms:.3f} ms on {escape(analysis.floor.gpu)}</p>"
-             if analysis.floor else "")
-    return (f"<div><p><b>decodegap</b>: {escape(analysis.summary)}; median {phase.ms.median:.3f} ms "
-            f"({escape(analysis.steps.source)})</p>{floor}"
-            f"<table><tr><th>finding</th><th>ms/step</th><th>share</th><th>what</th></tr>{rows}</table>"
-            f"<table><tr><th>category</th><th>ms/step</th><th>% GPU</th></tr>{cats}</table></div>")
