@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from decodegap.pipeline import AnalysisOptions, analyze_path
-from decodegap.gap import prepare_model_options
+from decodegap.floor_ledger import prepare_model_options
 from decodegap.report.json import report_dict
 from tracegen import decode_loop, write
 

@@ -12,7 +12,7 @@ from decodegap.pipeline import AnalysisOptions, analyze_path
 from decodegap.cli import main
 from decodegap.commands.analyze import example_path
 from decodegap.demo.config import FULL
-from decodegap.gap import _decompose, attach_floor_from_trace, prepare_model_options
+from decodegap.floor_ledger import _decompose, attach_floor_from_trace, prepare_model_options
 from decodegap.model import load_model
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -46,7 +46,7 @@ def test_example_every_big_floor_component_is_matched_and_none_beats_its_floor()
     big = [c.name for c in floor.components if c.ms >= 0.5]
     assert set(big) == {"attention_weights", "experts"}
     rows = [r for r in gap["rows"] if r["components"]]
-    from decodegap.gap import COMPONENT_OF
+    from decodegap.floor_ledger import COMPONENT_OF
 
     for name in big:
         row = next(r for r in rows if COMPONENT_OF[name] in r["components"])

@@ -15,7 +15,7 @@ from decodegap.findings.base import Finding
 from decodegap.pipeline import AnalysisOptions, analyze_path
 from decodegap.cli import main
 from decodegap.errors import UserError
-from decodegap.names import short_kernel_name
+from decodegap.kernel_names import short_kernel_name
 from decodegap.report.json import render_json, report_dict
 from decodegap.trace import load_trace
 from hostile import assert_one_line, assert_sane_report, fixture_text, run_cli_measured, strict_json

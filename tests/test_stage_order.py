@@ -10,11 +10,11 @@ SRC = Path(__file__).parent.parent / "src" / "decodegap"
 
 # Stage of each module (by dotted name under decodegap; a package's entry covers its modules).
 STAGES = [
-    ("helpers", ["errors", "samples", "names", "categories", "shapes"]),
+    ("helpers", ["errors", "samples", "kernel_names", "categories", "shapes"]),
     ("trace", ["trace"]),
     ("structure", ["step_marks", "repetition", "phase", "steps"]),
     ("breakdown", ["breakdown"]),
-    ("verdicts", ["findings", "model", "gap", "profiler_check"]),
+    ("verdicts", ["findings", "model", "floor_ledger", "profiler_check"]),
     ("pipeline", ["pipeline"]),
     ("analysis", ["analysis"]),
     ("views", ["api", "report", "compare", "annotate"]),

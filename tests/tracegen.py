@@ -202,7 +202,8 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
         state["t_cpu"] = max(state["t_cpu"], state["t_gpu"] - 300)
         mark_start = state["t_cpu"]
         for _ in range(3):  # input preparation, eager
-            launch("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>>", 2.0, "aten::fill_")
+            launch("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>>", 2.0,
+                   "aten::fill_")
         if graph == "full":
             start_graph()
         launch("void at::native::index_select_large_index<c10::BFloat16>", 6.0, "aten::embedding")
@@ -237,7 +238,8 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
             prefill_reqs = {"decode": 0, "prefill": batch, "mixed": batch // 2}[phase]
             decode_reqs = batch - prefill_reqs
             tokens = decode_reqs + prefill_reqs * prompt
-            label = (f"execute_{tokens}_context_{prefill_reqs}(sq{prefill_reqs * prompt}sk{prefill_reqs * prompt}sqsq0sqsk0)"
+            prefill_tokens = prefill_reqs * prompt
+            label = (f"execute_{tokens}_context_{prefill_reqs}(sq{prefill_tokens}sk{prefill_tokens}sqsq0sqsk0)"
                      f"_generation_{decode_reqs}(sq{decode_reqs}sk{decode_reqs * 900}sqsq0sqsk0)")
         else:
             label = None

@@ -18,7 +18,7 @@ from decodegap import __version__
 from decodegap.breakdown import Spread
 from decodegap.categories import categorize
 from decodegap.errors import UserError
-from decodegap.names import short_kernel_name
+from decodegap.kernel_names import short_kernel_name
 from decodegap.profiler_check import profiler_check
 from decodegap.steps import PHASES, describe
 from decodegap.trace.tables import GPU_KIND_NAMES

@@ -30,14 +30,14 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
     options = AnalysisOptions(tpot_ms=tpot_ms)
     floor_request = None
     if model is not None or gpu is not None:
-        from decodegap.gap import prepare_model_options
+        from decodegap.floor_ledger import prepare_model_options
 
         floor_request = prepare_model_options(options, Path(model) if model is not None else None,
                                               Path(quant) if quant is not None else None, weights, kv, gpu, tp,
                                               batch, context, allreduce_us)
     report = analyze_path(path, options)
     if floor_request is not None and model_given:  # a model but no GPU: the GPU the trace names
-        from decodegap.gap import attach_floor_from_trace
+        from decodegap.floor_ledger import attach_floor_from_trace
 
         attach_floor_from_trace(report, floor_request)
     return report

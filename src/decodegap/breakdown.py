@@ -253,7 +253,8 @@ def _longest_gaps(trace: Trace, decode, top: int = 5) -> list[HostGap]:
         gaps = idle_gaps_ns(gpu.ts_ns[r], gpu.end_ns[r])
         i = int(np.argmax(gaps))
         if gaps[i] > 0:
-            found.append(HostGap(float(gaps[i]) / 1e3, trace.names[gpu.name_id[r[i - 1]]], trace.names[gpu.name_id[r[i]]]))
+            before, after = trace.names[gpu.name_id[r[i - 1]]], trace.names[gpu.name_id[r[i]]]
+            found.append(HostGap(float(gaps[i]) / 1e3, before, after))
     found.sort(key=lambda g: -g.gap_us)
     return found[:top]
 
@@ -292,7 +293,7 @@ def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
     by_category: Counter = Counter()
     for step in decode:
         rows, self_ns = _self_times(trace, step.start_ns, step.end_ns)
-        for i, own in zip(rows.tolist(), self_ns.tolist()):
+        for i, own in zip(rows.tolist(), self_ns.tolist(), strict=True):
             key = (int(ops.name_id[i]), ops.input_dims[i], ops.input_types[i])
             entry = groups.setdefault(key, [0, 0])
             entry[0] += 1

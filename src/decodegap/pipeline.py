@@ -110,7 +110,7 @@ def analyze_path(path: str | Path, options: AnalysisOptions | None = None) -> Re
     if report.workload == "training":  # decode advice does not apply to a training job
         report.findings = [f for f in report.findings if f.id in TRAINING_FINDINGS]
     if options.floor is not None:
-        from decodegap.gap import gap_ledger
+        from decodegap.floor_ledger import gap_ledger
 
         report.floor_dict = options.floor.to_dict()
         report.gap = gap_ledger(report)

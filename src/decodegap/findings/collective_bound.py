@@ -12,7 +12,7 @@ from __future__ import annotations
 from decodegap.errors import UserError
 from decodegap.findings.base import Finding, step_context
 from decodegap.model.hardware import DEFAULT_ALLREDUCE_US, get_gpu
-from decodegap.names import short_kernel_name
+from decodegap.kernel_names import short_kernel_name
 
 MIN_SHARE = 0.15  # of GPU time, for the latency-bound case
 MIN_EXCESS_SHARE = 0.05  # of GPU time: time the collectives take beyond what their bytes need

@@ -13,7 +13,7 @@ are left out."""
 from __future__ import annotations
 
 from decodegap.findings.base import Finding, step_context
-from decodegap.names import short_kernel_name
+from decodegap.kernel_names import short_kernel_name
 
 MIN_BYTES_PER_STEP = 64e6
 MIN_SHARE = 0.03  # of GPU time, all such copies together

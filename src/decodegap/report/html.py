@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from decodegap.names import short_kernel_name
+from decodegap.kernel_names import short_kernel_name
 from decodegap.report.text import _calls, _fmt_bytes, _shapes, step_noun, summary_lines
 
 STYLE = """
@@ -60,7 +60,7 @@ def render_html(report, top: int = 25) -> str:
                        f"<td>{_fmt_bytes(k.bytes_per_call)}</td><td>{f'{k.gbps:.0f}' if k.gbps else ''}</td></tr>")
         out.append("</table>")
     if report.gap is not None:
-        from decodegap.gap import render_gap_html
+        from decodegap.floor_ledger import render_gap_html
 
         out.append(render_gap_html(report.gap))
     if report.warnings:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from decodegap.names import short_kernel_name
+from decodegap.kernel_names import short_kernel_name
 from decodegap.report.text import _calls, _fmt_bytes, _shapes, step_noun, summary_lines
 
 
@@ -45,7 +45,7 @@ def render_markdown(report, top: int = 15) -> str:
                           _fmt_bytes(k.bytes_per_call), f"{k.gbps:.0f}" if k.gbps else ""]
                          for k in b.kernels[:top]])
     if report.gap is not None:
-        from decodegap.gap import render_gap_markdown
+        from decodegap.floor_ledger import render_gap_markdown
 
         lines += ["", render_gap_markdown(report.gap)]
     if report.warnings:

@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from decodegap.names import short_kernel_name
+from decodegap.kernel_names import short_kernel_name
 from decodegap.steps import describe
 from decodegap.profiler_check import profiler_check
 
@@ -135,7 +135,7 @@ def render_text(report, top: int = 15, full_names: bool = False, width: int | No
                           f"{gbps:.0f}" if gbps else "")
         console.print(table)
     if report.gap is not None:
-        from decodegap.gap import render_gap_text
+        from decodegap.floor_ledger import render_gap_text
 
         console.print(render_gap_text(report.gap))
     if report.warnings:

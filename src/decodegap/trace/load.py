@@ -12,7 +12,7 @@ import numpy as np
 
 from decodegap.errors import UserError
 from decodegap.trace import schema
-from decodegap.trace.decode import decode_trace
+from decodegap.trace.json_events import decode_trace
 from decodegap.trace.read import NotATrace
 from decodegap.trace.tables import (
     KERNEL,
