@@ -9,24 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decodegap.pipeline import analyze_path
-from decodegap.cli import main
 from decodegap.errors import UserError
 from decodegap.report.json import report_dict
 from decodegap.trace import load_trace
 from tracegen import decode_loop, write, write_kineto_layout
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
+from clitool import run_cli
 
 
 def assert_one_line_error(args, capsys, *fragments):

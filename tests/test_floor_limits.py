@@ -8,20 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from decodegap.cli import main
 from decodegap.errors import UserError
 from decodegap.model import compute_floor, get_gpu, load_model, resolve_quant
+from clitool import run_cli
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 LLAMA = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
 
 
 def one_line_error(args, capsys) -> str:

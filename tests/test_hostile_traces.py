@@ -13,23 +13,15 @@ import pytest
 
 from decodegap.findings.base import Finding
 from decodegap.pipeline import AnalysisOptions, analyze_path
-from decodegap.cli import main
 from decodegap.errors import UserError
 from decodegap.kernel_names import short_kernel_name
 from decodegap.report.json import render_json, report_dict
 from decodegap.trace import load_trace
 from hostile import assert_one_line, assert_sane_report, fixture_text, run_cli_measured, strict_json
 from tracegen import decode_loop, write, write_kineto_layout
+from clitool import run_cli
 
 DEEP = "[" * 5000 + "]" * 5000
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
 
 
 def assert_exit_2(args, capsys, *fragments) -> str:
