@@ -183,3 +183,15 @@ def test_sanity_warnings_floor_and_config_layers(tmp_path, capsys):
     warnings = " | ".join(d["warnings"])
     assert "shorter than its hardware floor" in warnings
     assert "4 layers per step, the model config 32" in warnings
+
+
+def test_a_profiler_step_wrapping_a_whole_generate_is_cut_into_its_forwards(tmp_path):
+    # prof.step() once per generate() call: one annotation holds a prefill and 7 decode forwards
+    doc = engine_forwards(forwards=8, layers=10, phases=("prefill",) + ("decode",) * 7)
+    launches = [e for e in doc["traceEvents"] if e.get("cat") == "cuda_runtime"]
+    t0, t1 = min(e["ts"] for e in launches), max(e["ts"] + e["dur"] for e in launches)
+    doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1,
+                               "ts": t0 - 1, "dur": t1 - t0 + 2, "args": {}})
+    d = _d(write(doc, tmp_path / "t.json"))
+    assert d["steps"]["source"] == "profiler_step" and "several forwards" in d["steps"]["source_detail"]
+    assert _counts(d) == {"decode": 7, "prefill": 1, "mixed": 0, "training": 0} and d["layers"] == 10

@@ -143,9 +143,37 @@ def _from_marks(trace: Trace, links: Links, marks: dict[str, list[StepMark]]):
         else:
             continue
         pieces = [p for p in pieces if len(p.rows)]
+        if family == "profiler_step" and not is_training(trace):
+            pieces, split = _split_multi_forward(pieces, trace, links)
+            if split:
+                detail += f"; {split} of them hold several forwards each, cut by the repeating kernel sequence"
         if pieces:
             return pieces, source, detail, warnings
     return None
+
+
+def _split_multi_forward(pieces: list[_Piece], trace: Trace, links: Links) -> tuple[list[_Piece], int]:
+    """A ProfilerStep may wrap a whole generate() call: when the kernels it launched hold several forwards (a period
+    with layers and once-per-forward work inside it), those forwards are the steps."""
+    names = normalized_ids(trace.names, trace.gpu.name_id)
+    graph_of = np.where(links.from_graph, links.runtime_idx, -1)
+    gaps = _idle_before(trace.gpu.ts_ns, trace.gpu.end_ns)
+    end = trace.gpu.end_ns
+    out, split = [], 0
+    for p in pieces:
+        starts = _unit_starts(graph_of[p.rows])
+        tokens = _unit_tokens(names[p.rows], graph_of[p.rows], starts)
+        cut = _cut_by_repetition(tokens, gaps[p.rows][starts], names[p.rows], starts) if len(tokens) >= 6 else None
+        if cut is None or not cut[1].startswith(_STEP_PERIOD) or len(cut[0]) < 3:
+            out.append(p)
+            continue
+        split += 1
+        row_bounds = np.append(starts, len(p.rows))[cut[0]]
+        for lo, hi in zip(row_bounds[:-1], row_bounds[1:], strict=True):
+            rows = p.rows[lo:hi]
+            if len(rows):
+                out.append(_Piece(int(trace.gpu.ts_ns[rows[0]]), int(end[rows].max()), rows))
+    return out, split
 
 
 def _family_words(family: str) -> str:
@@ -326,6 +354,9 @@ def _pick_step_anchor(anchors: list[Anchor], seq: np.ndarray) -> Anchor | None:
     return chosen
 
 
+_STEP_PERIOD = "a step every "  # how _cut_by_repetition says the period it found is a whole step
+
+
 def _cut_by_repetition(seq: np.ndarray, gaps: np.ndarray, row_seq: np.ndarray,
                        unit_start: np.ndarray) -> tuple[np.ndarray, str] | None:
     """Unit bounds of the forwards, and how they were found; None when nothing repeats.
@@ -353,7 +384,7 @@ def _cut_by_repetition(seq: np.ndarray, gaps: np.ndarray, row_seq: np.ndarray,
         cuts = cuts[cuts < n]
         bounds = np.unique(np.concatenate(([0], cuts, [n])))
         unit = "GPU activities" if len(seq) == len(row_seq) else "units (a graph replay or an eager kernel)"
-        return bounds, f"{period} {unit} per step, {inner.count} layers each"
+        return bounds, f"{_STEP_PERIOD}{period} {unit} per step, {inner.count} layers each"
     # The period is a layer (or a group of alternating layers): forwards are runs of them, split where a long
     # irregular interval holds kernels no layer runs (the once-per-forward work).
     cuts = _forward_boundaries(seq, gaps, anchor)
