@@ -195,3 +195,20 @@ def test_a_profiler_step_wrapping_a_whole_generate_is_cut_into_its_forwards(tmp_
     d = _d(write(doc, tmp_path / "t.json"))
     assert d["steps"]["source"] == "profiler_step" and "several forwards" in d["steps"]["source_detail"]
     assert _counts(d) == {"decode": 7, "prefill": 1, "mixed": 0, "training": 0} and d["layers"] == 10
+
+
+def test_one_eager_forward_without_marks_is_one_step(tmp_path):
+    # one HF decode forward (16 layers, eager, two norm+projection groups per layer), its marks removed
+    doc = json.loads(__import__("gzip").open(H200 / "gpu_step_annotation_cut.json.gz").read())
+    events = doc["traceEvents"]
+    step = next(e for e in events if e.get("cat") == "user_annotation" and e["name"] == "ProfilerStep#3")
+    lo, hi = step["ts"], step["ts"] + step["dur"]
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset",
+                                                                             "gpu_user_annotation")]
+    kept_host = [e for e in host if lo <= e["ts"] < hi and e.get("cat") != "user_annotation"]
+    corr = {e["args"]["correlation"] for e in kept_host if "correlation" in e.get("args", {})}
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+           and e.get("args", {}).get("correlation") in corr]
+    doc["traceEvents"] = [e for e in events if e.get("ph") == "M"] + kept_host + gpu
+    d = _d(write(doc, tmp_path / "one.json"))
+    assert _counts(d)["decode"] == 1 and sum(_counts(d).values()) == 1 and d["layers"] == 16

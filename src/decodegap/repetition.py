@@ -111,6 +111,19 @@ class Layers:
     kinds: list[LayerKind] = field(default_factory=list)
     starts: tuple[int, ...] = ()  # where each layer's counting kernel runs in the step (a layer's boundary)
 
+    def repeat(self, seq: np.ndarray) -> float:
+        """How alike consecutive layers are: the share of positions in the layer region whose kernel recurs one layer
+        later (within one position, for layers of slightly different lengths). Real layers: close to 1; two kernel
+        groups that merely recur inside one layer (its two norms): far lower."""
+        lag = int(round(self.period))
+        stop = self.last - lag
+        if not self.count or lag < 1 or stop <= self.first:
+            return 0.0
+        i = np.arange(self.first, stop)
+        here = seq[i]
+        near = [seq[np.clip(i + d, 0, len(seq) - 1)] for d in (lag - 1, lag, lag + 1)]
+        return float(np.mean((here == near[0]) | (here == near[1]) | (here == near[2])))
+
     def glue(self, length: int) -> float:
         """Activities of a block of `length` that lie outside its layers: the once-per-forward work."""
         return length - (self.count or 0) * self.period

@@ -354,6 +354,21 @@ def _pick_step_anchor(anchors: list[Anchor], seq: np.ndarray) -> Anchor | None:
     return chosen
 
 
+SAME_LAYERS = 0.7  # Layers.repeat above which the repeating sub-blocks of a period are layers
+
+
+def _holds_layers(inner, block: np.ndarray) -> bool:
+    """A period is a whole step when it holds alike layers and work outside them (the once-per-forward glue).
+
+    Two repeats prove little (one layer's two norm+projection groups recur twice too, and two occurrences are
+    always "evenly spaced"): with two, they must fill most of the period; from three on, the spacing is evidence."""
+    if not inner.count or inner.count < 2 or inner.repeat(block) < SAME_LAYERS:
+        return False
+    if inner.glue(len(block)) < max(2.0, 0.2 * inner.period):
+        return False
+    return inner.count >= 3 or 2 * inner.period >= 0.8 * len(block)
+
+
 _STEP_PERIOD = "a step every "  # how _cut_by_repetition says the period it found is a whole step
 
 
@@ -372,7 +387,7 @@ def _cut_by_repetition(seq: np.ndarray, gaps: np.ndarray, row_seq: np.ndarray,
     row_at = int(unit_start[block_at])
     block = row_seq[row_at:int(unit_start[anchor.positions[first + 1]])]
     inner = find_layers(block, min_coverage=0.3)
-    if inner.count and inner.count >= 2 and inner.glue(len(block)) >= max(2.0, 0.2 * inner.period):
+    if _holds_layers(inner, block):
         # The period is a step: cut at the same offset after the anchor in every period, outside the layer run,
         # where the GPU idles longest.
         row_offset = unit_start[np.clip(block_at + np.arange(period), 0, n - 1)] - row_at
@@ -401,7 +416,7 @@ def _one_forward_per_replay(tokens, gaps, row_seq, unit_start, graph_of) -> tupl
     ends = np.append(unit_start[1:], len(row_seq))
     u = int(replay_units[0])
     inner = find_layers(row_seq[unit_start[u]:ends[u]], min_coverage=0.3)
-    if not (inner.count and inner.count >= 2 and inner.glue(int(ends[u] - unit_start[u])) >= 2):
+    if not _holds_layers(inner, row_seq[unit_start[u]:ends[u]]):
         return None
     cuts = []
     for a, b in zip(replay_units[:-1], replay_units[1:], strict=True):
