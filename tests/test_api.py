@@ -50,6 +50,7 @@ def test_repr_is_short_and_says_what_the_trace_is(example):
 
 
 def test_dataframes(example):
+    pytest.importorskip("pandas")  # an optional extra (the test extra installs it)
     kernels = example.kernels_df()
     assert {"name", "category", "calls_per_step", "ms_per_step", "share", "us_per_call"} <= set(kernels.columns)
     assert len(kernels) == len(example.kernels) and kernels.iloc[0]["category"] == "cast"
@@ -58,6 +59,21 @@ def test_dataframes(example):
     steps = example.steps_df()
     assert len(steps) == 3 and {"index", "phase", "start_ms", "ms", "gpu_busy_ms", "cast_ms"} <= set(steps.columns)
     assert steps["cast_ms"].between(60, 70).all()  # the pool cast, every step
+
+
+def test_dataframes_without_pandas_say_what_to_install(example, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pandas(name, *args, **kwargs):
+        if name == "pandas":
+            raise ImportError("No module named 'pandas'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pandas)
+    with pytest.raises(ImportError, match=r"decodegap\[pandas\]"):
+        example.kernels_df()
 
 
 def test_load_reads_a_saved_report_back(example, tmp_path):
