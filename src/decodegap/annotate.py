@@ -1,0 +1,376 @@
+"""The Perfetto overlay (`analyze TRACE --annotate OUT`): the original trace with decodegap's own events added.
+
+decodegap's events (`"cat": "decodegap"`) sit on their own process track: a span per step it found (`decode step
+3`), a span per layer nested inside each step (`layer 12`), and on a second thread a span per kernel a finding
+blames (`kv_pool_cast: <kernel>`; findings that blame no kernel get one instant at the first step). Opening OUT in
+Perfetto or chrome://tracing shows decodegap's boundaries over the kernels.
+
+The original text is streamed through unchanged, chunk by chunk (the input is never modified and never held
+whole): decodegap's events are written right after the `[` that opens `traceEvents`, so only the header has to be
+read before copying starts. Times are the trace's own microseconds: the loader's times are nanoseconds from the
+trace's first event (`Trace.origin_ns`, which includes `baseTimeNanoseconds`), so that base is taken off again."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from decodegap.breakdown import infer_layers
+from decodegap.errors import UserError
+from decodegap.names import short_kernel_name
+from decodegap.repetition import name_classes
+from decodegap.trace.decode import EVENTS_KEY, HEADER_MAX_BYTES, Unreadable, loads
+from decodegap.trace.read import TruncatedStream, iter_text_chunks
+
+# A pid no process can have (Linux pids stop at 2**22), so decodegap's track never merges with the trace's own.
+PID = 0xDEC0DE
+STEPS_TID, FINDINGS_TID = 1, 1000  # overlapping steps (rare) take lanes 2, 3, ...; findings likewise from 1000
+MAX_SPANS_PER_FINDING = 100_000
+TAIL_BYTES = 1 << 20  # where a Kineto trace writes baseTimeNanoseconds when it is not in the header
+GZIP_LEVEL = 3  # fast: the overlay is for viewing, not archiving
+_BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(-?[0-9][0-9.eE+-]*)')
+_BLANKS = b" \t\n\r"
+
+
+@dataclass(frozen=True)
+class Span:
+    name: str
+    start_ns: int  # on the loader's clock (from the trace's first event)
+    end_ns: int
+    args: dict = field(default_factory=dict)
+
+
+@dataclass
+class Overlay:
+    """decodegap's events for one trace file, before they are put on the file's clock."""
+
+    steps: list[tuple[Span, list[Span]]] = field(default_factory=list)  # each step with its layers
+    findings: list[Span] = field(default_factory=list)
+    instants: list[Span] = field(default_factory=list)
+
+
+# --- what to draw ----------------------------------------------------------------------------------------------
+
+def overlay_of(rank, findings: list) -> Overlay:
+    """Steps, their layers and the findings' kernels of one rank (a pipeline RankAnalysis)."""
+    steps = rank.steps.steps
+    overlay = Overlay()
+    layer_bounds = _layer_finder(rank)
+    for s in steps:
+        word = "training iteration" if s.kind == "training" else f"{s.kind} step"
+        args = {"phase": s.kind, "index": s.index, "ms": round(s.wall_ns / 1e6, 4)}
+        args.update({k: v for k, v in (("label", s.label), ("batch", s.batch), ("tokens", s.tokens)) if v})
+        step = Span(f"{word} {s.index}", s.start_ns, s.end_ns, args)
+        layers = [Span(f"layer {i}", lo, hi, {"layer": i, "step": s.index})
+                  for i, (lo, hi) in enumerate(_nested(layer_bounds(s), s.start_ns, s.end_ns))]
+        overlay.steps.append((step, layers))
+    first = min((s.start_ns for s in steps), default=0)
+    for f in findings:
+        spans = _finding_spans(rank, f)
+        if spans:
+            overlay.findings += spans
+        else:  # a finding about the whole step (host-bound, profiler overhead): one mark where the steps begin
+            overlay.instants.append(Span(f.id, first, first, {"finding": f.id, "title": f.title}))
+    overlay.findings.sort(key=lambda sp: sp.start_ns)
+    return overlay
+
+
+def _layer_finder(rank):
+    """A function step -> [(start_ns, end_ns)] of its layers. Each step is cut where the kernel that marks the layers
+    in the typical step runs (its normalised name); a step where that kernel runs a different number of times has
+    its own repeating block found (repetition.find_layers on its kernel sequence)."""
+    trace, b = rank.trace, rank.breakdown
+    if not trace.has_gpu:
+        return lambda step: []
+    mapping, _ = name_classes(trace.names)
+    classes = mapping[trace.gpu.name_id.astype(np.int64)] if len(trace.gpu) else np.empty(0, np.int64)
+    anchor, count = None, 0
+    phase_steps = rank.steps.of(b.phase)
+    if b.layer_starts and b.typical_step is not None and b.typical_step < len(phase_steps):
+        typical = phase_steps[b.typical_step]
+        anchor, count = int(classes[typical.rows[b.layer_starts[0]]]), len(b.layer_starts)
+    gpu = trace.gpu
+
+    def bounds(step) -> list[tuple[int, int]]:
+        rows = step.rows
+        if len(rows) < 2:
+            return []
+        starts = np.flatnonzero(classes[rows] == anchor) if anchor is not None else np.empty(0, np.int64)
+        if anchor is None or len(starts) != count:
+            found = infer_layers(trace, rows)
+            starts = np.asarray(found.starts if found.count else (), dtype=np.int64)
+        if len(starts) < 2:
+            return []
+        period = int(np.median(np.diff(starts)))
+        out = []
+        for i, lo in enumerate(starts.tolist()):
+            hi = int(starts[i + 1]) if i + 1 < len(starts) else min(lo + period, len(rows))
+            t0 = int(gpu.ts_ns[rows[lo]])
+            t1 = int(gpu.ts_ns[rows[hi]]) if hi < len(rows) else int(gpu.end_ns[rows[lo:hi]].max())
+            out.append((t0, t1))
+        return out
+
+    return bounds
+
+
+def _nested(bounds: list[tuple[int, int]], lo: int, hi: int) -> Iterator[tuple[int, int]]:
+    """Layer spans inside their step and not overlapping each other: a thread's spans must nest to be drawn."""
+    last = lo
+    for start, end in bounds:
+        start = min(max(start, last, lo), hi)
+        end = min(max(end, start), hi)
+        last = end
+        yield start, end
+
+
+def _blamed_names(evidence) -> set[str]:
+    """Every kernel a finding's evidence names (under "kernel" keys, at any depth)."""
+    out, stack = set(), [evidence]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key == "kernel" and isinstance(value, str):
+                    out.add(value)
+                elif isinstance(value, (dict, list)):
+                    stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return out
+
+
+def _finding_spans(rank, finding) -> list[Span]:
+    """A span per call of each kernel the finding blames, within the steps. Evidence names a kernel in full or
+    shortened; when that names several kernel groups and one of them is the finding's (same time per step), only
+    that group's calls (same launch shape, or same op shapes) are marked."""
+    trace = rank.trace
+    blamed = _blamed_names(finding.evidence)
+    if not blamed or not trace.has_gpu:
+        return []
+    name_ids = [i for i, n in enumerate(trace.names) if n in blamed or short_kernel_name(n) in blamed]
+    if not name_ids:
+        return []
+    rows = np.concatenate([s.rows for s in rank.steps.steps]) if rank.steps.steps else np.empty(0, np.int64)
+    gpu = trace.gpu
+    rows = rows[np.isin(gpu.name_id[rows], name_ids)]
+    rows = _of_the_group(rank, finding, rows)
+    spans = []
+    for row in np.sort(rows)[:MAX_SPANS_PER_FINDING].tolist():
+        name = trace.names[int(gpu.name_id[row])]
+        spans.append(Span(f"{finding.id}: {short_kernel_name(name)}", int(gpu.ts_ns[row]), int(gpu.end_ns[row]),
+                          {"finding": finding.id, "kernel": name, "title": finding.title}))
+    return spans
+
+
+def _of_the_group(rank, finding, rows: np.ndarray) -> np.ndarray:
+    trace, gpu = rank.trace, rank.trace.gpu
+    names = {trace.names[int(i)] for i in np.unique(gpu.name_id[rows])}
+    groups = [k for k in rank.breakdown.kernels
+              if k.name in names and math.isclose(k.ms_per_step, finding.ms_per_step, rel_tol=1e-9)]
+    if len(groups) != 1:
+        return rows
+    k = groups[0]
+    keep = np.array([trace.names[int(gpu.name_id[r])] == k.name for r in rows.tolist()], dtype=bool)
+    if k.input_shapes is None:
+        keep &= np.array([(trace.shapes[int(gpu.grid_id[r])] or None) == k.grid
+                          and (trace.shapes[int(gpu.block_id[r])] or None) == k.block for r in rows.tolist()],
+                         dtype=bool)
+    return rows[keep] if keep.any() else rows
+
+
+# --- on the file's clock ---------------------------------------------------------------------------------------
+
+def _us(ns: int) -> str:
+    """Nanoseconds as microseconds with three decimals, exactly (no float rounding of epoch-sized times)."""
+    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
+    return f"{sign}{ns // 1000}.{ns % 1000:03d}"
+
+
+def _lanes(spans: list[Span]) -> list[int]:
+    """A lane per span (sorted by start) such that spans of one lane never overlap."""
+    ends: list[int] = []
+    out = []
+    for sp in spans:
+        lane = next((i for i, end in enumerate(ends) if end <= sp.start_ns), len(ends))
+        if lane == len(ends):
+            ends.append(sp.end_ns)
+        else:
+            ends[lane] = sp.end_ns
+        out.append(lane)
+    return out
+
+
+def event_lines(overlay: Overlay, shift_ns: int) -> list[bytes]:
+    """The overlay as Chrome trace events (one JSON object each), shifted onto the file's clock."""
+    enc = msgspec.json.encode
+    tids: dict[int, str] = {}
+
+    def span(sp: Span, tid: int) -> bytes:
+        return (b'{"ph": "X", "cat": "decodegap", "name": ' + enc(sp.name) + b', "pid": %d, "tid": %d, '
+                % (PID, tid) + b'"ts": ' + _us(sp.start_ns + shift_ns).encode() + b', "dur": '
+                + _us(sp.end_ns - sp.start_ns).encode() + b', "args": ' + enc(sp.args) + b"}")
+
+    lines = []
+    for (step, layers), lane in zip(overlay.steps, _lanes([s for s, _ in overlay.steps]), strict=True):
+        tid = STEPS_TID + lane
+        tids[tid] = "steps and layers" + (f" ({lane + 1})" if lane else "")
+        lines.append(span(step, tid))
+        lines += [span(layer, tid) for layer in layers]
+    for sp, lane in zip(overlay.findings, _lanes(overlay.findings), strict=True):
+        tids[FINDINGS_TID + lane] = "findings" + (f" ({lane + 1})" if lane else "")
+        lines.append(span(sp, FINDINGS_TID + lane))
+    for sp in overlay.instants:
+        tids.setdefault(FINDINGS_TID, "findings")
+        lines.append(b'{"ph": "i", "s": "p", "cat": "decodegap", "name": ' + enc(sp.name)
+                     + b', "pid": %d, "tid": %d, "ts": ' % (PID, FINDINGS_TID) + _us(sp.start_ns + shift_ns).encode()
+                     + b', "args": ' + enc(sp.args) + b"}")
+    meta = [{"ph": "M", "name": "process_name", "pid": PID, "tid": 0, "args": {"name": "decodegap"}},
+            {"ph": "M", "name": "process_sort_index", "pid": PID, "tid": 0, "args": {"sort_index": -1}}]
+    meta += [{"ph": "M", "name": "thread_name", "pid": PID, "tid": tid, "args": {"name": name}}
+             for tid, name in sorted(tids.items())]
+    return [enc(m) for m in meta] + lines
+
+
+# --- streaming the original through -----------------------------------------------------------------------------
+
+def _number(value) -> int | None:
+    """baseTimeNanoseconds as the loader reads it: a finite int or float, else none."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    number = int(value)
+    return number if -(1 << 63) <= number < (1 << 63) else None
+
+
+def _base_from_header(head: bytes) -> tuple[bool, int | None]:
+    """(header readable, its baseTimeNanoseconds) from the text before `"traceEvents": [`."""
+    text = head.rstrip(_BLANKS)
+    text = text[:-1] if text.endswith(b",") else text
+    try:
+        header = loads(bytes(text) + b"}")
+    except Unreadable:
+        return False, None
+    return isinstance(header, dict), _number(header.get("baseTimeNanoseconds")) if isinstance(header, dict) else None
+
+
+def _base_from_tail(path: Path) -> int | None:
+    """baseTimeNanoseconds written after the events (the last one in the file's last megabyte of text)."""
+    tail = b""
+    try:
+        for chunk in iter_text_chunks(path):
+            tail = (tail + bytes(chunk))[-TAIL_BYTES:]
+    except TruncatedStream:
+        return None
+    found = list(_BASE_TIME.finditer(tail))
+    if not found:
+        return None
+    try:
+        return _number(float(found[-1].group(1)) if b"." in found[-1].group(1) or b"e" in found[-1].group(1).lower()
+                       else int(found[-1].group(1)))
+    except ValueError:
+        return None
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    try:
+        yield from iter_text_chunks(path)
+    except TruncatedStream:
+        raise UserError(f"{path}: cannot annotate a truncated trace (the gzip stream ends early)") from None
+
+
+def write_annotated(src: Path, dst: Path, rank, findings: list) -> int:
+    """Write src's text with decodegap's events for `rank` added to dst (gzip when dst ends in .gz). Returns the
+    number of events added."""
+    chunks = _chunks(src)
+    head = bytearray()
+    for chunk in chunks:
+        head += chunk
+        if head[:1] == b"[" or EVENTS_KEY.search(head) or len(head) > HEADER_MAX_BYTES:
+            break
+    match = EVENTS_KEY.search(head)
+    if head[:1] == b"[":  # a bare event array
+        open_end, base = 1, 0
+    elif match is None:
+        raise UserError(f"{src}: cannot annotate: no traceEvents list in the first "
+                        f"{HEADER_MAX_BYTES >> 20} MB of the trace")
+    else:
+        open_end = match.end()
+        readable, base = _base_from_header(bytes(head[:match.start()]))
+        if base is None:
+            base = (_base_from_tail(src) if readable else None) or 0
+    rest = head[open_end:]
+    while not rest.lstrip(_BLANKS):  # is the original array empty? (its first byte that is not blank says)
+        more = next(chunks, None)
+        if more is None:
+            break
+        rest += more
+    empty = rest.lstrip(_BLANKS)[:1] == b"]"
+    shift_ns = rank.trace.origin_ns - base
+    lines = event_lines(overlay_of(rank, findings), shift_ns)
+    added = b"\n  " + b",\n  ".join(lines) + (b"" if empty else b",")
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
+    try:
+        with (gzip.open(tmp, "wb", compresslevel=GZIP_LEVEL) if dst.name.endswith(".gz") else open(tmp, "wb")) as out:
+            out.write(head[:open_end])
+            out.write(added)
+            out.write(rest)
+            last = bytes(rest[-64:])
+            for chunk in chunks:
+                out.write(chunk)
+                last = (last + bytes(chunk[-64:]))[-64:]
+        if last.rstrip(_BLANKS)[-1:] not in (b"}", b"]"):
+            raise UserError(f"{src}: cannot annotate a truncated trace (its JSON ends early)")
+        os.replace(tmp, dst)
+    except OSError as exc:
+        raise UserError(f"{dst}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return len(lines)
+
+
+# --- the command's entry -----------------------------------------------------------------------------------------
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def write_overlay(report, out: str | Path) -> list[Path]:
+    """Annotate every trace file of a pipeline Report: a file input gives the file `out`; a folder input gives a
+    folder `out` holding each rank's file under its path relative to the input folder. Returns what was written."""
+    out = Path(out)
+    for r in report.ranks:
+        if any(w.startswith("the trace is truncated") for w in r.trace.warnings):
+            raise UserError(f"{r.trace.path}: cannot annotate a truncated trace (its events would not close)")
+    if report.path.is_dir():
+        if out.exists() and not out.is_dir():
+            raise UserError(f"{out}: the input is a folder, so --annotate needs a folder (this is a file)")
+        targets = [(r, out / r.trace.path.relative_to(report.path)) for r in report.ranks]
+    else:
+        if out.is_dir():
+            raise UserError(f"{out}: is a folder; give the annotated trace's file name (e.g. out.json.gz)")
+        targets = [(report.ranks[0], out)] if report.ranks else []
+    for r, dst in targets:
+        if _same_file(r.trace.path, dst):
+            raise UserError(f"{dst}: is the input trace; --annotate writes a new file and never changes the input")
+    written = []
+    for r, dst in targets:
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"{dst.parent}: cannot create ({exc.strerror or exc})") from None
+        write_annotated(r.trace.path, dst, r, report.findings)
+        written.append(dst)
+    return written
