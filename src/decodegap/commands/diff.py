@@ -31,6 +31,7 @@ def command(before: Path, after: Path, fmt: str, top: int, fail_pct: float | Non
         d["gate"] = verdict
     click.echo(render_diff(d, fmt, top), nl=False)
     if verdict is not None:
-        click.echo(verdict["verdict"], err=fmt == "json")
+        # after a blank line: in Markdown a line right below a table would be read as one more row
+        click.echo(verdict["verdict"] if fmt == "json" else "\n" + verdict["verdict"], err=fmt == "json")
         if verdict["failed"]:
             sys.exit(1)  # click's Exit is swallowed outside standalone mode
