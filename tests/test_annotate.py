@@ -196,3 +196,17 @@ def test_refusals(tmp_path, capsys):
         assert err.startswith("decodegap: error:") and words in err and len(err.strip().splitlines()) == 1
     assert src.read_bytes() == before
     assert not list(tmp_path.glob(".*partial"))
+
+
+def test_findings_whose_evidence_lists_groups(tmp_path):
+    # weight_copy's evidence lists its kernel groups by short name, op and shapes: each call of them is marked
+    out = tmp_path / "mla.json.gz"
+    written = annotate(FIXTURES / "mla_cast_eager_2steps.json.gz", out)
+    new = _read(written[0])
+    kernels = {(_ns(e["ts"]), _ns(e["dur"])) for e in _theirs(new) if e.get("cat") == "kernel"}
+    for finding in ("weight_copy", "kv_pool_cast"):
+        spans = _spans(new, finding + ":")
+        assert len(spans) == 2 * 78  # once per layer, 78 layers, 2 steps
+        assert all((_ns(s["ts"]), _ns(s["dur"])) in kernels for s in spans)
+    assert len({s["tid"] for s in _spans(new, "weight_copy:")}) == 1  # calls that never overlap share one lane
+    _check_nesting(new)

@@ -23,6 +23,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from decodegap import shapes as shape_info
 from decodegap.breakdown import infer_layers
 from decodegap.errors import UserError
 from decodegap.names import short_kernel_name
@@ -131,59 +132,89 @@ def _nested(bounds: list[tuple[int, int]], lo: int, hi: int) -> Iterator[tuple[i
         yield start, end
 
 
-def _blamed_names(evidence) -> set[str]:
-    """Every kernel a finding's evidence names (under "kernel" keys, at any depth)."""
-    out, stack = set(), [evidence]
+def _kernel_entries(evidence) -> list[dict]:
+    """Every part of a finding's evidence that names a kernel (a "kernel" key, at any depth), outermost first."""
+    out, stack = [], [evidence]
     while stack:
-        item = stack.pop()
+        item = stack.pop(0)
         if isinstance(item, dict):
-            for key, value in item.items():
-                if key == "kernel" and isinstance(value, str):
-                    out.add(value)
-                elif isinstance(value, (dict, list)):
-                    stack.append(value)
+            if isinstance(item.get("kernel"), str):
+                out.append(item)
+            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
         elif isinstance(item, list):
             stack.extend(item)
     return out
 
 
+def _agrees(k, entry: dict, finding, root: bool) -> bool:
+    """Whether kernel group k is the one an evidence entry describes: by the numbers the entry gives (rounded as
+    the detectors round them), its shapes, and for the evidence's root the finding's own time per step."""
+    checks = []
+    calls, ms, shapes = entry.get("calls_per_step"), entry.get("ms_per_step"), entry.get("shapes")
+    if isinstance(calls, (int, float)):
+        checks.append(abs(k.calls_per_step - calls) <= 0.006)
+    if isinstance(ms, (int, float)):
+        checks.append(abs(k.ms_per_step - ms) <= 0.0006)
+    elif root:
+        checks.append(math.isclose(k.ms_per_step, finding.ms_per_step, rel_tol=1e-9))
+    if isinstance(shapes, list) and k.input_shapes is not None:
+        checks.append([s for s, _ in k.input_shapes] == shapes)
+    return bool(checks) and all(checks)
+
+
+def blamed_groups(rank, finding) -> list:
+    """The kernel groups (breakdown.KernelGroup) a finding blames. Evidence names a kernel in full or shortened;
+    when that names several groups, the ones its numbers describe."""
+    out = []
+    for entry in _kernel_entries(finding.evidence):
+        name = entry["kernel"]
+        named = [k for k in rank.breakdown.kernels if k.name == name or short_kernel_name(k.name) == name]
+        if len(named) > 1:
+            named = [k for k in named if _agrees(k, entry, finding, entry is finding.evidence)] or named
+        out += [k for k in named if k not in out]
+    return out
+
+
+def _signature(trace, links, row: int) -> tuple:
+    """A GPU row's kernel group as the breakdown forms it: (name, op, op shapes) when its op recorded shapes,
+    else (name, op, grid, block)."""
+    gpu, ops = trace.gpu, trace.cpu_ops
+    name = trace.names[int(gpu.name_id[row])]
+    op = int(links.op_idx[row])
+    op_name = trace.names[int(ops.name_id[op])] if op >= 0 else None
+    if op >= 0 and ops.input_dims[op]:
+        return name, op_name, [[shape, dtype] for shape, dtype in shape_info.tensors(ops.input_dims[op],
+                                                                                   ops.input_types[op])]
+    return (name, op_name, trace.shapes[int(gpu.grid_id[row])] or None, trace.shapes[int(gpu.block_id[row])] or None)
+
+
+def _group_signature(k) -> tuple:
+    if k.input_shapes is not None:
+        return k.name, k.op, k.input_shapes
+    return k.name, k.op, k.grid, k.block
+
+
 def _finding_spans(rank, finding) -> list[Span]:
-    """A span per call of each kernel the finding blames, within the steps. Evidence names a kernel in full or
-    shortened; when that names several kernel groups and one of them is the finding's (same time per step), only
-    that group's calls (same launch shape, or same op shapes) are marked."""
+    """A span over every call, within the steps, of each kernel group the finding blames."""
     trace = rank.trace
-    blamed = _blamed_names(finding.evidence)
-    if not blamed or not trace.has_gpu:
+    groups = blamed_groups(rank, finding) if trace.has_gpu else []
+    if not groups:
         return []
-    name_ids = [i for i, n in enumerate(trace.names) if n in blamed or short_kernel_name(n) in blamed]
-    if not name_ids:
-        return []
-    rows = np.concatenate([s.rows for s in rank.steps.steps]) if rank.steps.steps else np.empty(0, np.int64)
     gpu = trace.gpu
-    rows = rows[np.isin(gpu.name_id[rows], name_ids)]
-    rows = _of_the_group(rank, finding, rows)
+    wanted = [_group_signature(k) for k in groups]
+    name_ids = [i for i, n in enumerate(trace.names) if n in {k.name for k in groups}]
+    rows = np.concatenate([s.rows for s in rank.steps.steps]) if rank.steps.steps else np.empty(0, np.int64)
+    rows = np.sort(rows[np.isin(gpu.name_id[rows], name_ids)])
     spans = []
-    for row in np.sort(rows)[:MAX_SPANS_PER_FINDING].tolist():
+    for row in rows.tolist():
+        if _signature(trace, rank.links, row) not in wanted:
+            continue
         name = trace.names[int(gpu.name_id[row])]
         spans.append(Span(f"{finding.id}: {short_kernel_name(name)}", int(gpu.ts_ns[row]), int(gpu.end_ns[row]),
                           {"finding": finding.id, "kernel": name, "title": finding.title}))
+        if len(spans) >= MAX_SPANS_PER_FINDING:
+            break
     return spans
-
-
-def _of_the_group(rank, finding, rows: np.ndarray) -> np.ndarray:
-    trace, gpu = rank.trace, rank.trace.gpu
-    names = {trace.names[int(i)] for i in np.unique(gpu.name_id[rows])}
-    groups = [k for k in rank.breakdown.kernels
-              if k.name in names and math.isclose(k.ms_per_step, finding.ms_per_step, rel_tol=1e-9)]
-    if len(groups) != 1:
-        return rows
-    k = groups[0]
-    keep = np.array([trace.names[int(gpu.name_id[r])] == k.name for r in rows.tolist()], dtype=bool)
-    if k.input_shapes is None:
-        keep &= np.array([(trace.shapes[int(gpu.grid_id[r])] or None) == k.grid
-                          and (trace.shapes[int(gpu.block_id[r])] or None) == k.block for r in rows.tolist()],
-                         dtype=bool)
-    return rows[keep] if keep.any() else rows
 
 
 # --- on the file's clock ---------------------------------------------------------------------------------------
