@@ -36,6 +36,7 @@ PID = 0xDEC0DE
 STEPS_TID, FINDINGS_TID = 1, 1000  # overlapping steps (rare) take lanes 2, 3, ...; findings likewise from 1000
 MAX_SPANS_PER_FINDING = 100_000
 TAIL_BYTES = 1 << 20  # where a Kineto trace writes baseTimeNanoseconds when it is not in the header
+MARGIN_NS = 2  # spans of one thread that would touch are kept this far apart (see _nested)
 GZIP_LEVEL = 3  # fast: the overlay is for viewing, not archiving
 _BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(-?[0-9][0-9.eE+-]*)')
 _BLANKS = b" \t\n\r"
@@ -123,11 +124,17 @@ def _layer_finder(rank):
 
 
 def _nested(bounds: list[tuple[int, int]], lo: int, hi: int) -> Iterator[tuple[int, int]]:
-    """Layer spans inside their step and not overlapping each other: a thread's spans must nest to be drawn."""
+    """Layer spans inside their step and not overlapping each other: a thread's spans must nest to be drawn. A span
+    that would end where the next layer (or its step) ends is cut MARGIN_NS short: a viewer that reads microseconds
+    as float64 may move each end by a nanosecond, and touching spans would then overlap."""
+    bounds = list(bounds)
     last = lo
-    for start, end in bounds:
+    for i, (start, end) in enumerate(bounds):
         start = min(max(start, last, lo), hi)
-        end = min(max(end, start), hi)
+        limit = min(hi, bounds[i + 1][0]) if i + 1 < len(bounds) else hi
+        end = min(max(end, start), limit)
+        if end == limit and end - start > 2 * MARGIN_NS:
+            end -= MARGIN_NS
         last = end
         yield start, end
 
@@ -230,7 +237,7 @@ def _lanes(spans: list[Span]) -> list[int]:
     ends: list[int] = []
     out = []
     for sp in spans:
-        lane = next((i for i, end in enumerate(ends) if end <= sp.start_ns), len(ends))
+        lane = next((i for i, end in enumerate(ends) if end + MARGIN_NS <= sp.start_ns), len(ends))
         if lane == len(ends):
             ends.append(sp.end_ns)
         else:
