@@ -238,3 +238,12 @@ def test_bare_event_array(tmp_path):
     doc = {"traceEvents": new}
     assert len(_spans(doc, "decode step")) >= 3
     _check_layers_in_steps(doc, 4)
+
+
+def test_report_and_overlay_cannot_share_a_file(tmp_path, capsys):
+    src = write(decode_loop(steps=4, layers=4, markers=None), tmp_path / "t.json")
+    same = tmp_path / "both.json"
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", str(src), "-o", str(same), "--annotate", str(same)])
+    assert exc.value.code == 2 and "the same file" in capsys.readouterr().err
+    assert not same.exists()

@@ -63,6 +63,9 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
     if annotate_out is not None:
         from decodegap.annotate import write_overlay
 
+        if output is not None and output.resolve() == annotate_out.resolve():
+            raise UserError(f"{output}: -o and --annotate name the same file")
+
         for written in write_overlay(report, annotate_out):
             click.echo(f"decodegap: annotated trace written to {written}", err=True)
     if fmt == "json":
