@@ -247,3 +247,16 @@ def test_report_and_overlay_cannot_share_a_file(tmp_path, capsys):
         main(["analyze", str(src), "-o", str(same), "--annotate", str(same)])
     assert exc.value.code == 2 and "the same file" in capsys.readouterr().err
     assert not same.exists()
+
+
+def test_truncated_trace_is_refused(tmp_path, capsys):
+    # analyze salvages a cut trace whose GPU timeline covers the window; its overlay could not be valid JSON
+    full = write_kineto_layout(decode_loop(steps=6, layers=4, markers=None), tmp_path / "full.json")
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(full.read_bytes()[:-300])
+    out = tmp_path / "out.json"
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", str(cut), "--annotate", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "cannot annotate a truncated trace" in err
+    assert not out.exists() and not list(tmp_path.glob(".*partial"))
