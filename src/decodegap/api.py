@@ -1,4 +1,5 @@
-"""The Python API: `decodegap.analyze(path, ...) -> Analysis`, `decodegap.load(report.json)`, `decodegap.diff(a, b)`.
+"""The Python API: `decodegap.analyze(path, ...) -> Analysis`, `decodegap.load(report.json)`, `decodegap.diff(a, b)`,
+`decodegap.api.annotate(path, out)` (the Perfetto overlay).
 
 The command line is a thin client of these functions. Errors are `decodegap.errors.UserError` with one line that
 names the parameter (the CLI prints it and exits 2)."""
@@ -72,3 +73,16 @@ def diff(before, after) -> dict:
         return side.to_dict() if isinstance(side, Analysis) else load_report(Path(side))
 
     return diff_reports(as_dict(before), as_dict(after))
+
+
+def annotate(path, out, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1, batch: int = 1,
+             context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None) -> list[Path]:
+    """Analyze `path` and write the trace with decodegap's events added to `out` (the Perfetto overlay: a span per
+    step, per layer inside it, and per kernel a finding blames, on a `decodegap` process track; gzip when `out`
+    ends in .gz). A folder of traces gives a folder `out` with each rank's file. Returns the files written; the
+    input is never modified. Arguments as for `analyze`."""
+    from decodegap.annotate import write_overlay
+
+    report = run(path, model=model, quant=quant, weights=weights, kv=kv, gpu=gpu, tp=tp, batch=batch,
+                 context=context, tpot_ms=tpot_ms, allreduce_us=allreduce_us)
+    return write_overlay(report, out)

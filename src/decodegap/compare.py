@@ -120,6 +120,12 @@ def _value_at(data, where: str):
 
 def _times(data: dict):
     yield "steps.decode.ms.median", data["steps"]["decode"]["ms"]["median"]
+    phase = data.get("breakdown_phase")
+    median = ((data["steps"].get(phase) or {}).get("ms") or {}).get("median") if isinstance(phase, str) else None
+    if isinstance(median, (int, float)):
+        yield f"steps.{phase}.ms.median", median
+    if isinstance(data.get("idle_ms_per_step"), (int, float)):
+        yield "idle_ms_per_step", data["idle_ms_per_step"]
     for i, c in enumerate(data["categories"]):
         yield f"categories[{i}].ms_per_step", c["ms_per_step"]
     for i, k in enumerate(data["kernels"]):
@@ -127,13 +133,120 @@ def _times(data: dict):
         yield f"kernels[{i}].calls_per_step", k["calls_per_step"]
 
 
-def _key(k: dict) -> tuple:
-    shapes = json.dumps(k.get("input_shapes")) if k.get("input_shapes") else f"{k.get('grid')}|{k.get('block')}"
-    return k["name"], shapes
-
-
 def _step_ms(report: dict) -> float:
-    return report["steps"]["decode"]["ms"]["median"] or 0.0
+    """The median step of the phase the report's breakdown describes (decode when the trace has any)."""
+    steps = report["steps"]
+    phase = report.get("breakdown_phase") or "decode"
+    side = steps.get(phase) if isinstance(steps.get(phase), dict) else steps["decode"]
+    median = (side.get("ms") or {}).get("median") if isinstance(side, dict) else None
+    return float(median) if isinstance(median, (int, float)) and not isinstance(median, bool) else 0.0
+
+
+# --- kernel groups matched across the two sides ------------------------------------------------------------------
+
+def _shape_key(k: dict) -> tuple[str, str]:
+    """How a report split a kernel's calls into groups: by the launching op's shapes (eager) or by launch shape."""
+    if k.get("input_shapes"):
+        return "shapes", json.dumps(k["input_shapes"])
+    return "launch", f"{k.get('grid')}|{k.get('block')}"
+
+
+def _merged(entries: list[dict]) -> dict:
+    """Several groups of one kernel name as one: times and calls summed."""
+    first = entries[0]
+    return {**first, "ms_per_step": sum(e["ms_per_step"] for e in entries),
+            "calls_per_step": sum(e["calls_per_step"] for e in entries)}
+
+
+def match_kernels(before: list[dict], after: list[dict]) -> list[tuple[dict | None, dict | None, str]]:
+    """(before group, after group, matched by) for every kernel group of either side. Groups are matched by kernel
+    name first; a name's groups stay split by shapes (or by launch shape) only when every group of that name on
+    both sides was split the same way. An eager trace splits by op shapes, a CUDA-graph replay (no ops) by grid:
+    the same kernel would otherwise count as gone on one side and new on the other."""
+    names: dict[str, tuple[list, list]] = {}
+    for side, groups in ((0, before), (1, after)):
+        for k in groups:
+            names.setdefault(k["name"], ([], []))[side].append(k)
+    pairs = []
+    for old, new in names.values():
+        kinds = {_shape_key(k)[0] for k in old + new}
+        if not old or not new or len(kinds) == 1:
+            how = "name" if not old or not new else next(iter(kinds))
+            by_key_old = {_shape_key(k): k for k in old}
+            by_key_new = {_shape_key(k): k for k in new}
+            for key in by_key_old.keys() | by_key_new.keys():
+                pairs.append((by_key_old.get(key), by_key_new.get(key), how))
+        else:
+            pairs.append((_merged(old), _merged(new), "name"))
+    return pairs
+
+
+def _kernel_row(o: dict | None, n: dict | None, how: str) -> dict:
+    o_ms, n_ms = (o["ms_per_step"] if o else 0.0), (n["ms_per_step"] if n else 0.0)
+    if o is None:
+        status = "new"
+    elif n is None:
+        status = "gone"
+    elif abs(n_ms - o_ms) < max(MIN_MS, CHANGE * o_ms):
+        status = "same"
+    else:
+        status = "faster" if n_ms < o_ms else "slower"
+    k = n or o
+    return {"status": status, "name": k["name"], "short_name": k.get("short_name", k["name"]),
+            "category": k["category"], "before_ms": round(o_ms, 4), "after_ms": round(n_ms, 4),
+            "delta_ms": round(n_ms - o_ms, 4),
+            "before_calls": o["calls_per_step"] if o else 0, "after_calls": n["calls_per_step"] if n else 0,
+            "matched_by": how}
+
+
+# --- findings, GPU idle, warnings ---------------------------------------------------------------------------------
+
+def _finding_rows(before: dict, after: dict) -> list[dict]:
+    """Every finding of either side: gone, kept or new, with its time per step on each side."""
+    def by_id(report: dict) -> dict:
+        out: dict[str, float] = {}
+        for f in report["findings"]:
+            ms = f.get("ms_per_step")
+            out[f["id"]] = out.get(f["id"], 0.0) + (ms if isinstance(ms, (int, float)) else 0.0)
+        return out
+
+    old, new = by_id(before), by_id(after)
+    order = {"gone": 0, "kept": 1, "new": 2}
+    rows = [{"id": i, "status": "kept" if i in old and i in new else "gone" if i in old else "new",
+             "before_ms": round(old[i], 4) if i in old else None, "after_ms": round(new[i], 4) if i in new else None}
+            for i in old.keys() | new.keys()]
+    return sorted(rows, key=lambda r: (order[r["status"]], r["id"]))
+
+
+def _idle_ms(report: dict) -> float | None:
+    value = report.get("idle_ms_per_step")
+    return value if isinstance(value, (int, float)) else None
+
+
+def _gpu_idle(before: dict, after: dict) -> dict | None:
+    """The GPU-idle row (the step's time with no GPU activity): None when a side (an old saved report) lacks it."""
+    b, a = _idle_ms(before), _idle_ms(after)
+    if b is None or a is None:
+        return None
+    return {"before_ms": round(b, 4), "after_ms": round(a, 4), "delta_ms": round(a - b, 4)}
+
+
+def _model_type(report: dict) -> str | None:
+    floor = report.get("floor")
+    return floor.get("model_type") if isinstance(floor, dict) else None
+
+
+def comparability_warnings(before: dict, after: dict) -> list[str]:
+    """What makes the two sides different workloads rather than one workload before and after a change."""
+    out = []
+    checks = (("GPU", (before.get("trace") or {}).get("device"), (after.get("trace") or {}).get("device")),
+              ("layer count", before.get("layers"), after.get("layers")),
+              ("model type (from --model)", _model_type(before), _model_type(after)))
+    for what, b, a in checks:
+        if b is not None and a is not None and b != a:
+            out.append(f"the two sides differ in {what}: {b} before, {a} after; the diff compares different "
+                       "workloads")
+    return out
 
 
 def diff_reports(before: dict, after: dict) -> dict:
@@ -145,40 +258,51 @@ def diff_reports(before: dict, after: dict) -> dict:
     categories = sorted(({"name": n, "before_ms": v["before"], "after_ms": v["after"],
                           "delta_ms": round(v["after"] - v["before"], 4)} for n, v in cats.items()),
                         key=lambda r: r["delta_ms"])
-    old = {_key(k): k for k in before["kernels"]}
-    new = {_key(k): k for k in after["kernels"]}
-    kernels = []
-    for key in old.keys() | new.keys():
-        o, n = old.get(key), new.get(key)
-        o_ms, n_ms = (o["ms_per_step"] if o else 0.0), (n["ms_per_step"] if n else 0.0)
-        if o is None:
-            status = "new"
-        elif n is None:
-            status = "gone"
-        elif abs(n_ms - o_ms) < max(MIN_MS, CHANGE * o_ms):
-            status = "same"
-        else:
-            status = "faster" if n_ms < o_ms else "slower"
-        k = n or o
-        kernels.append({"status": status, "name": k["name"], "short_name": k.get("short_name", k["name"]),
-                        "category": k["category"], "before_ms": round(o_ms, 4), "after_ms": round(n_ms, 4),
-                        "delta_ms": round(n_ms - o_ms, 4),
-                        "before_calls": o["calls_per_step"] if o else 0, "after_calls": n["calls_per_step"] if n else 0})
+    kernels = [_kernel_row(o, n, how) for o, n, how in match_kernels(before["kernels"], after["kernels"])]
     kernels.sort(key=lambda r: r["delta_ms"])
     b_ids = {f["id"] for f in before["findings"]}
     a_ids = {f["id"] for f in after["findings"]}
     return {
         "schema": "decodegap.diff/1",
-        "before": {"path": before["trace"]["path"], "step_ms": b_ms, "findings": sorted(b_ids)},
-        "after": {"path": after["trace"]["path"], "step_ms": a_ms, "findings": sorted(a_ids)},
+        "before": {"path": before["trace"]["path"], "step_ms": b_ms, "findings": sorted(b_ids),
+                   "device": before["trace"].get("device"), "layers": before.get("layers")},
+        "after": {"path": after["trace"]["path"], "step_ms": a_ms, "findings": sorted(a_ids),
+                  "device": after["trace"].get("device"), "layers": after.get("layers")},
         "speedup": round(b_ms / a_ms, 4) if a_ms else None,
         "step_delta_ms": round(a_ms - b_ms, 4),
         "categories": categories,
+        "gpu_idle": _gpu_idle(before, after),
         "kernels": [k for k in kernels if k["status"] != "same"],
         "unchanged_kernel_groups": sum(1 for k in kernels if k["status"] == "same"),
         "findings_vanished": sorted(b_ids - a_ids),
         "findings_appeared": sorted(a_ids - b_ids),
+        "findings_kept": sorted(b_ids & a_ids),
+        "findings": _finding_rows(before, after),
+        "warnings": comparability_warnings(before, after),
     }
+
+
+# --- the CI gate ---------------------------------------------------------------------------------------------------
+
+def check_gate_pct(pct: float) -> float:
+    if not (math.isfinite(pct) and pct >= 0):
+        raise UserError(f"--fail-if-slower {pct}: not a percentage (a finite number >= 0)")
+    return pct
+
+
+def gate(d: dict, pct: float) -> dict:
+    """The verdict of `--fail-if-slower PCT`: fails when AFTER's median step is more than PCT% slower."""
+    check_gate_pct(pct)
+    b_ms, a_ms = d["before"]["step_ms"], d["after"]["step_ms"]
+    for side, ms in (("before", b_ms), ("after", a_ms)):
+        if not ms or ms <= 0:
+            raise UserError(f"--fail-if-slower: {d[side]['path']} has no step time to compare (no steps found)")
+    slower_pct = (a_ms / b_ms - 1.0) * 100.0
+    failed = slower_pct > pct
+    change = f"{slower_pct:.1f}% slower" if slower_pct > 0 else f"{-slower_pct:.1f}% faster"
+    verdict = (f"decodegap gate: {'FAIL' if failed else 'PASS'}: median step {b_ms:.3f} -> {a_ms:.3f} ms "
+               f"({change}; limit {pct:g}% slower)")
+    return {"limit_pct": pct, "slower_pct": round(slower_pct, 3), "failed": failed, "verdict": verdict}
 
 
 def render_diff(d: dict, fmt: str = "text", top: int = 15) -> str:
@@ -191,13 +315,19 @@ def render_diff(d: dict, fmt: str = "text", top: int = 15) -> str:
              f"({d['step_delta_ms']:+.3f} ms, {speed} faster)" if d["speedup"] and d["speedup"] >= 1 else
              f"step time: {d['before']['step_ms']:.3f} ms -> {d['after']['step_ms']:.3f} ms "
              f"({d['step_delta_ms']:+.3f} ms, {speed})"]
-    if d["findings_vanished"] or d["findings_appeared"]:
-        lines.append(f"findings gone: {', '.join(d['findings_vanished']) or '-'}; "
-                     f"new: {', '.join(d['findings_appeared']) or '-'}")
+    findings = d.get("findings") or []
+    if findings:
+        def listed(status: str) -> str:
+            return ", ".join(_finding_label(f) for f in findings if f["status"] == status) or "-"
+        lines.append(f"findings gone: {listed('gone')}; kept: {listed('kept')}; new: {listed('new')}")
+    lines += [f"warning: {w}" for w in d.get("warnings") or []]
     lines += ["", "by category (ms/step)"]
     header = ["category", "before", "after", "delta"]
     rows = [[c["name"], f"{c['before_ms']:.3f}", f"{c['after_ms']:.3f}", f"{c['delta_ms']:+.3f}"]
             for c in d["categories"]]
+    if d.get("gpu_idle"):
+        idle = d["gpu_idle"]
+        rows.append(["(GPU idle)", f"{idle['before_ms']:.3f}", f"{idle['after_ms']:.3f}", f"{idle['delta_ms']:+.3f}"])
     lines += _table(header, rows, md)
     lines += ["", f"kernel groups that changed ({d['unchanged_kernel_groups']} unchanged)"]
     header = ["status", "kernel", "category", "calls before", "calls after", "before ms", "after ms", "delta ms"]
@@ -206,6 +336,13 @@ def render_diff(d: dict, fmt: str = "text", top: int = 15) -> str:
             for k in sorted(d["kernels"], key=lambda k: -abs(k["delta_ms"]))[:top]]
     lines += _table(header, rows, md)
     return "\n".join(lines) + "\n"
+
+
+def _finding_label(f: dict) -> str:
+    if f["status"] == "kept":
+        return f"{f['id']} ({f['before_ms']:.3f} -> {f['after_ms']:.3f} ms)"
+    ms = f["before_ms"] if f["status"] == "gone" else f["after_ms"]
+    return f"{f['id']} ({ms:.3f} ms)"
 
 
 def _table(header: list[str], rows: list[list[str]], md: bool) -> list[str]:

@@ -44,8 +44,11 @@ def _finite_positive_ms(ctx: click.Context, param: click.Parameter, value: float
               help="KV tokens per sequence (default for the floor: 4096); also sizes the active KV for findings.")
 @click.option("--allreduce-us", type=click.FloatRange(min=0), help="All-reduce latency for the floor, in us.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the report to a file instead of stdout.")
+@click.option("--annotate", "annotate_out", type=click.Path(path_type=Path), metavar="OUT",
+              help="Also write the trace with decodegap's steps, layers and findings added (opens in Perfetto; "
+                   "gzip when OUT ends in .gz; a folder of traces gives a folder OUT).")
 def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_path, weights, kv_format, gpu, tp,
-            batch, context, allreduce_us, output):
+            batch, context, allreduce_us, output, annotate_out):
     """Read a torch.profiler trace (a .json/.json.gz file or a folder of per-rank traces) and show where the
     time of each decode step goes, the root causes, and the fixes."""
     from decodegap.api import EXAMPLE_TRACE, run
@@ -57,6 +60,14 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
     report = run(EXAMPLE_TRACE if example else trace, model=model_path, quant=quant_path, weights=weights,
                  kv=kv_format, gpu=gpu, tp=tp, batch=batch, context=context, tpot_ms=tpot_ms,
                  allreduce_us=allreduce_us)
+    if annotate_out is not None:
+        from decodegap.annotate import write_overlay
+
+        if output is not None and output.resolve() == annotate_out.resolve():
+            raise UserError(f"{output}: -o and --annotate name the same file")
+
+        for written in write_overlay(report, annotate_out):
+            click.echo(f"decodegap: annotated trace written to {written}", err=True)
     if fmt == "json":
         from decodegap.report.json import render_json
 

@@ -1,7 +1,9 @@
-"""`decodegap diff BEFORE AFTER`: two traces (or folders, or saved JSON reports) side by side."""
+"""`decodegap diff BEFORE AFTER`: two traces (or folders, or saved JSON reports) side by side; with
+`--fail-if-slower PCT`, a CI gate on the median step."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -12,9 +14,24 @@ import click
 @click.argument("after", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text", show_default=True)
 @click.option("--top", type=click.IntRange(1, 10_000), default=15, show_default=True)
-def command(before: Path, after: Path, fmt: str, top: int) -> None:
-    """Compare two decode profiles: step time, categories, kernel groups new/gone/faster/slower, findings."""
-    from decodegap.compare import check_inputs, diff_reports, load_report, render_diff
+@click.option("--fail-if-slower", "fail_pct", type=float, metavar="PCT",
+              help="Exit 1 when AFTER's median step is more than PCT% slower than BEFORE's (a CI gate); "
+                   "the verdict is the last line (on stderr with --format json).")
+def command(before: Path, after: Path, fmt: str, top: int, fail_pct: float | None) -> None:
+    """Compare two decode profiles: step time, categories and GPU idle, kernel groups new/gone/faster/slower,
+    findings gone/kept/new."""
+    from decodegap.compare import check_gate_pct, check_inputs, diff_reports, gate, load_report, render_diff
 
+    if fail_pct is not None:
+        check_gate_pct(fail_pct)  # before the (slow) analysis of two traces
     check_inputs(before, after)
-    click.echo(render_diff(diff_reports(load_report(before), load_report(after)), fmt, top), nl=False)
+    d = diff_reports(load_report(before), load_report(after))
+    verdict = gate(d, fail_pct) if fail_pct is not None else None
+    if verdict is not None:
+        d["gate"] = verdict
+    click.echo(render_diff(d, fmt, top), nl=False)
+    if verdict is not None:
+        # after a blank line: in Markdown a line right below a table would be read as one more row
+        click.echo(verdict["verdict"] if fmt == "json" else "\n" + verdict["verdict"], err=fmt == "json")
+        if verdict["failed"]:
+            sys.exit(1)  # click's Exit is swallowed outside standalone mode
