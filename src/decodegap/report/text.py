@@ -58,7 +58,8 @@ def shorten(text: str, width: int) -> str:
 def _rich_table(t: Table, keep: list[int], full_names: bool, name_widths: dict[int, int]) -> RichTable:
     """A rich table of the columns `keep`; name columns (t.shrink) at most name_widths[i] wide."""
     title = None if t.lead else t.title[0].lower() + t.title[1:]
-    table = RichTable(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    table = RichTable(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                      show_edge=False)
     for i in keep:
         if i in t.shrink:
             table.add_column(t.headers[i], no_wrap=not full_names, overflow="fold" if full_names else "ellipsis",
@@ -84,7 +85,7 @@ def _width_of(renderable) -> int:
 
 def _name_widths(t: Table, keep: list[int], full_names: bool, width: int) -> tuple[dict[int, int], bool]:
     """Widths for the name columns that make the table `width` wide at most (each no wider than its longest
-    name), and whether each got at least NAME_MIN (or all it needs)."""
+    name), and whether that is readable: each got at least NAME_MIN (or all it needs)."""
     names = [i for i in keep if i in t.shrink]
     natural = {i: _natural(t, i, full_names) for i in names}
     fixed = _width_of(_rich_table(t, keep, full_names, dict.fromkeys(names, 1))) - len(names)
@@ -92,8 +93,17 @@ def _name_widths(t: Table, keep: list[int], full_names: bool, width: int) -> tup
     total = sum(natural.values())
     if total <= budget:
         return natural, True
-    widths = {i: max(1, min(natural[i], budget * natural[i] // max(total, 1))) for i in names}
-    return widths, all(widths[i] >= min(natural[i], NAME_MIN) for i in names)
+    # each name column its readable minimum, then what is left to them in order (the kernel name first)
+    widths = {i: max(1, min(natural[i], NAME_MIN, budget // len(names))) for i in names}
+    left = budget - sum(widths.values())
+    for i in names:
+        extra = max(min(natural[i] - widths[i], left), 0)
+        widths[i] += extra
+        left -= extra
+    readable = all(widths[i] >= min(natural[i], NAME_MIN) for i in names)
+    # an optional name column (op / shapes) stays only while the first one (the kernel) is shown whole
+    whole = widths[names[0]] == natural[names[0]]
+    return widths, readable and (whole or not any(i in t.optional for i in names))
 
 
 def fit_table(t: Table, width: int, full_names: bool = False) -> RichTable:
