@@ -97,6 +97,23 @@ def test_text_fits_the_width(example, width):
         assert "op / shapes" not in header and "…" in kernels  # dropped, and long names shortened in the middle
 
 
+FIXTURES = Path(__file__).parent / "fixtures" / "traces"
+
+
+@pytest.mark.parametrize("trace", ["hta_training_2steps.json.gz", "hf_llama_generate_6steps.json.gz",
+                                   "sglang_qwen3-8b_decode_mi300x.json.gz", "cast_eager.json.gz"])
+@pytest.mark.parametrize("width", [40, 80])
+def test_other_traces_render_in_every_format(trace, width):
+    a = build(analyze_path(FIXTURES / trace))
+    text = render_text(a, width=width)
+    if width >= 80:
+        assert max(len(line) for line in text.splitlines()) <= width
+    assert a.summary in text.replace("\n", " ") or a.summary.split(";")[0] in text
+    assert "## decodegap report" in render_markdown(a)
+    page = render_html(a)
+    assert page.startswith("<!doctype html>") and page.count("<svg") >= (1 if a.step_rows else 0)
+
+
 def a_full_short_name(a):
     return max((k.short_name for k in a.kernels[:15]), key=len)
 

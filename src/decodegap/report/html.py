@@ -83,12 +83,13 @@ def timeline_svg(a: Analysis) -> str:
     if not rows:
         return ""
     colors = category_colors(a)
-    plot_h, top = 200, TOP
+    plot_h, top = 200, TOP + 12  # room for the phase labels
     vmax = max([r.ms for r in rows] + [a.floor.floor_ms if a.floor else 0.0]) or 1.0
     plot_w = WIDTH - LEFT - RIGHT
     t0 = min(r.start_ms for r in rows)
     span = max(r.start_ms + r.ms for r in rows) - t0 or 1.0
     body = _y_axis(top, plot_h, vmax, "ms")
+    phases = {r.phase for r in rows}
     for r in rows:
         x = LEFT + (r.start_ms - t0) / span * plot_w
         bar = max(r.ms / span * plot_w - 1, 1.0)  # a pixel apart: back-to-back steps stay told apart
@@ -104,6 +105,8 @@ def timeline_svg(a: Analysis) -> str:
         h = idle / vmax * plot_h
         body.append(_rect(x, y - h, bar, h, IDLE, f"{name}: {r.ms:.3f} ms from {r.start_ms:.3f} ms, GPU idle "
                                                    f"{idle:.3f} ms"))
+        if len(phases) > 1 and bar >= 7 * len(r.phase):  # which bar is a prefill, where the steps mix
+            body.append(_text(x + bar / 2, y - h - 3, r.phase, "middle"))
     for frac in (0, 0.25, 0.5, 0.75, 1):
         body.append(_text(LEFT + frac * plot_w, top + plot_h + 14, f"{t0 + frac * span:.4g}",
                           "start" if frac == 0 else "end" if frac == 1 else "middle"))

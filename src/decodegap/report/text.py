@@ -87,6 +87,8 @@ def _name_widths(t: Table, keep: list[int], full_names: bool, width: int) -> tup
     """Widths for the name columns that make the table `width` wide at most (each no wider than its longest
     name), and whether that is readable: each got at least NAME_MIN (or all it needs)."""
     names = [i for i in keep if i in t.shrink]
+    if not names:
+        return {}, True
     natural = {i: _natural(t, i, full_names) for i in names}
     fixed = _width_of(_rich_table(t, keep, full_names, dict.fromkeys(names, 1))) - len(names)
     budget = width - fixed
