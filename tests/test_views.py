@@ -178,8 +178,11 @@ def test_no_progress_when_stderr_is_no_terminal(tmp_path):
 def test_progress_on_a_terminal_for_large_files_only():
     from decodegap.report.progress import load_progress
 
+    import gzip
+
     trace = Path(decodegap.EXAMPLE_TRACE)
-    for min_bytes, shown in ((0, True), (trace.stat().st_size + 1, False)):
+    text = len(gzip.decompress(trace.read_bytes()))  # the example is far under 50 MB: thresholds around it
+    for min_bytes, shown in ((text, True), (text + 1, False)):
         master, slave = os.openpty()
         with open(slave, "w", closefd=True) as tty:
             with load_progress(stream=tty, min_bytes=min_bytes):
@@ -195,3 +198,15 @@ def test_progress_on_a_terminal_for_large_files_only():
     from decodegap.trace.read import ON_READ
 
     assert ON_READ.get() is None  # the hook is gone after the block
+
+
+def test_a_gzipped_trace_counts_by_its_text_size(tmp_path):
+    import gzip
+
+    from decodegap.report.progress import text_bytes
+
+    trace = Path(decodegap.EXAMPLE_TRACE)
+    assert text_bytes(trace, trace.stat().st_size) == len(gzip.decompress(trace.read_bytes()))
+    plain = tmp_path / "t.json"
+    plain.write_text('{"traceEvents": []}')
+    assert text_bytes(plain, plain.stat().st_size) == plain.stat().st_size

@@ -1,6 +1,7 @@
 """A progress bar on stderr while a large trace loads: only when stderr is a terminal (a pipe, a file or a CI log
-gets nothing), only for files over PROGRESS_MIN_BYTES (a small trace loads faster than a bar is worth). Driven by
-the loader's chunk reads through decodegap.trace.read.ON_READ."""
+gets nothing), only for traces over PROGRESS_MIN_BYTES of text (a small trace loads faster than a bar is worth;
+a gzipped trace counts by the text size its gzip trailer records). Driven by the loader's chunk reads through
+decodegap.trace.read.ON_READ; the bar counts bytes of the file read."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TextIO
 
 from decodegap.trace.read import ON_READ
 
-PROGRESS_MIN_BYTES = 50_000_000  # of the file on disk (compressed or not)
+PROGRESS_MIN_BYTES = 50_000_000  # of trace text
 
 
 @contextmanager
@@ -32,8 +33,13 @@ def load_progress(stream: TextIO | None = None, min_bytes: int = PROGRESS_MIN_BY
                         TimeRemainingColumn(), console=console, transient=True)
     tasks: dict[Path, int] = {}
 
+    small: set[Path] = set()
+
     def on_read(path: Path, done: int, size: int) -> None:
-        if size < min_bytes:
+        if path in small:
+            return
+        if path not in tasks and text_bytes(path, size) < min_bytes:
+            small.add(path)
             return
         if path not in tasks:
             if not tasks:
@@ -48,6 +54,19 @@ def load_progress(stream: TextIO | None = None, min_bytes: int = PROGRESS_MIN_BY
         ON_READ.reset(token)
         if tasks:
             progress.stop()
+
+
+def text_bytes(path: Path, size: int) -> int:
+    """The trace's text size: the file's, or for gzip the size its trailer records (ISIZE: the last member's text
+    modulo 4 GiB, so at least the file's size is taken)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            f.seek(-4, 2)
+            return max(int.from_bytes(f.read(4), "little"), size)
+    except OSError:
+        return size
 
 
 def _is_tty(stream: TextIO) -> bool:
