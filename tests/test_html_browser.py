@@ -1,5 +1,6 @@
 """The HTML report in a real headless browser (Debian's chromium): the page of the bundled example (with its model
-config and --gpu h200) loads without a script error and its SVG plots are drawn with a size.
+config and --gpu h200) loads without a script error, its SVG plots are drawn with a size and the page fits an
+800-pixel window.
 
 The report itself carries no script; the test adds a probe at the top of <head> that records every error
 (window.onerror, unhandled rejections) into the DOM and, on load, the drawn size of each SVG; chromium's --dump-dom
@@ -37,6 +38,8 @@ PROBE = """<script>
     var sizes = [];
     document.querySelectorAll('svg').forEach(function (svg) {
       var box = svg.getBoundingClientRect(); sizes.push(Math.round(box.width) + 'x' + Math.round(box.height)); });
+    var page = document.documentElement;  // a page wider than the window scrolls sideways: it does not fit
+    sizes.push('page:' + page.scrollWidth + '/' + window.innerWidth);
     var marker = document.createElement('pre'); marker.id = 'dg-probe-loaded'; marker.textContent = sizes.join(' ');
     document.body.appendChild(marker);
   });
@@ -49,7 +52,7 @@ def _browser() -> str | None:
 
 
 def _dump_dom(browser: str, page: Path, profile: Path) -> str:
-    run = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", "--window-size=1280,900",
+    run = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", "--window-size=800,900",
                           "--virtual-time-budget=3000", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -89,8 +92,11 @@ def test_example_page_renders_in_chromium(browser, tmp_path):
     assert loaded is not None, "the load event never came"
     assert errors == "[]", errors
     assert dom.count("<svg") == 3 and "Gap ledger" in dom and "GPU idle" in dom
-    sizes = [tuple(int(v) for v in s.split("x")) for s in loaded.split()]
+    *svgs, page_width = loaded.split()
+    sizes = [tuple(int(v) for v in s.split("x")) for s in svgs]
     assert len(sizes) == 3 and all(w > 300 and h > 50 for w, h in sizes), sizes  # drawn, with a size
+    scroll, window = (int(v) for v in page_width.removeprefix("page:").split("/"))
+    assert 0 < scroll <= window, page_width  # an 800-pixel window: the tables fit, nothing scrolls sideways
 
 
 def test_the_probe_sees_a_script_error(browser, tmp_path):

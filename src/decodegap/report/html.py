@@ -15,7 +15,8 @@ body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;paddin
 h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}
 table{border-collapse:collapse;width:100%;table-layout:auto}
 td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right;vertical-align:top}
-td.l,th.l{text-align:left;overflow-wrap:anywhere;word-break:break-word}
+td.l,th.l{text-align:left}td.n{overflow-wrap:anywhere;min-width:16em}th{white-space:nowrap}
+@media (max-width:900px){.opt{display:none}}
 .scroll{max-width:100%;overflow-x:auto}
 code{font-size:12px}.bar{background:#4a78c2;height:10px;display:inline-block}
 .finding{border-left:4px solid #c2484a;padding:4px 12px;margin:10px 0;background:#fbf3f3}
@@ -196,10 +197,14 @@ def _cell_html(cell) -> str:
     return escape(cell)
 
 
-def table_html(t: Table, bars: int | None = None) -> str:
-    """The table; `bars`: the column (a share in %) to draw as a bar beside it."""
+def table_html(t: Table, bars: list[float | None] | None = None) -> str:
+    """The table; `bars`: a share (0..1) per row to draw as a bar beside it."""
     def cls(i: int) -> str:
-        return "" if i in t.numeric else " class='l'"
+        # names (kernels, ledger rows) break anywhere and a narrow window hides the optional columns (as the
+        # terminal drops them): the table fits the window
+        classes = ([] if i in t.numeric else ["l"]) + (["n"] if i in t.shrink else []) + (
+            ["opt"] if i in t.optional else [])
+        return f" class='{' '.join(classes)}'" if classes else ""
 
     head = "".join(f"<th{cls(i)}>{escape(h)}</th>" for i, h in enumerate(t.headers)) + ("<th></th>" if bars else "")
     out = [f"<h2>{escape(t.title)}</h2>"]
@@ -210,9 +215,9 @@ def table_html(t: Table, bars: int | None = None) -> str:
         style = " style='font-weight:bold'" if t.total_last and n == len(t.rows) - 1 else ""
         cells = "".join(f"<td{cls(i)}>{_cell_html(c)}</td>" for i, c in enumerate(row))
         if bars is not None:
-            share = str(row[bars]).rstrip("%")
-            width = float(share) * 4 if share.replace(".", "", 1).isdigit() else 0.0
-            cells += f"<td class='l'><span class='bar' style='width:{width:.0f}px'></span></td>"
+            share = bars[n] if n < len(bars) else None
+            cells += ("<td class='l' style='width:35%'>"
+                      + (f"<span class='bar' style='width:{100 * share:.1f}%'></span>" if share else "") + "</td>")
         out.append(f"<tr{style}>{cells}</tr>")
     out.append("</table></div>")
     if t.note:
@@ -256,7 +261,7 @@ def render_view(view: View, a: Analysis) -> str:
     if floor:
         out.append(f"<h2>Floor against the measured {escape(view.noun)}</h2>{floor}")
     for t in view.tables:
-        out.append(table_html(t, bars=2 if t.key == "categories" else None))
+        out.append(table_html(t, bars=[c.share for c in a.categories] if t.key == "categories" else None))
     if view.warnings:
         out.append("<h2>Warnings</h2><ul>" + "".join(f"<li class='warn'>{escape(w)}</li>" for w in view.warnings)
                    + "</ul>")
