@@ -98,21 +98,23 @@ def test_hf_generate_without_markers(hf_report):
 
 
 def test_markdown_and_text_lead_with_findings(cast_report):
+    from decodegap.analysis import build
     from decodegap.report.markdown import render_markdown
     from decodegap.report.text import render_text
 
-    md = render_markdown(cast_report)
+    md = render_markdown(build(cast_report))
     assert md.index("Root causes") < md.index("Time per decode step by category")
     assert "`kv_pool_cast`" in md
-    text = render_text(cast_report)
+    text = render_text(build(cast_report))
     assert text.index("ROOT CAUSES") < text.index("time per decode step by category")
     assert "[kv_pool_cast]" in text
 
 
 def test_html_report_is_self_contained_and_escaped(cast_report):
+    from decodegap.analysis import build
     from decodegap.report.html import render_html
 
-    page = render_html(cast_report)
+    page = render_html(build(cast_report))
     assert page.startswith("<!doctype html>") and "<script" not in page and "kv_pool_cast" in page
     assert "&lt;" in page  # C++ template brackets in kernel names are escaped
     assert page.index("Root causes") < page.index("Top kernels")

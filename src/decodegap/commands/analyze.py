@@ -22,6 +22,25 @@ def _finite_positive_ms(ctx: click.Context, param: click.Parameter, value: float
     return value
 
 
+def render(analysis, fmt: str, top: int = 15, full_names: bool = False) -> str:
+    """The report of one Analysis in a format: every format reads the same Analysis (built once)."""
+    if fmt == "json":
+        from decodegap.report.json import render_json
+
+        return render_json(analysis) + "\n"
+    if fmt == "html":
+        from decodegap.report.html import render_html
+
+        return render_html(analysis, top=top)
+    if fmt == "md":
+        from decodegap.report.markdown import render_markdown
+
+        return render_markdown(analysis, top=top)
+    from decodegap.report.text import render_text
+
+    return render_text(analysis, top=top, full_names=full_names)
+
+
 @click.command("analyze")
 @click.argument("trace", required=False, type=click.Path(path_type=Path))
 @click.option("--example", is_flag=True,
@@ -51,15 +70,18 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
             batch, context, allreduce_us, output, annotate_out):
     """Read a torch.profiler trace (a .json/.json.gz file or a folder of per-rank traces) and show where the
     time of each decode step goes, the root causes, and the fixes."""
+    from decodegap.analysis import build
     from decodegap.api import EXAMPLE_TRACE, run
+    from decodegap.report.progress import load_progress
 
     if example and trace:
         raise UserError("give a TRACE or --example, not both")
     if not example and trace is None:
         raise UserError("missing TRACE (a .json/.json.gz trace or a folder of them); try --example")
-    report = run(EXAMPLE_TRACE if example else trace, model=model_path, quant=quant_path, weights=weights,
-                 kv=kv_format, gpu=gpu, tp=tp, batch=batch, context=context, tpot_ms=tpot_ms,
-                 allreduce_us=allreduce_us)
+    with load_progress():
+        report = run(EXAMPLE_TRACE if example else trace, model=model_path, quant=quant_path, weights=weights,
+                     kv=kv_format, gpu=gpu, tp=tp, batch=batch, context=context, tpot_ms=tpot_ms,
+                     allreduce_us=allreduce_us)
     if annotate_out is not None:
         from decodegap.annotate import write_overlay
 
@@ -68,22 +90,7 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
 
         for written in write_overlay(report, annotate_out):
             click.echo(f"decodegap: annotated trace written to {written}", err=True)
-    if fmt == "json":
-        from decodegap.report.json import render_json
-
-        text = render_json(report) + "\n"
-    elif fmt == "html":
-        from decodegap.report.html import render_html
-
-        text = render_html(report, top=top)
-    elif fmt == "md":
-        from decodegap.report.markdown import render_markdown
-
-        text = render_markdown(report, top=top)
-    else:
-        from decodegap.report.text import render_text
-
-        text = render_text(report, top=top, full_names=full_names)
+    text = render(build(report), fmt, top=top, full_names=full_names)
     if output is not None:
         try:
             output.write_text(text)

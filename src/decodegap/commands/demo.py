@@ -87,11 +87,12 @@ def command(kv_read, compare, scale, layers, pool_slots, context, batch, kv_dtyp
             click.echo(f"trace {r.kv_read}: {r.trace}")
         _print_diffs(rows)
         return
+    from decodegap.analysis import build
     from decodegap.report.text import render_text
 
     runner.set_kv_read(model, effective[0], cuda_graph)
     path = runner.record(model, out_dir, steps, warmup, timed, record_shapes)
-    click.echo(render_text(runner.analyze(path, config)), nl=False)
+    click.echo(render_text(build(runner.analyze(path, config))), nl=False)
     click.echo(f"trace: {path}")
 
 

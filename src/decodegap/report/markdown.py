@@ -1,53 +1,48 @@
-"""Markdown report, for pasting into an issue or a pull request."""
+"""Markdown report, for pasting into an issue or a pull request: the same View as the terminal and HTML reports."""
 
 from __future__ import annotations
 
-from decodegap.kernel_names import short_kernel_name
-from decodegap.report.text import _calls, _fmt_bytes, _shapes, step_noun, summary_lines
+from decodegap.analysis import Analysis
+from decodegap.report.view import Name, Table, View, view_of
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+def _md(cell) -> str:
+    text = f"`{cell.short}`" if isinstance(cell, Name) else cell
+    return text.replace("|", "\\|")
+
+
+def table_lines(t: Table) -> list[str]:
+    out = ["| " + " | ".join(t.headers) + " |",
+           "|" + "|".join("---:" if i in t.numeric else "---" for i in range(len(t.headers))) + "|"]
+    for n, row in enumerate(t.rows):
+        cells = [_md(c) for c in row]
+        if t.total_last and n == len(t.rows) - 1:
+            cells = [f"**{c}**" if c else c for c in cells]
+        out.append("| " + " | ".join(cells) + " |")
     return out
 
 
-def render_markdown(report, top: int = 15) -> str:
+def render_view(view: View) -> str:
     lines = ["## decodegap report", ""]
-    lines += [f"- {line}" for line in summary_lines(report)]
-    main = report.main
-    b = main.breakdown
-    if report.findings:
+    lines += [f"- {line}" for line in view.summary]
+    if view.findings:
         lines += ["", "### Root causes", ""]
-        for i, f in enumerate(report.findings, 1):
-            work = "GPU" if report.main.trace.has_gpu else "CPU op"
-            basis = "of the step" if f.share_of == "step_wall" else f"of {work} time"
-            lines.append(f"{i}. **`{f.id}`** {f.title} — **{f.ms_per_step:.3f} ms/step ({f.share:.0%} {basis})**  ")
+        for i, f in enumerate(view.findings, 1):
+            lines.append(f"{i}. **`{f.id}`** {f.title} — **{f.amount}**  ")
+            if f.evidence:
+                lines.append("   Evidence: " + "; ".join(f"{k} = {_md(v)}" for k, v in f.evidence) + "  ")
             lines.append(f"   Fix: {f.fix}")
-    if len(report.ranks) > 1:
-        lines += ["", "### Ranks", ""]
-        lines += _table(["rank", "decode steps", "step ms", "GPU busy", "collective ms/step"],
-                        [[str(r.rank), str(r.breakdown.decode_count), f"{r.breakdown.step_ms.median:.3f}",
-                          f"{r.breakdown.gpu_busy_fraction:.0%}", f"{r.collective_ms_per_step():.3f}"]
-                         for r in report.ranks])
-    if b.categories:
-        lines += ["", f"### Time per {step_noun(b.phase)} by category", ""]
-        lines += _table(["category", "ms/step", "% GPU time", "% of step"],
-                        [[c.name, f"{c.ms_per_step:.3f}", f"{c.share:.1%}", f"{c.share_of_step:.1%}"]
-                         for c in b.categories])
-    if b.kernels:
-        lines += ["", "### Top kernels", ""]
-        lines += _table(["kernel", "category", "calls/step", "ms/step", "share", "us/call", "op / shapes",
-                         "bytes/call", "GB/s"],
-                        [[f"`{short_kernel_name(k.name)}`", k.category, _calls(k.calls_per_step), f"{k.ms_per_step:.3f}",
-                          f"{k.share:.1%}", f"{k.us_per_call:.1f}",
-                          ((k.op or ("graph replay" if k.from_graph else "")) + " " + _shapes(k)).strip(),
-                          _fmt_bytes(k.bytes_per_call), f"{k.gbps:.0f}" if k.gbps else ""]
-                         for k in b.kernels[:top]])
-    if report.gap is not None:
-        from decodegap.floor_ledger import render_gap_markdown
-
-        lines += ["", render_gap_markdown(report.gap)]
-    if report.warnings:
-        lines += ["", "### Warnings", ""] + [f"- {w}" for w in report.warnings]
+    for t in view.tables:
+        lines += ["", f"### {t.title}", ""]
+        if t.lead:
+            lines += [f"{t.lead}.", ""]
+        lines += table_lines(t)
+        if t.note:
+            lines += ["", t.note]
+    if view.warnings:
+        lines += ["", "### Warnings", ""] + [f"- {w}" for w in view.warnings]
     return "\n".join(lines) + "\n"
+
+
+def render_markdown(analysis: Analysis, top: int = 15) -> str:
+    return render_view(view_of(analysis, top))

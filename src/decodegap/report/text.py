@@ -1,145 +1,160 @@
-"""Terminal report: findings first, then the step, categories and top kernels, as rich tables."""
+"""Terminal report: findings first, then the ranks, categories, top kernels, floor and gap ledger, as rich tables
+that fit the terminal (COLUMNS honoured): a narrow terminal drops a table's least needed columns and shortens
+kernel names, so every line fits."""
 
 from __future__ import annotations
 
 import io
+import os
+import shutil
+import sys
 
+from rich import box
 from rich.console import Console
-from rich.table import Table
+from rich.padding import Padding
+from rich.table import Table as RichTable
+from rich.text import Text
 
-from decodegap.kernel_names import short_kernel_name
-from decodegap.steps import describe
-from decodegap.profiler_check import profiler_check
+from decodegap.analysis import Analysis
+from decodegap.report.view import Name, Table, View, view_of
 
-
-def _fmt_bytes(n: int | None) -> str:
-    if not n:
-        return ""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+PIPE_WIDTH = 160  # output to a file or a pipe, without COLUMNS
+MIN_WIDTH = 40
+NAME_MIN = 28  # a name column narrower than this stops being readable: drop other columns first
+INDENT = 3
 
 
-def _calls(calls: float) -> str:
-    return f"{calls:.0f}" if abs(calls - round(calls)) < 0.05 else f"{calls:.2f}"
-
-
-def _shapes(k) -> str:
-    if k.input_shapes:
-        return " ".join(f"{shape}" for shape, _ in k.input_shapes[:3]).replace(" ", "")
-    if k.grid:
-        return f"grid{k.grid.replace(' ', '')} block{(k.block or '').replace(' ', '')}"
-    return ""
-
-
-def _terminal_width() -> int:
-    """The real terminal's width when there is one (at least 120), else 160 for files and pipes."""
-    import shutil
-    import sys
-
+def terminal_width() -> int:
+    """COLUMNS when set, else the terminal's width, else PIPE_WIDTH for files and pipes."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return max(int(columns), MIN_WIDTH)
     if sys.stdout.isatty():
-        return max(shutil.get_terminal_size((160, 40)).columns, 120)
-    return 160
+        return max(shutil.get_terminal_size((PIPE_WIDTH, 40)).columns, MIN_WIDTH)
+    return PIPE_WIDTH
 
 
-def step_noun(phase: str) -> str:
-    return {"decode": "decode step", "training": "training iteration"}.get(phase, f"{phase} forward")
+def _cell(value, full_names: bool) -> str:
+    if isinstance(value, Name):
+        return value.full if full_names else value.short
+    return value
 
 
-def summary_lines(report) -> list[str]:
-    main = report.main
-    b, steps = main.breakdown, main.steps
-    lines = [f"decodegap: {report.path}" + (f"  ({main.trace.device_name})" if main.trace.device_name else "")]
-    lines.append(describe(steps, b.layers) + f"  [{steps.source}: {steps.detail}]")
-    if b.counts.get(b.phase):
-        s = b.step_ms
-        noun = step_noun(b.phase)
-        rate = f"  = {1000 / s.median:.1f} tok/s per sequence" if s.median and b.phase == "decode" else ""
-        lines.append(f"{noun} time: median {s.median:.3f} ms  (min {s.min:.3f}, p90 {s.p90:.3f}, max {s.max:.3f})"
-                     + rate if s.median else f"{noun} time: n/a")
-        layers = f"; {b.layers} layers ({b.layers_evidence})" if b.layers else ""
-        if main.trace.has_gpu:
-            lines.append(f"GPU busy {b.gpu_busy_fraction:.0%} of the step; {b.gpu_ms_per_step:.3f} ms of GPU work and "
-                         f"{b.kernels_per_step:.0f} GPU activities per step" + layers)
-        else:
-            lines.append(f"no GPU events: {b.gpu_ms_per_step:.3f} ms of CPU op self time and "
-                         f"{b.kernels_per_step:.0f} CPU ops per step" + layers)
-    check = profiler_check(report)
-    if check:
-        band = (f" (p10-p90 {check['unprofiled_p10_ms']:.3f}-{check['unprofiled_p90_ms']:.3f} ms over "
-                f"{check['samples']} calls{', bimodal: two kinds of call' if check.get('bimodal') else ''})"
-                if "unprofiled_p10_ms" in check else "")
-        lines.append(f"profiled {check['profiled_ms']:.3f} ms vs unprofiled {check['unprofiled_ms']:.3f} ms per step"
-                     f"{band} ({check['source']}): ratio {check['ratio']:.2f}")
-    return lines
+def _natural(t: Table, i: int, full_names: bool) -> int:
+    return max([len(t.headers[i])] + [len(_cell(row[i], full_names)) for row in t.rows])
 
 
-def render_text(report, top: int = 15, full_names: bool = False, width: int | None = None) -> str:
+def shorten(text: str, width: int) -> str:
+    """`text` in `width` characters, its middle left out: names differ at both ends (a GEMM's tile and its
+    variant suffix), so keeping the head alone would make rows look alike."""
+    if len(text) <= width:
+        return text
+    if width < 5:
+        return text[:width]
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _rich_table(t: Table, keep: list[int], full_names: bool, name_widths: dict[int, int]) -> RichTable:
+    """A rich table of the columns `keep`; name columns (t.shrink) at most name_widths[i] wide."""
+    title = None if t.lead else t.title[0].lower() + t.title[1:]
+    table = RichTable(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                      show_edge=False)
+    for i in keep:
+        if i in t.shrink:
+            table.add_column(t.headers[i], no_wrap=not full_names, overflow="fold" if full_names else "ellipsis",
+                             min_width=name_widths[i], max_width=name_widths[i])
+        else:  # numbers and short words keep their width: only names give way
+            table.add_column(t.headers[i], justify="right" if i in t.numeric else "left", no_wrap=True,
+                             min_width=_natural(t, i, full_names))
+    def cell(row, i: int) -> str:
+        text = _cell(row[i], full_names)
+        return shorten(text, name_widths[i]) if i in t.shrink and not full_names else text
+
+    for n, row in enumerate(t.rows):
+        table.add_row(*(cell(row, i) for i in keep),
+                      style="bold" if t.total_last and n == len(t.rows) - 1 else None)
+    return table
+
+
+def _width_of(renderable) -> int:
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width or _terminal_width(), force_terminal=False, color_system=None,
-                      highlight=False, markup=False)
-    for line in summary_lines(report):
-        console.print(line)
-    main = report.main
-    b = main.breakdown
-    if report.findings:
-        console.print()
-        console.print("ROOT CAUSES (by time per step)")
-        for i, f in enumerate(report.findings, 1):
-            console.print(f"{i}. [{f.id}] {f.title}")
-            work = "GPU" if report.main.trace.has_gpu else "CPU op"
-            basis = "of the step" if f.share_of == "step_wall" else f"of the step's {work} time"
-            console.print(f"   {f.ms_per_step:.3f} ms/step ({f.share:.0%} {basis})")
-            console.print(f"   fix: {f.fix}")
-    if len(report.ranks) > 1:
-        table = Table(title="ranks", title_justify="left")
-        for col in ("rank", "decode steps", "step ms (median)", "GPU busy", "collective ms/step"):
-            table.add_column(col, justify="right")
-        for r in report.ranks:
-            mark = " (slowest)" if r is main else ""
-            table.add_row(f"{r.rank}{mark}", str(r.breakdown.decode_count), f"{r.breakdown.step_ms.median:.3f}",
-                          f"{r.breakdown.gpu_busy_fraction:.0%}", f"{r.collective_ms_per_step():.3f}")
-        console.print(table)
-    if b.categories:
-        unit = "GPU" if main.trace.has_gpu else "CPU op"
-        rank_note = f" (rank {main.rank})" if len(report.ranks) > 1 else ""
-        table = Table(title=f"time per {step_noun(b.phase)} by category{rank_note}", title_justify="left")
-        for col in ("category", "ms/step", f"% {unit} time", "% of step"):
-            table.add_column(col, justify="right" if col != "category" else "left")
-        for c in b.categories:
-            table.add_row(c.name, f"{c.ms_per_step:.3f}", f"{c.share:.1%}", f"{c.share_of_step:.1%}")
-        idle = max(b.step_ms.median - b.busy_ms_per_step, 0.0)
-        if main.trace.has_gpu:
-            table.add_row("(GPU idle)", f"{idle:.3f}", "",
-                          f"{idle / b.step_ms.median:.1%}" if b.step_ms.median else "")
-        console.print(table)
-    if b.kernels:
-        what = "kernels" if main.trace.has_gpu else "CPU ops (self time)"
-        table = Table(title=f"top {what} ({min(top, len(b.kernels))} of {len(b.kernels)} groups)",
-                      title_justify="left")
-        for col in ("kernel", "category", "calls/step", "ms/step", "share", "us/call", "op / shapes", "bytes/call",
-                    "GB/s"):
-            text_col = col in ("kernel", "category", "op / shapes")
-            folded = col == "kernel" and full_names
-            table.add_column(col, justify="left" if text_col else "right", no_wrap=not folded,
-                             overflow="fold" if folded else "ellipsis",
-                             max_width={"kernel": None if folded else 42, "op / shapes": 32}.get(col),
-                             min_width=11 if col == "category" else None if text_col else len(col))
-        for k in b.kernels[:top]:
-            name = k.name if full_names else short_kernel_name(k.name)
-            op = (k.op or ("graph replay" if k.from_graph else "")) + (" " + _shapes(k) if _shapes(k) else "")
-            gbps = k.gbps
-            table.add_row(name, k.category, _calls(k.calls_per_step), f"{k.ms_per_step:.3f}", f"{k.share:.1%}",
-                          f"{k.us_per_call:.1f}", op, _fmt_bytes(k.bytes_per_call),
-                          f"{gbps:.0f}" if gbps else "")
-        console.print(table)
-    if report.gap is not None:
-        from decodegap.floor_ledger import render_gap_text
+    Console(file=buffer, width=10_000, color_system=None, highlight=False, markup=False).print(renderable)
+    return max((len(line.rstrip()) for line in buffer.getvalue().splitlines()), default=0)
 
-        console.print(render_gap_text(report.gap))
-    if report.warnings:
+
+def _name_widths(t: Table, keep: list[int], full_names: bool, width: int) -> tuple[dict[int, int], bool]:
+    """Widths for the name columns that make the table `width` wide at most (each no wider than its longest
+    name), and whether that is readable: each got at least NAME_MIN (or all it needs)."""
+    names = [i for i in keep if i in t.shrink]
+    if not names:
+        return {}, True
+    natural = {i: _natural(t, i, full_names) for i in names}
+    fixed = _width_of(_rich_table(t, keep, full_names, dict.fromkeys(names, 1))) - len(names)
+    budget = width - fixed
+    total = sum(natural.values())
+    if total <= budget:
+        return natural, True
+    # each name column its readable minimum, then what is left to them in order (the kernel name first)
+    widths = {i: max(1, min(natural[i], NAME_MIN, budget // len(names))) for i in names}
+    left = budget - sum(widths.values())
+    for i in names:
+        extra = max(min(natural[i] - widths[i], left), 0)
+        widths[i] += extra
+        left -= extra
+    readable = all(widths[i] >= min(natural[i], NAME_MIN) for i in names)
+    # an optional name column (op / shapes) stays only while the first one (the kernel) is shown whole
+    whole = widths[names[0]] == natural[names[0]]
+    return widths, readable and (whole or not any(i in t.optional for i in names))
+
+
+def fit_table(t: Table, width: int, full_names: bool = False) -> RichTable:
+    """The table with the columns that fit `width`: the least needed columns go first, until every name column
+    has at least NAME_MIN characters; names are then shortened (ellipsis) to what is left."""
+    keep = list(range(len(t.headers)))
+    widths, readable = _name_widths(t, keep, full_names, width)
+    for drop in t.optional:
+        if readable:
+            break
+        keep.remove(drop)
+        widths, readable = _name_widths(t, keep, full_names, width)
+    return _rich_table(t, keep, full_names, widths)
+
+
+def _print_findings(console: Console, view: View) -> None:
+    console.print()
+    console.print("ROOT CAUSES (by time per step)")
+    for i, f in enumerate(view.findings, 1):
+        console.print(f"{i}. [{f.id}] {f.title}")
+        console.print(Padding(Text(f.amount), (0, 0, 0, INDENT)))
+        if f.evidence:
+            evidence = "; ".join(f"{k}={v}" for k, v in f.evidence)
+            console.print(Padding(Text(f"evidence: {evidence}"), (0, 0, 0, INDENT)))
+        console.print(Padding(Text(f"fix: {f.fix}"), (0, 0, 0, INDENT)))
+
+
+def render_view(view: View, full_names: bool = False, width: int | None = None) -> str:
+    width = width or terminal_width()
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, force_terminal=False, color_system=None, highlight=False,
+                      markup=False)
+    for line in view.summary:
+        console.print(line)
+    if view.findings:
+        _print_findings(console, view)
+    for t in view.tables:
         console.print()
-        for w in report.warnings:
+        if t.lead:
+            console.print(f"{t.title.upper()}: {t.lead}")
+        console.print(fit_table(t, width, full_names))
+        if t.note:
+            console.print(Padding(Text(t.note), (0, 0, 0, 2)))
+    if view.warnings:
+        console.print()
+        for w in view.warnings:
             console.print(f"warning: {w}")
-    return buffer.getvalue()
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())  # rich pads lines to width
+
+
+def render_text(analysis: Analysis, top: int = 15, full_names: bool = False, width: int | None = None) -> str:
+    return render_view(view_of(analysis, top), full_names=full_names, width=width)

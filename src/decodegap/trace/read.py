@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 
 from decodegap.errors import UserError
@@ -21,6 +22,11 @@ WHOLE_TEXT_PER_MEMORY = 1 / 2.5
 # in is refused at once, instead of after reading gigabytes of spaces.
 LEADING_BLANK_MAX = 1 << 20
 JSON_BLANKS = b" \t\n\r"
+
+
+# Called after each chunk read with (path, bytes of the file read so far, file size): a progress display's hook
+# (decodegap.report.progress); None reads silently.
+ON_READ: ContextVar[Callable[[Path, int, int], None] | None] = ContextVar("decodegap_on_read", default=None)
 
 
 class NotATrace(UserError):
@@ -142,9 +148,11 @@ def iter_text_chunks(path: Path, limit: int | None = None) -> Iterator[bytes]:
 
 def _raw_chunks(path: Path, limit: int | None) -> Iterator[bytes]:
     total = 0
+    on_read = ON_READ.get()
     with _open(path) as f:
         compressed = f.read(2) == b"\x1f\x8b"
         f.seek(0)
+        size = os.fstat(f.fileno()).st_size if on_read else 0
         try:
             for chunk in (_gunzip(f, path) if compressed else _plain(f)):
                 if not chunk:
@@ -152,6 +160,8 @@ def _raw_chunks(path: Path, limit: int | None) -> Iterator[bytes]:
                 total += len(chunk)
                 if limit is not None and total > limit:
                     raise too_big(path, total, limit)
+                if on_read:
+                    on_read(path, f.tell(), size)
                 yield chunk
         except OSError as exc:
             raise UserError(f"{path}: cannot read ({exc})") from None
