@@ -115,8 +115,8 @@ class Kernel(Struct):
     us_per_call: float
     op: str | None
     input_shapes: list | None
-    grid: str | None
-    block: str | None
+    grid: str | list[int] | None  # "[557496, 1, 1]" as the trace wrote it (a list in older reports)
+    block: str | list[int] | None
     from_graph: bool
     bytes_per_call: int | None
     bytes_source: str | None
