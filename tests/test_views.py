@@ -41,7 +41,7 @@ def two_ranks(tmp_path_factory):
 
 def test_every_format_shows_the_same_facts(example):
     a = example
-    text, md, page = render_text(a), render_markdown(a), render_html(a)
+    text, md, page = render_text(a, width=160), render_markdown(a), render_html(a)
     finding = a.findings[0]
     facts = [finding.id, f"{finding.ms_per_step:.3f} ms/step", f"{a.floor.floor_ms:.3f}", f"{a.gap.step_ms:.3f}",
              f"{a.idle_ms_per_step:.3f}", "(GPU idle)", a.kernels[1].short_name, "pool_slots", "495,552",
