@@ -44,19 +44,26 @@ def _finite_positive_ms(ctx: click.Context, param: click.Parameter, value: float
               help="KV tokens per sequence (default for the floor: 4096); also sizes the active KV for findings.")
 @click.option("--allreduce-us", type=click.FloatRange(min=0), help="All-reduce latency for the floor, in us.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the report to a file instead of stdout.")
+@click.option("--jobs", type=click.IntRange(1, 4096),
+              help="Ranks of a folder analyzed in parallel processes (default: the cores, capped by memory).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
+              help="Analyze the ranks of a folder as Ray tasks (pip install 'decodegap[ray]'): alone, a local Ray for "
+                   "this run; with an address (auto, ray://head:10001), that cluster. Put it after TRACE.")
 def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_path, weights, kv_format, gpu, tp,
-            batch, context, allreduce_us, output):
+            batch, context, allreduce_us, output, jobs, ray_address):
     """Read a torch.profiler trace (a .json/.json.gz file or a folder of per-rank traces) and show where the
     time of each decode step goes, the root causes, and the fixes."""
     from decodegap.api import EXAMPLE_TRACE, run
 
+    if trace is None and ray_address and Path(ray_address).exists():  # `--ray TRACE`: the trace, not an address
+        trace, ray_address = Path(ray_address), ""
     if example and trace:
         raise UserError("give a TRACE or --example, not both")
     if not example and trace is None:
         raise UserError("missing TRACE (a .json/.json.gz trace or a folder of them); try --example")
     report = run(EXAMPLE_TRACE if example else trace, model=model_path, quant=quant_path, weights=weights,
                  kv=kv_format, gpu=gpu, tp=tp, batch=batch, context=context, tpot_ms=tpot_ms,
-                 allreduce_us=allreduce_us)
+                 allreduce_us=allreduce_us, jobs=jobs, ray=ray_address)
     if fmt == "json":
         from decodegap.report.json import render_json
 
