@@ -124,3 +124,21 @@ def test_ray_gives_the_report_of_jobs_1(tmp_path):
     assert on_ray == one
     assert [r["rank"] for r in one["ranks"]] == [0, 1, 2, 3]
     assert any("skipped 1 file(s)" in w for w in one["warnings"])
+
+
+def test_op_shapes_are_interned_not_kept_per_op(tmp_path):
+    from decodegap.trace import load_trace
+
+    doc = decode_loop(steps=6, layers=4)
+    ops = [e for e in doc["traceEvents"] if e["cat"] == "cpu_op"]
+    ops[5]["args"].update({"Input Dims": [[495552, 1, 576], []], "Input type": ["c10::Float8_e4m3fn", ""]})
+    ops[-1]["args"].update({"Collective name": "allreduce", "In msg nelems": 4096, "dtype": "BFloat16"})
+    trace = load_trace(write(doc, tmp_path / "t.json"))
+    dims, types = trace.cpu_ops.input_dims, trace.cpu_ops.input_types
+    assert len(dims) == len(types) == len(trace.cpu_ops.ts_ns) == len(ops)
+    assert len(dims.values) < 8  # a handful of distinct texts for every op of the trace
+    assert dims.ids.dtype.itemsize == 4
+    order = sorted(range(len(ops)), key=lambda i: ops[i]["ts"])  # the table keeps the file's order
+    assert order == list(range(len(ops)))
+    assert dims[5] == b"[[495552, 1, 576], []]" and types[5] == b'["c10::Float8_e4m3fn", ""]'  # the raw text
+    assert trace.cpu_ops.collective[len(ops) - 1]["in_nelems"] == 4096 and trace.cpu_ops.collective[0] is None
