@@ -46,6 +46,13 @@ def test_jobs_2_gives_the_report_of_jobs_1(tmp_path):
     assert "straggler_rank" in [f["id"] for f in one["findings"]]  # the cross-rank detector ran on the summaries
 
 
+def test_workers_started_by_spawn_give_the_same_report(tmp_path, monkeypatch):
+    folder = _rank_folder(tmp_path, ranks=2)
+    one = decodegap.analyze(folder, jobs=1).to_dict()
+    monkeypatch.setattr("decodegap.pipeline._start_method", lambda: "spawn")  # what macOS and Windows use
+    assert decodegap.analyze(folder, jobs=2).to_dict() == one
+
+
 def test_jobs_does_not_change_a_single_file(tmp_path):
     path = FIXTURES / "cast_eager.json.gz"
     assert decodegap.analyze(path, jobs=1).to_dict() == decodegap.analyze(path, jobs=4).to_dict()

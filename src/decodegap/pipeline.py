@@ -25,7 +25,7 @@ from decodegap.trace.read import NotATrace, available_memory_bytes
 
 # What a worker's peak memory is per byte of trace text (measured: benchmarks/bench_scale.py), plus the interpreter
 # and its libraries: sizes the default number of parallel workers so that they fit in memory together.
-WORKER_BYTES_PER_TEXT_BYTE = 0.6
+WORKER_BYTES_PER_TEXT_BYTE = 0.3  # measured 0.15-0.2 above a 1x trace; kept at twice that
 WORKER_BASE_BYTES = 150 << 20
 GZIP_TEXT_PER_BYTE = 14  # when a .gz's size field cannot be trusted (over 4 GB of text), a typical trace's ratio
 
@@ -294,21 +294,26 @@ def _in_processes(files: list[Path], options: AnalysisOptions, jobs: int) -> lis
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    # fork starts a worker in milliseconds with decodegap already imported; elsewhere spawn re-imports it
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() and os.name == "posix" \
-        and not _is_macos() else "spawn"
+    context = multiprocessing.get_context(_start_method())
     try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method)) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
             return list(pool.map(analyze_file, files, repeat(options)))
     except BrokenProcessPool:
         raise UserError(f"a worker process died while analyzing {len(files)} traces with --jobs {jobs} (out of "
                         "memory?); try fewer --jobs") from None
 
 
-def _is_macos() -> bool:
+def _start_method() -> str:
+    """fork starts a worker in milliseconds with decodegap already imported, but is safe only in a process without
+    other threads (a notebook's, Ray's); then forkserver, else (Windows, macOS) spawn."""
+    import multiprocessing
     import sys
+    import threading
 
-    return sys.platform == "darwin"
+    methods = multiprocessing.get_all_start_methods()
+    if sys.platform == "darwin" or "fork" not in methods:
+        return "spawn"
+    return "fork" if threading.active_count() == 1 else "forkserver"
 
 
 def _analyze_files(files: list[Path], options: AnalysisOptions, jobs: int | None, ray) -> list[Outcome]:
