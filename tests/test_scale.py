@@ -149,3 +149,15 @@ def test_op_shapes_are_interned_not_kept_per_op(tmp_path):
     assert order == list(range(len(ops)))
     assert dims[5] == b"[[495552, 1, 576], []]" and types[5] == b'["c10::Float8_e4m3fn", ""]'  # the raw text
     assert trace.cpu_ops.collective[len(ops) - 1]["in_nelems"] == 4096 and trace.cpu_ops.collective[0] is None
+
+
+def test_an_unreachable_ray_address_is_one_line_not_a_hang(tmp_path, capsys):
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    folder = _rank_folder(tmp_path, ranks=2)
+    code, _, err = _cli(["analyze", str(folder), f"--ray=127.0.0.1:{port}"], capsys)
+    assert code == 2 and "nothing answers at that address" in err and len(err.strip().splitlines()) == 1

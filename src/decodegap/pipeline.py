@@ -335,12 +335,14 @@ def _on_ray(files: list[Path], options: AnalysisOptions, address: str, num_cpus:
         raise UserError("--ray needs Ray: pip install 'decodegap[ray]'") from None
     started = not ray.is_initialized()
     if started:
+        _check_reachable(address)
         try:
             if address:
                 ray.init(address=address, logging_level="ERROR", log_to_driver=False)
             else:
-                ray.init(num_cpus=num_cpus or cpu_count(), include_dashboard=False, logging_level="ERROR",
-                         log_to_driver=False)
+                # "local": a new Ray for this run even when RAY_ADDRESS names a cluster
+                ray.init(address="local", num_cpus=num_cpus or cpu_count(), include_dashboard=False,
+                         logging_level="ERROR", log_to_driver=False)
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
             raise UserError(f"--ray {address or '(local)'}: cannot start or reach Ray "
                             f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
@@ -350,6 +352,25 @@ def _on_ray(files: list[Path], options: AnalysisOptions, address: str, num_cpus:
     finally:
         if started:
             ray.shutdown()
+
+
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """A cluster address (host:port, ray://host:port) must accept connections: Ray itself retries for minutes."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", "local" or a form Ray resolves itself
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise UserError(f"--ray {address}: nothing answers at that address ({exc.strerror or exc}); start the "
+                        "cluster (ray start --head) or give --ray alone for a local Ray") from None
 
 
 def _folder_summaries(path: Path, files: list[Path], outcomes: list[Outcome]) -> tuple[list[RankSummary], list[str]]:
