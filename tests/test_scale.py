@@ -161,3 +161,16 @@ def test_an_unreachable_ray_address_is_one_line_not_a_hang(tmp_path, capsys):
     folder = _rank_folder(tmp_path, ranks=2)
     code, _, err = _cli(["analyze", str(folder), f"--ray=127.0.0.1:{port}"], capsys)
     assert code == 2 and "nothing answers at that address" in err and len(err.strip().splitlines()) == 1
+
+
+def test_detectors_take_typed_inputs_not_the_report():
+    from decodegap.findings import RankInput, RanksInput, collective_bound, kv_pool_cast
+
+    path = FIXTURES / "cast_eager.json.gz"
+    summary = analyze_file(path, AnalysisOptions()).summary
+    found = kv_pool_cast.detect(RankInput(breakdown=summary.breakdown, has_gpu=True))
+    assert [f.id for f in found] == ["kv_pool_cast"]
+    assert found[0] == next(f for f in analyze_path(path).findings if f.id == "kv_pool_cast")
+    ranks = RanksInput(main=summary.breakdown, device_name=None, rank_count=2, world_sizes=[],
+                       collective_ms_by_rank={0: 0.0, 1: 0.0})
+    assert collective_bound.detect(ranks) == []  # no collectives in this trace, no straggler
