@@ -231,7 +231,7 @@ class Outcome:
     path: Path
     summary: RankSummary | None = None
     error: str | None = None  # the one-line reason
-    not_a_trace: bool = False  # no profiler trace at all (a config.json beside the traces): skipped quietly
+    not_a_trace: bool = False  # no profiler trace at all (a config.json beside the traces): skipped, counted
 
 
 def analyze_file(path: str | Path, options: AnalysisOptions, shown_as: str | None = None) -> Outcome:
@@ -260,15 +260,15 @@ def _reason(exc: Exception, path: Path) -> str:
 
 def _text_bytes(path: Path) -> int:
     """About how much text a trace file holds: a gzip's size field (mod 4 GB), else the file's size."""
-    size = path.stat().st_size
     try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
             if f.read(2) != b"\x1f\x8b":
                 return size
             f.seek(-4, os.SEEK_END)
             stated = int.from_bytes(f.read(4), "little")
     except OSError:
-        return size
+        return 0  # unreadable: its worker reports why
     return stated if stated >= size else size * GZIP_TEXT_PER_BYTE
 
 
@@ -348,7 +348,11 @@ def _on_ray(files: list[Path], options: AnalysisOptions, address: str, num_cpus:
                             f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     try:
         task = ray.remote(num_cpus=1)(analyze_file)
-        return ray.get([task.remote(str(f.resolve()), options, str(f)) for f in files])
+        try:
+            return ray.get([task.remote(str(f.resolve()), options, str(f)) for f in files])
+        except ray.exceptions.RayError as exc:  # a worker died (out of memory, killed) or the cluster went away
+            raise UserError(f"--ray: a task failed ({(str(exc).strip().splitlines() or [type(exc).__name__])[-1]})"
+                            ) from None
     finally:
         if started:
             ray.shutdown()
