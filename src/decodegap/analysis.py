@@ -12,16 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 
 from decodegap import __version__
 from decodegap.breakdown import Spread
-from decodegap.categories import categorize
 from decodegap.errors import UserError
 from decodegap.kernel_names import short_kernel_name
 from decodegap.profiler_check import profiler_check
 from decodegap.steps import PHASES, describe
-from decodegap.trace.tables import GPU_KIND_NAMES
 
 SCHEMA = "decodegap.report/1"
 
@@ -376,8 +373,8 @@ def _plain(report) -> dict:
         "warnings": list(report.warnings),
         "floor": report.floor_dict,
         "gap": report.gap,
-        "step_rows": _step_rows(main),
-        "layer_rows": _layer_rows(main),
+        "step_rows": main.step_rows,  # computed next to the rank's trace (decodegap.pipeline.step_rows)
+        "layer_rows": main.layer_rows,
     }
     return out
 
@@ -413,65 +410,6 @@ def _steps(steps) -> dict:
     out["source"] = steps.source
     out["source_detail"] = steps.detail
     out["dropped_partial"] = steps.dropped_partial
-    return out
-
-
-def _row_categories(trace) -> np.ndarray:
-    """The category of every GPU row, naming each distinct (name, kind) once."""
-    gpu = trace.gpu
-    if not len(gpu):
-        return np.empty(0, dtype=object)
-    keys = gpu.name_id.astype(np.int64) * 4 + gpu.kind.astype(np.int64)
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    names = np.array([categorize(trace.names[int(k) // 4], GPU_KIND_NAMES[int(k) % 4]) for k in uniq], dtype=object)
-    return names[inverse]
-
-
-def _step_rows(main) -> list[dict]:
-    from decodegap.breakdown import _busy_ns
-
-    trace, steps = main.trace, main.steps
-    if not trace.has_gpu:
-        return [{"index": s.index, "phase": s.kind, "label": s.label, "start_ms": _r(s.start_ns / 1e6),
-                 "ms": _r(s.wall_ns / 1e6), "gpu_busy_ms": 0.0, "batch": s.batch, "tokens": s.tokens,
-                 "category_ms": {}} for s in steps.steps]
-    gpu = trace.gpu
-    cats = _row_categories(trace)
-    end = gpu.end_ns
-    rows = []
-    for s in steps.steps:
-        r = s.rows
-        per: dict[str, float] = {}
-        if len(r):
-            for name, dur in zip(cats[r].tolist(), gpu.dur_ns[r].tolist(), strict=True):
-                per[name] = per.get(name, 0.0) + dur
-        busy = _busy_ns(gpu.ts_ns[r], end[r], s.start_ns, s.end_ns) if len(r) else 0
-        rows.append({"index": s.index, "phase": s.kind, "label": s.label, "start_ms": _r(s.start_ns / 1e6),
-                     "ms": _r(s.wall_ns / 1e6), "gpu_busy_ms": _r(busy / 1e6), "batch": s.batch, "tokens": s.tokens,
-                     "category_ms": {k: _r(v / 1e6) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}})
-    return rows
-
-
-def _layer_rows(main) -> list[dict]:
-    b, trace = main.breakdown, main.trace
-    phase_steps = main.steps.of(b.phase)
-    if not b.layer_starts or b.typical_step is None or not trace.has_gpu:
-        return []
-    step = phase_steps[b.typical_step]
-    rows, gpu = step.rows, trace.gpu
-    kinds = max(len(b.layer_kinds), 1)
-    starts = list(b.layer_starts)
-    period = int(round((starts[-1] - starts[0]) / max(len(starts) - 1, 1))) if len(starts) > 1 else len(rows)
-    bounds = starts + [min(starts[-1] + period, len(rows))]
-    out = []
-    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-        if hi <= lo:
-            continue
-        seg = rows[lo:hi]
-        t0 = int(gpu.ts_ns[seg[0]])
-        t1 = int(gpu.ts_ns[rows[hi]]) if hi < len(rows) else int(gpu.end_ns[seg].max())
-        out.append({"index": i, "kind": i % kinds, "start_ms": _r((t0 - step.start_ns) / 1e6),
-                    "ms": _r((t1 - t0) / 1e6), "gpu_ms": _r(gpu.dur_ns[seg].sum() / 1e6)})
     return out
 
 

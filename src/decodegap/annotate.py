@@ -409,6 +409,28 @@ def write_overlay(report, out: str | Path) -> list[Path]:
             dst.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"{dst.parent}: cannot create ({exc.strerror or exc})") from None
-        write_annotated(r.trace.path, dst, r, report.findings)
+        write_annotated(r.trace.path, dst, _with_events(r.trace.path), report.findings)
         written.append(dst)
     return written
+
+
+@dataclass
+class RankTrace:
+    """One rank with its event tables: the pipeline keeps only summaries, the overlay needs every kernel's rows."""
+
+    trace: object
+    links: object
+    steps: object
+    breakdown: object
+
+
+def _with_events(path: Path) -> RankTrace:
+    from decodegap.breakdown import compute_breakdown
+    from decodegap.steps import find_steps
+    from decodegap.trace import load_trace
+    from decodegap.trace.link import link
+
+    trace = load_trace(path)
+    links = link(trace)
+    steps = find_steps(trace, links)
+    return RankTrace(trace, links, steps, compute_breakdown(trace, links, steps))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from decodegap.analysis import Analysis, build
 from decodegap.analysis import load as load  # noqa: PLC0414  (re-exported: decodegap.load)
+from decodegap.errors import UserError
 
 # The bundled example: the demo's GLM-5-shaped rank (decodegap.demo) replayed from a CUDA graph on an H200, with
 # the config of the model it ran; the demo keeps 2,048 active tokens in the pool.
@@ -19,8 +20,21 @@ EXAMPLE_MODEL = Path(str(resources.files("decodegap") / "data" / "example_model_
 EXAMPLE_CONTEXT = 2048
 
 
+def _ray_address(ray) -> str | None:
+    """None: no Ray; "": a local Ray for the run; else the cluster's address."""
+    if ray is None or ray is False:
+        return None
+    if ray is True:
+        return ""
+    if not isinstance(ray, str):
+        raise UserError(f"ray={ray!r}: give True (a local Ray) or a cluster address such as 'auto' or "
+                        "'ray://head:10001'")
+    return ray
+
+
 def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1, batch: int = 1,
-        context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None):
+        context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None,
+        jobs: int | None = None, ray=None):
     """The pipeline's own report (decodegap.pipeline.Report): what the views and detectors read."""
     from decodegap.pipeline import AnalysisOptions, analyze_path
 
@@ -36,7 +50,9 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
         floor_request = prepare_model_options(options, Path(model) if model is not None else None,
                                               Path(quant) if quant is not None else None, weights, kv, gpu, tp,
                                               batch, context, allreduce_us)
-    report = analyze_path(path, options)
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise UserError(f"jobs={jobs!r}: give a number of parallel workers of at least 1")
+    report = analyze_path(path, options, jobs=jobs, ray=_ray_address(ray))
     if floor_request is not None and model_given:  # a model but no GPU: the GPU the trace names
         from decodegap.floor_ledger import attach_floor_from_trace
 
@@ -45,7 +61,8 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
 
 
 def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1, batch: int = 1,
-            context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None) -> Analysis:
+            context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None,
+            jobs: int | None = None, ray=None) -> Analysis:
     """Analyze a torch.profiler trace (.json / .json.gz) or a folder of per-rank traces.
 
     Args:
@@ -57,11 +74,16 @@ def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp
         tp, batch, context: tensor-parallel ranks, sequences per step, tokens of KV per sequence.
         tpot_ms: time per output token measured without the profiler, to cross-check the profiled step.
         allreduce_us: all-reduce latency for the floor.
+        jobs: for a folder, ranks analyzed in parallel processes (default: the cores, capped by memory); 1 analyzes
+            them one after another. The report is the same either way.
+        ray: for a folder, analyze the ranks as Ray tasks (`pip install 'decodegap[ray]'`): True starts a local Ray
+            for the call (with `jobs` CPUs), a string is a cluster address ('auto', 'ray://head:10001'); the files
+            must be readable at the same paths on its nodes.
     Returns:
         the Analysis (immutable; `.to_dict()` is the JSON report).
     """
     return build(run(path, model=model, quant=quant, weights=weights, kv=kv, gpu=gpu, tp=tp, batch=batch,
-                     context=context, tpot_ms=tpot_ms, allreduce_us=allreduce_us))
+                     context=context, tpot_ms=tpot_ms, allreduce_us=allreduce_us, jobs=jobs, ray=ray))
 
 
 def diff(before, after) -> dict:

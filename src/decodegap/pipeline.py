@@ -1,22 +1,59 @@
-"""The analysis pipeline: load -> link -> steps -> breakdown -> findings, for one trace or one per rank."""
+"""The analysis pipeline: load -> link -> steps -> breakdown -> per-rank findings, one rank at a time; then the
+cross-rank analysis (slowest rank, stragglers, collectives) on the ranks' summaries.
+
+A rank is analyzed where its trace is loaded (in this process, a worker process with `jobs`, or a Ray task with
+`ray`) and comes back as a `RankSummary`: small and picklable, no event tables. Everything after that reads only
+summaries, so `jobs=1`, `jobs=N` and Ray give the same report."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
+from itertools import repeat
 from pathlib import Path
 
+import numpy as np
+
 from decodegap.breakdown import Breakdown, compute_breakdown
+from decodegap.errors import UserError
+from decodegap.findings.base import Finding
 from decodegap.steps import Steps, find_steps
-from decodegap.trace import Trace, load_traces
-from decodegap.trace.link import Links, link
+from decodegap.trace import Trace, load_trace
+from decodegap.trace.link import link
+from decodegap.trace.load import find_trace_files, rank_from_filename
+from decodegap.trace.read import NotATrace, available_memory_bytes
+
+# What a worker's peak memory is per byte of trace text (measured: benchmarks/bench_scale.py), plus the interpreter
+# and its libraries: sizes the default number of parallel workers so that they fit in memory together.
+WORKER_BYTES_PER_TEXT_BYTE = 0.3  # measured 0.15-0.2 above a 1x trace; kept at twice that
+WORKER_BASE_BYTES = 150 << 20
+GZIP_TEXT_PER_BYTE = 14  # when a .gz's size field cannot be trusted (over 4 GB of text), a typical trace's ratio
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """What the cross-rank analysis and the views need of a rank's trace once its events are gone."""
+
+    path: Path
+    rank: int | None
+    world_size: int | None
+    device_name: str | None
+    has_gpu: bool
+    record_meta: dict | None  # what `decodegap record` stored (unprofiled step time, ...)
+    warnings: list[str] = field(default_factory=list)  # the loader's
 
 
 @dataclass
-class RankAnalysis:
-    trace: Trace
-    links: Links
+class RankSummary:
+    """One rank, analyzed: what leaves its worker. Steps keep their times and labels but not their GPU rows."""
+
+    trace: TraceMeta
     steps: Steps
     breakdown: Breakdown
+    findings: dict[str, list[Finding]]  # the per-rank detectors', by detector
+    warnings: list[str]  # steps' and sanity warnings (without the rank prefix)
+    step_rows: list[dict]  # Analysis.step_rows of this rank
+    layer_rows: list[dict]  # Analysis.layer_rows of this rank
 
     @property
     def rank(self) -> int:
@@ -37,7 +74,7 @@ class AnalysisOptions:
 @dataclass
 class Report:
     path: Path
-    ranks: list[RankAnalysis]
+    ranks: list[RankSummary]
     options: AnalysisOptions
     findings: list = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -49,7 +86,7 @@ class Report:
         return "training" if any(r.steps.workload == "training" for r in self.ranks) else "inference"
 
     @property
-    def main(self) -> RankAnalysis:
+    def main(self) -> RankSummary:
         """The rank whose step is shown in detail: the slowest one (it sets the pace of every step)."""
         return max(self.ranks, key=lambda r: (r.breakdown.step_ms.median, -r.rank))
 
@@ -57,11 +94,10 @@ class Report:
 TRAINING_FINDINGS = ("collective_bound", "straggler_rank")
 
 
-def sanity_warnings(r: RankAnalysis, options: AnalysisOptions) -> list[str]:
+def sanity_warnings(trace: Trace, steps: Steps, b: Breakdown, options: AnalysisOptions) -> list[str]:
     """What the step and layer boundaries imply that cannot be true, or that limits what the numbers mean."""
     out = []
-    b, steps = r.breakdown, r.steps
-    if not r.trace.has_gpu:
+    if not trace.has_gpu:
         out.append("the trace has no GPU events: the breakdown covers CPU ops only")
     if not steps.steps:
         out.append(f"no steps found ({steps.detail or steps.source})")
@@ -84,18 +120,327 @@ def sanity_warnings(r: RankAnalysis, options: AnalysisOptions) -> list[str]:
     return out
 
 
-def analyze_trace(trace: Trace) -> RankAnalysis:
+# --- one rank ------------------------------------------------------------------------------------------------------
+
+def _calls_in_each_step(trace: Trace, steps: Steps):
+    """For weight_copy: per decode step, how many GPU activities of a name ran; None without per-step rows."""
+    decode = steps.decode
+    if not trace.has_gpu or not decode:
+        return None
+
+    def calls(name: str) -> list[int]:
+        ids = [i for i, n in enumerate(trace.names) if n == name]
+        return [int(np.isin(trace.gpu.name_id[s.rows], ids).sum()) for s in decode]
+
+    return calls
+
+
+def _row_categories(trace: Trace) -> np.ndarray:
+    """The category of every GPU row, naming each distinct (name, kind) once."""
+    from decodegap.categories import categorize
+    from decodegap.trace.tables import GPU_KIND_NAMES
+
+    gpu = trace.gpu
+    if not len(gpu):
+        return np.empty(0, dtype=object)
+    keys = gpu.name_id.astype(np.int64) * 4 + gpu.kind.astype(np.int64)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    names = np.array([categorize(trace.names[int(k) // 4], GPU_KIND_NAMES[int(k) % 4]) for k in uniq], dtype=object)
+    return names[inverse]
+
+
+def _r(value, digits: int = 4):
+    if value is None:
+        return None
+    value = float(value)
+    return round(value, digits) if np.isfinite(value) else None
+
+
+def step_rows(trace: Trace, steps: Steps) -> list[dict]:
+    """One row per step: start, wall time, GPU busy time and time per category (Analysis.step_rows)."""
+    from decodegap.breakdown import _busy_ns
+
+    if not trace.has_gpu:
+        return [{"index": s.index, "phase": s.kind, "label": s.label, "start_ms": _r(s.start_ns / 1e6),
+                 "ms": _r(s.wall_ns / 1e6), "gpu_busy_ms": 0.0, "batch": s.batch, "tokens": s.tokens,
+                 "category_ms": {}} for s in steps.steps]
+    gpu = trace.gpu
+    cats = _row_categories(trace)
+    end = gpu.end_ns
+    rows = []
+    for s in steps.steps:
+        r = s.rows
+        per: dict[str, float] = {}
+        if len(r):
+            for name, dur in zip(cats[r].tolist(), gpu.dur_ns[r].tolist(), strict=True):
+                per[name] = per.get(name, 0.0) + dur
+        busy = _busy_ns(gpu.ts_ns[r], end[r], s.start_ns, s.end_ns) if len(r) else 0
+        rows.append({"index": s.index, "phase": s.kind, "label": s.label, "start_ms": _r(s.start_ns / 1e6),
+                     "ms": _r(s.wall_ns / 1e6), "gpu_busy_ms": _r(busy / 1e6), "batch": s.batch, "tokens": s.tokens,
+                     "category_ms": {k: _r(v / 1e6) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}})
+    return rows
+
+
+def layer_rows(trace: Trace, steps: Steps, b: Breakdown) -> list[dict]:
+    """One row per layer of the typical step (Analysis.layer_rows)."""
+    phase_steps = steps.of(b.phase)
+    if not b.layer_starts or b.typical_step is None or not trace.has_gpu:
+        return []
+    step = phase_steps[b.typical_step]
+    rows, gpu = step.rows, trace.gpu
+    kinds = max(len(b.layer_kinds), 1)
+    starts = list(b.layer_starts)
+    period = int(round((starts[-1] - starts[0]) / max(len(starts) - 1, 1))) if len(starts) > 1 else len(rows)
+    bounds = starts + [min(starts[-1] + period, len(rows))]
+    out = []
+    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        if hi <= lo:
+            continue
+        seg = rows[lo:hi]
+        t0 = int(gpu.ts_ns[seg[0]])
+        t1 = int(gpu.ts_ns[rows[hi]]) if hi < len(rows) else int(gpu.end_ns[seg].max())
+        out.append({"index": i, "kind": i % kinds, "start_ms": _r((t0 - step.start_ns) / 1e6),
+                    "ms": _r((t1 - t0) / 1e6), "gpu_ms": _r(gpu.dur_ns[seg].sum() / 1e6)})
+    return out
+
+
+_NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+def summarize(trace: Trace, options: AnalysisOptions) -> RankSummary:
+    """Analyze one rank's trace down to its summary (the trace can be dropped afterwards)."""
+    from decodegap.findings import RankInput, run_rank_detectors
+
     links = link(trace)
     steps = find_steps(trace, links)
-    return RankAnalysis(trace, links, steps, compute_breakdown(trace, links, steps))
+    b = compute_breakdown(trace, links, steps)
+    rank_input = RankInput(breakdown=b, has_gpu=trace.has_gpu, geometry=options.model,
+                           active_tokens=options.active_tokens, calls_in_each_step=_calls_in_each_step(trace, steps))
+    meta = TraceMeta(path=trace.path, rank=trace.rank, world_size=trace.world_size, device_name=trace.device_name,
+                     has_gpu=trace.has_gpu, record_meta=trace.record_meta, warnings=list(trace.warnings))
+    return RankSummary(
+        trace=meta, steps=replace(steps, steps=[replace(s, rows=_NO_ROWS) for s in steps.steps]), breakdown=b,
+        findings=run_rank_detectors(rank_input), warnings=steps.warnings + sanity_warnings(trace, steps, b, options),
+        step_rows=step_rows(trace, steps), layer_rows=layer_rows(trace, steps, b))
 
 
-def analyze_path(path: str | Path, options: AnalysisOptions | None = None) -> Report:
-    from decodegap.findings import run_detectors
+@dataclass(frozen=True)
+class Outcome:
+    """What analyzing one file of a folder gave: its summary, or why it has none."""
 
+    path: Path
+    summary: RankSummary | None = None
+    error: str | None = None  # the one-line reason
+    not_a_trace: bool = False  # no profiler trace at all (a config.json beside the traces): skipped, counted
+
+
+def analyze_file(path: str | Path, options: AnalysisOptions, shown_as: str | None = None) -> Outcome:
+    """A worker's job (process or Ray task): one file to its summary; bad input comes back as an error line.
+    `shown_as`: the path the report names (a Ray task reads the absolute path, the report keeps the user's)."""
+    path = Path(path)
+    shown = Path(shown_as) if shown_as is not None else path
+    try:
+        summary = summarize(load_trace(path), options)
+    except NotATrace as exc:
+        return Outcome(shown, error=_reason(exc, path), not_a_trace=True)
+    except UserError as exc:
+        return Outcome(shown, error=_reason(exc, path))
+    except MemoryError:
+        return Outcome(shown, error="the trace does not fit in this worker's memory")
+    if shown != path:
+        summary.trace = replace(summary.trace, path=shown)
+    return Outcome(shown, summary=summary)
+
+
+def _reason(exc: Exception, path: Path) -> str:
+    return str(exc).removeprefix(f"{path}: ")
+
+
+# --- many ranks ----------------------------------------------------------------------------------------------------
+
+def _text_bytes(path: Path) -> int:
+    """About how much text a trace file holds: a gzip's size field (mod 4 GB), else the file's size."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                return size
+            f.seek(-4, os.SEEK_END)
+            stated = int.from_bytes(f.read(4), "little")
+    except OSError:
+        return 0  # unreadable: its worker reports why
+    return stated if stated >= size else size * GZIP_TEXT_PER_BYTE
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_jobs(files: list[Path]) -> int:
+    """Parallel workers for a folder: the cores, as many as fit in the available memory at once."""
+    jobs = min(cpu_count(), len(files))
+    available = available_memory_bytes()
+    if available is not None and files:
+        per_worker = WORKER_BASE_BYTES + WORKER_BYTES_PER_TEXT_BYTE * max(_text_bytes(f) for f in files)
+        jobs = min(jobs, max(1, int(available // per_worker)))
+    return max(1, jobs)
+
+
+def _in_processes(files: list[Path], options: AnalysisOptions, jobs: int) -> list[Outcome]:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    context = multiprocessing.get_context(_start_method())
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            return list(pool.map(analyze_file, files, repeat(options)))
+    except BrokenProcessPool:
+        raise UserError(f"a worker process died while analyzing {len(files)} traces with --jobs {jobs} (out of "
+                        "memory?); try fewer --jobs") from None
+
+
+def _start_method() -> str:
+    """fork starts a worker in milliseconds with decodegap already imported, but is safe only in a process without
+    other threads (a notebook's, Ray's); then forkserver, else (Windows, macOS) spawn."""
+    import multiprocessing
+    import sys
+    import threading
+
+    methods = multiprocessing.get_all_start_methods()
+    if sys.platform == "darwin" or "fork" not in methods:
+        return "spawn"
+    return "fork" if threading.active_count() == 1 else "forkserver"
+
+
+def _analyze_files(files: list[Path], options: AnalysisOptions, jobs: int | None, ray) -> list[Outcome]:
+    if ray is not None:
+        return _on_ray(files, options, ray, jobs)
+    jobs = default_jobs(files) if jobs is None else min(jobs, len(files))
+    if jobs <= 1:
+        return [analyze_file(f, options) for f in files]
+    return _in_processes(files, options, jobs)
+
+
+def _on_ray(files: list[Path], options: AnalysisOptions, address: str, num_cpus: int | None) -> list[Outcome]:
+    """Each file as a Ray task returning its Outcome. Without an address, a local Ray runs for this call only
+    (num_cpus: `jobs`, default the cores); with one, the files must be readable at the same paths on its nodes
+    and decodegap installed there."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--ray needs Ray: pip install 'decodegap[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        _check_reachable(address)
+        try:
+            if address:
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            else:
+                # "local": a new Ray for this run even when RAY_ADDRESS names a cluster
+                ray.init(address="local", num_cpus=num_cpus or cpu_count(), include_dashboard=False,
+                         logging_level="ERROR", log_to_driver=False)
+        except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
+            raise UserError(f"--ray {address or '(local)'}: cannot start or reach Ray "
+                            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    try:
+        task = ray.remote(num_cpus=1)(analyze_file)
+        try:
+            return ray.get([task.remote(str(f.resolve()), options, str(f)) for f in files])
+        except ray.exceptions.RayError as exc:  # a worker died (out of memory, killed) or the cluster went away
+            raise UserError(f"--ray: a task failed ({(str(exc).strip().splitlines() or [type(exc).__name__])[-1]})"
+                            ) from None
+    finally:
+        if started:
+            ray.shutdown()
+
+
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """A cluster address (host:port, ray://host:port) must accept connections: Ray itself retries for minutes."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", "local" or a form Ray resolves itself
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise UserError(f"--ray {address}: nothing answers at that address ({exc.strerror or exc}); start the "
+                        "cluster (ray start --head) or give --ray alone for a local Ray") from None
+
+
+def _folder_summaries(path: Path, files: list[Path], outcomes: list[Outcome]) -> tuple[list[RankSummary], list[str]]:
+    """The summaries of the files that are traces, and a warning per file left out; refuses a folder without any."""
+    summaries = [o.summary for o in outcomes if o.summary is not None]
+    skipped = [o for o in outcomes if o.not_a_trace]
+    failed = [o for o in outcomes if o.error is not None and not o.not_a_trace]
+    if not summaries:
+        if failed:
+            raise UserError(f"{failed[0].path}: {failed[0].error}")
+        first = skipped[0]
+        raise UserError(f"{path}: the folder holds no profiler traces ({len(skipped)} JSON file(s) that are not, "
+                        f"e.g. {first.path.name}: {first.error})")
+    if skipped:
+        names = ", ".join(o.path.name for o in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+        summaries[0].trace.warnings.append(f"skipped {len(skipped)} file(s) in the folder that are not profiler "
+                                           f"traces: {names}")
+    warnings = []
+    for o in failed:
+        rank = rank_from_filename(o.path.name)
+        who = f"rank {rank} ({o.path.name})" if rank is not None else o.path.name
+        warnings.append(f"{who} was left out: {o.error}")
+    return summaries, warnings
+
+
+def _order_ranks(summaries: list[RankSummary]) -> list[RankSummary]:
+    """Ranks from the file names (SGLang, vLLM), else distributedInfo, else the order of the files."""
+    out = []
+    for s in summaries:
+        from_name = rank_from_filename(s.trace.path.name)
+        out.append(replace(s, trace=replace(s.trace, rank=from_name)) if from_name is not None else s)
+    if len(out) > 1:
+        out.sort(key=lambda s: (s.trace.rank is None, s.trace.rank if s.trace.rank is not None else 0,
+                                str(s.trace.path)))
+        out = [replace(s, trace=replace(s.trace, rank=i)) if s.trace.rank is None else s for i, s in enumerate(out)]
+    return out
+
+
+def _cross_rank(report: Report) -> None:
+    from decodegap.findings import RanksInput, order_findings, run_cross_rank_detectors
+    from decodegap.profiler_check import profiler_check
+
+    main = report.main
+    ranks = RanksInput(main=main.breakdown, device_name=main.trace.device_name, rank_count=len(report.ranks),
+                       world_sizes=[r.trace.world_size for r in report.ranks if r.trace.world_size],
+                       collective_ms_by_rank={r.rank: r.collective_ms_per_step() for r in report.ranks})
+    report.findings = order_findings(main.findings | run_cross_rank_detectors(ranks, profiler_check(report)))
+    if report.workload == "training":  # decode advice does not apply to a training job
+        report.findings = [f for f in report.findings if f.id in TRAINING_FINDINGS]
+
+
+def analyze_path(path: str | Path, options: AnalysisOptions | None = None, *, jobs: int | None = None,
+                 ray: str | None = None) -> Report:
+    """Analyze a trace file or a folder of per-rank traces. `jobs`: ranks analyzed in parallel processes (default:
+    the cores, capped by memory); `ray`: run them as Ray tasks instead ("" starts a local Ray, else an address)."""
     options = options or AnalysisOptions()
-    ranks = [analyze_trace(t) for t in load_traces(path)]
-    report = Report(Path(path), ranks, options)
+    path = Path(path)
+    files = find_trace_files(path)
+    left_out: list[str] = []
+    if path.is_file():
+        summaries = [summarize(load_trace(files[0]), options)]
+    else:
+        summaries, left_out = _folder_summaries(path, files, _analyze_files(files, options, jobs, ray))
+    ranks = _order_ranks(summaries)
+    report = Report(path, ranks, options)
+    report.warnings.extend(left_out)
     seen: dict[int, str] = {}
     for r in ranks:
         if r.rank in seen and len(ranks) > 1:
@@ -105,10 +450,8 @@ def analyze_path(path: str | Path, options: AnalysisOptions | None = None) -> Re
     for r in ranks:
         prefix = f"rank {r.rank}: " if len(ranks) > 1 else ""
         report.warnings.extend(prefix + w for w in r.trace.warnings)
-        report.warnings.extend(prefix + w for w in r.steps.warnings + sanity_warnings(r, options))
-    report.findings = run_detectors(report)
-    if report.workload == "training":  # decode advice does not apply to a training job
-        report.findings = [f for f in report.findings if f.id in TRAINING_FINDINGS]
+        report.warnings.extend(prefix + w for w in r.warnings)
+    _cross_rank(report)
     if options.floor is not None:
         from decodegap.floor_ledger import gap_ledger
 

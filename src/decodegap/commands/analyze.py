@@ -63,17 +63,24 @@ def render(analysis, fmt: str, top: int = 15, full_names: bool = False) -> str:
               help="KV tokens per sequence (default for the floor: 4096); also sizes the active KV for findings.")
 @click.option("--allreduce-us", type=click.FloatRange(min=0), help="All-reduce latency for the floor, in us.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the report to a file instead of stdout.")
+@click.option("--jobs", type=click.IntRange(1, 4096),
+              help="Ranks of a folder analyzed in parallel processes (default: the cores, capped by memory).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
+              help="Analyze the ranks of a folder as Ray tasks (pip install 'decodegap[ray]'): alone, a local Ray for "
+                   "this run; with an address (auto, ray://head:10001), that cluster. Put it after TRACE.")
 @click.option("--annotate", "annotate_out", type=click.Path(path_type=Path), metavar="OUT",
               help="Also write the trace with decodegap's steps, layers and findings added (opens in Perfetto; "
                    "gzip when OUT ends in .gz; a folder of traces gives a folder OUT).")
 def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_path, weights, kv_format, gpu, tp,
-            batch, context, allreduce_us, output, annotate_out):
+            batch, context, allreduce_us, output, jobs, ray_address, annotate_out):
     """Read a torch.profiler trace (a .json/.json.gz file or a folder of per-rank traces) and show where the
     time of each decode step goes, the root causes, and the fixes."""
     from decodegap.analysis import build
     from decodegap.api import EXAMPLE_TRACE, run
     from decodegap.report.progress import load_progress
 
+    if trace is None and ray_address and Path(ray_address).exists():  # `--ray TRACE`: the trace, not an address
+        trace, ray_address = Path(ray_address), ""
     if example and trace:
         raise UserError("give a TRACE or --example, not both")
     if not example and trace is None:
@@ -81,7 +88,7 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
     with load_progress():
         report = run(EXAMPLE_TRACE if example else trace, model=model_path, quant=quant_path, weights=weights,
                      kv=kv_format, gpu=gpu, tp=tp, batch=batch, context=context, tpot_ms=tpot_ms,
-                     allreduce_us=allreduce_us)
+                     allreduce_us=allreduce_us, jobs=jobs, ray=ray_address)
     if annotate_out is not None:
         from decodegap.annotate import write_overlay
 

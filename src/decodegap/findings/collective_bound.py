@@ -10,7 +10,7 @@ alone is what a small, well-behaved step looks like."""
 from __future__ import annotations
 
 from decodegap.errors import UserError
-from decodegap.findings.base import Finding, step_context
+from decodegap.findings.base import Finding, RanksInput, step_context
 from decodegap.model.hardware import DEFAULT_ALLREDUCE_US, get_gpu
 from decodegap.kernel_names import short_kernel_name
 
@@ -28,18 +28,17 @@ FIX_STRAGGLER = ("Ranks wait inside collectives for the slowest rank: find what 
                  "a host stall, a slower GPU or link, CPU contention/pinning) and even it out.")
 
 
-def _link(report) -> tuple[str, float, float]:
+def _link(device_name: str | None) -> tuple[str, float, float]:
     """(interconnect, small-message latency in us, GB/s per direction) of the trace's GPU kind."""
     try:
-        gpu = get_gpu(report.main.trace.device_name or "")
+        gpu = get_gpu(device_name or "")
     except UserError:
         return "pcie (GPU unknown)", DEFAULT_ALLREDUCE_US["pcie"], PCIE_GBPS
     return gpu.interconnect, gpu.default_allreduce_us, gpu.interconnect_gbps
 
 
-def _world_size(report) -> int:
-    sizes = [r.trace.world_size for r in report.ranks if r.trace.world_size]
-    return max(sizes + [len(report.ranks), 2])
+def _world_size(ranks: RanksInput) -> int:
+    return max([w for w in ranks.world_sizes if w] + [ranks.rank_count, 2])
 
 
 def _message_bytes(k) -> int | None:
@@ -52,16 +51,16 @@ def _message_bytes(k) -> int | None:
     return None
 
 
-def detect(report) -> list[Finding]:
-    ctx = step_context(report)
+def detect(ranks: RanksInput) -> list[Finding]:
+    b = ranks.main
+    ctx = step_context(b)
     if ctx is None:
         return []
-    b = report.main.breakdown
     groups = [k for k in b.kernels if k.category == "collective"]
     total_ms = sum(k.ms_per_step for k in groups)
     found = []
-    per_rank = {r.rank: round(r.collective_ms_per_step(), 3) for r in report.ranks}
-    if len(report.ranks) > 1 and total_ms > 0:
+    per_rank = {rank: round(ms, 3) for rank, ms in ranks.collective_ms_by_rank.items()}
+    if ranks.rank_count > 1 and total_ms > 0:
         low_rank = min(per_rank, key=per_rank.get)
         high_rank = max(per_rank, key=per_rank.get)
         spread = per_rank[high_rank] - per_rank[low_rank]
@@ -75,8 +74,8 @@ def detect(report) -> list[Finding]:
     if not groups or total_ms / max(ctx.gpu_ms, 1e-9) < MIN_SHARE:
         return found
     calls = sum(k.calls_per_step for k in groups)
-    link, latency_us, gbps = _link(report)
-    world = _world_size(report)
+    link, latency_us, gbps = _link(ranks.device_name)
+    world = _world_size(ranks)
     ring = 2.0 * (world - 1) / world  # bytes each rank sends (and receives) per byte of a ring all-reduce
     detail = []
     excess_ms = expected_ms = 0.0
@@ -95,7 +94,7 @@ def detect(report) -> list[Finding]:
           "model": f"{latency_us:g} us + {ring:.2f} x bytes / {gbps:g} GB/s ({link}, {world} ranks)",
           "rule": (f"collectives >= {MIN_SHARE:.0%} of GPU time, excess over the model >= {MIN_EXCESS_SHARE:.0%} of "
                    f"GPU time and >= {MIN_SLOWDOWN:g}x the model's time")}
-    if len(report.ranks) > 1:
+    if ranks.rank_count > 1:
         ev["collective_ms_per_step_by_rank"] = per_rank
     if excess_ms < MIN_EXCESS_SHARE * ctx.gpu_ms or total_ms < MIN_SLOWDOWN * expected_ms:
         return found

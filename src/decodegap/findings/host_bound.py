@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from decodegap.findings.base import Finding, step_context
+from decodegap.findings.base import Finding, RankInput, step_context
 from decodegap.kernel_names import short_kernel_name
 
 MAX_BUSY = 0.75  # GPU busy below this fraction of the step...
@@ -14,11 +14,10 @@ FIX = ("Launch fewer, larger kernels: capture the decode step in a CUDA graph (S
        "data-dependent shapes) from the step. Profiling inflates host time: compare with --tpot.")
 
 
-def detect(report) -> list[Finding]:
-    ctx = step_context(report)
-    main = report.main
-    b = main.breakdown
-    if ctx is None or not main.trace.has_gpu:
+def detect(rank: RankInput) -> list[Finding]:
+    b = rank.breakdown
+    ctx = step_context(b, rank.active_tokens)
+    if ctx is None or not rank.has_gpu:
         return []
     idle_ms = max(ctx.step_ms - b.busy_ms_per_step, 0.0)
     if b.gpu_busy_fraction >= MAX_BUSY or idle_ms < MIN_IDLE_MS:

@@ -6,7 +6,7 @@ launch shape (grid x block x elements per thread) under CUDA-graph replay."""
 
 from __future__ import annotations
 
-from decodegap.findings.base import Finding, layer_multiple, step_context
+from decodegap.findings.base import Finding, RankInput, layer_multiple, step_context
 from decodegap.shapes import DTYPE_BYTES, numel
 
 MIN_BYTES_PER_CALL = 32e6  # a per-layer cast this large is pool-sized, not activation-sized
@@ -35,9 +35,9 @@ def _short_dtype(dtype: str) -> str:
     return dtype.replace("c10::", "").replace("Float8_e4m3fn", "fp8_e4m3").replace("BFloat16", "bf16")
 
 
-def _active_tokens(report, pool_shape: list[int]) -> int | None:
+def _active_tokens(b, pool_shape: list[int]) -> int | None:
     """An index/gather over the same pool tensor reveals how many slots the step reads: its index length."""
-    for k in report.main.breakdown.kernels:
+    for k in b.kernels:
         if not k.input_shapes or len(k.input_shapes) < 2:
             continue
         shapes = [s for s, _ in k.input_shapes]
@@ -48,12 +48,12 @@ def _active_tokens(report, pool_shape: list[int]) -> int | None:
     return None
 
 
-def detect(report) -> list[Finding]:
-    ctx = step_context(report)
+def detect(rank: RankInput) -> list[Finding]:
+    b = rank.breakdown
+    ctx = step_context(b, rank.active_tokens)
     if ctx is None:
         return []
-    b = report.main.breakdown
-    model = report.options.model
+    model = rank.geometry
     layers = b.layers or (model.num_layers if model is not None else None)
     found = []
     for k in b.kernels:
@@ -83,7 +83,7 @@ def detect(report) -> list[Finding]:
             evidence.update({"shape": pool_shape, "pool_slots": pool_rows, "row_elements": row_width})
             if dtypes:
                 evidence.update({"dtype_from": _short_dtype(dtypes[0]), "dtype_to": _short_dtype(dtypes[1])})
-            active = _active_tokens(report, pool_shape)
+            active = _active_tokens(b, pool_shape)
         else:
             if k.category != "cast":
                 continue  # without shapes, only a kernel that converts dtypes qualifies

@@ -9,7 +9,6 @@ is not evidence of anything."""
 from __future__ import annotations
 
 from decodegap.findings.base import Finding
-from decodegap.profiler_check import profiler_check
 
 TOLERANCE = 0.15
 
@@ -30,8 +29,8 @@ def _outside_spread(check: dict) -> float | None:
     return max(low - profiled, profiled - high, 0.0)
 
 
-def detect(report) -> list[Finding]:
-    check = profiler_check(report)
+def detect(check: dict | None) -> list[Finding]:
+    """`check`: the profiler check (decodegap.profiler_check), None when no unprofiled time is known."""
     if check is None:
         return []
     profiled, unprofiled = check["profiled_ms"], check["unprofiled_ms"]

@@ -12,7 +12,7 @@ are left out."""
 
 from __future__ import annotations
 
-from decodegap.findings.base import Finding, step_context
+from decodegap.findings.base import Finding, RankInput, step_context
 from decodegap.kernel_names import short_kernel_name
 
 MIN_BYTES_PER_STEP = 64e6
@@ -57,29 +57,23 @@ def _weight_tensor(k, widths) -> list[int] | None:
     return None
 
 
-def _every_step(report, k) -> bool:
+def _every_step(rank: RankInput, k) -> bool:
     """Weights are read in every step: the group's kernel runs a whole number of times per step on average, and
     every decode step launches that kernel at least that often. A copy in only some steps follows the data."""
     calls = round(k.calls_per_step)
     if calls < 1 or abs(k.calls_per_step - calls) > 0.05:
         return False
-    main = report.main
-    decode = getattr(main.steps, "decode", None) or []
-    if not main.trace.has_gpu or not decode or not all(hasattr(s, "rows") for s in decode):
+    if rank.calls_in_each_step is None:
         return True  # no per-step rows to check (CPU-only breakdowns): the average is all there is
-    import numpy as np
-
-    ids = [i for i, name in enumerate(main.trace.names) if name == k.name]
-    per_step = [int(np.isin(main.trace.gpu.name_id[s.rows], ids).sum()) for s in decode]
-    return min(per_step) >= calls
+    return min(rank.calls_in_each_step(k.name)) >= calls
 
 
-def detect(report) -> list[Finding]:
-    ctx = step_context(report)
+def detect(rank: RankInput) -> list[Finding]:
+    b = rank.breakdown
+    ctx = step_context(b, rank.active_tokens)
     if ctx is None:
         return []
-    b = report.main.breakdown
-    model = report.options.model
+    model = rank.geometry
     widths = model_weight_widths(model) if model is not None else None
     groups, activations = [], []
     for k in b.kernels:
@@ -90,7 +84,7 @@ def detect(report) -> list[Finding]:
             continue  # a dtype change is a cast, not a copy
         if k.bytes_per_call * k.calls_per_step < MIN_BYTES_PER_STEP / 4:
             continue
-        shape = _weight_tensor(k, widths) if _every_step(report, k) else None
+        shape = _weight_tensor(k, widths) if _every_step(rank, k) else None
         (groups if shape is not None else activations).append((k, shape))
     ms = sum(k.ms_per_step for k, _ in groups)
     bytes_per_step = sum(k.bytes_per_call * k.calls_per_step for k, _ in groups)

@@ -21,7 +21,9 @@ from decodegap.trace.tables import (
     Annotation,
     CpuOpTable,
     GpuTable,
+    InternedColumn,
     RuntimeTable,
+    SparseColumn,
     Trace,
 )
 
@@ -146,9 +148,11 @@ class TableBuilder:
         self.shapes = _Interner()
         self.gpu: list[tuple[np.ndarray, ...]] = []
         self.ops: list[tuple[np.ndarray, ...]] = []
-        self.op_dims: list = []
-        self.op_types: list = []
-        self.op_collective: list = []
+        self.op_args = _Interner(first=None)  # the distinct Input Dims / Input type texts
+        self.op_dims: list[np.ndarray] = []  # ids into op_args, a chunk per batch
+        self.op_types: list[np.ndarray] = []
+        self.op_collective: dict[int, dict] = {}  # op row -> collective metadata, for the few ops that have it
+        self.op_count = 0
         self.runtime: list[tuple[np.ndarray, ...]] = []
         self.annotations: list[tuple] = []
         self.odd = 0
@@ -188,9 +192,12 @@ class TableBuilder:
                 _column(ops, "args.external_id", np.int64),
             ))
             args = list(map(attrgetter("args"), ops))
-            self.op_dims.extend(bytes(a.input_dims) if a.input_dims else None for a in args)
-            self.op_types.extend(bytes(a.input_type) if a.input_type else None for a in args)
-            self.op_collective.extend(_collective(a) if a.collective_name else None for a in args)
+            self.op_dims.append(self.op_args.many([bytes(a.input_dims) if a.input_dims else None for a in args]))
+            self.op_types.append(self.op_args.many([bytes(a.input_type) if a.input_type else None for a in args]))
+            for i, a in enumerate(args):
+                if a.collective_name:
+                    self.op_collective[self.op_count + i] = _collective(a)
+            self.op_count += len(ops)
         if rt := groups["runtime"]:
             self.runtime.append((
                 names.many(list(map(attrgetter("name"), rt))),
@@ -211,8 +218,13 @@ class TableBuilder:
                             "duration, or beyond any clock) and were skipped")
         gpu_cols = _join(self.gpu, (np.int8, np.int32, np.float64, np.float64, np.int32, np.int64, np.int64,
                                     np.int64, np.int32, np.int32, np.int64))
+        self.gpu = []
         op_cols = _join(self.ops, (np.int32, np.float64, np.float64, np.int64, np.int64))
+        self.ops = []  # the chunks are joined: let them go before the next copies
+        op_cols += _join([(d, t) for d, t in zip(self.op_dims, self.op_types, strict=True)], (np.int32, np.int32))
+        self.op_dims = self.op_types = []
         rt_cols = _join(self.runtime, (np.int32, np.float64, np.float64, np.int64, np.int64, np.int64))
+        self.runtime = []
         gpu_cols, op_cols, rt_cols = self._drop_outliers(gpu_cols, op_cols, rt_cols, warnings)
         starts = [cols[i].min() for cols, i in ((gpu_cols, 2), (op_cols, 1), (rt_cols, 1)) if cols[i].size]
         starts += [min(a[1] for a in self.annotations)] if self.annotations else []
@@ -235,8 +247,9 @@ class TableBuilder:
                        stream=stream, correlation=corr, external_id=ext, grid_id=grid, block_id=block,
                        nbytes=nbytes)
         cpu_ops = CpuOpTable(name_id=op_cols[0], ts_ns=ns(op_cols[1]), dur_ns=dur_ns(op_cols[2]), tid=op_cols[3],
-                             external_id=op_cols[4], input_dims=self.op_dims, input_types=self.op_types,
-                             collective=self.op_collective)
+                             external_id=op_cols[4], input_dims=InternedColumn(op_cols[5], self.op_args.values),
+                             input_types=InternedColumn(op_cols[6], self.op_args.values),
+                             collective=SparseColumn(len(op_cols[0]), self.op_collective))
         runtime = RuntimeTable(name_id=rt_cols[0], ts_ns=ns(rt_cols[1]), dur_ns=dur_ns(rt_cols[2]),
                                tid=rt_cols[3], correlation=rt_cols[4], external_id=rt_cols[5])
         annotations = sorted(
@@ -271,10 +284,8 @@ class TableBuilder:
         warnings.append(f"{dropped} events started far outside the trace's time range or lasted far longer than "
                         f"it (over {OUTLIER_SPANS:g}x its core span of {core_us / 1e3:.3f} ms) and were dropped")
         gpu_mask, op_mask, rt_mask, ann_mask = masks
-        op_keep = np.flatnonzero(~op_mask).tolist()
-        self.op_dims = [self.op_dims[i] for i in op_keep]
-        self.op_types = [self.op_types[i] for i in op_keep]
-        self.op_collective = [self.op_collective[i] for i in op_keep]
+        op_keep = np.flatnonzero(~op_mask)
+        self.op_collective = SparseColumn(len(op_mask), self.op_collective).take(op_keep).present
         self.annotations = [a for a, drop in zip(self.annotations, ann_mask.tolist(), strict=True) if not drop]
         return ([c[~gpu_mask] for c in gpu_cols], [c[~op_mask] for c in op_cols], [c[~rt_mask] for c in rt_cols])
 

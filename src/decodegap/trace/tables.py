@@ -5,6 +5,7 @@ nanosecond decimals Kineto writes (rounding to whole microseconds loses a third 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,53 @@ class GpuTable:
         return self.ts_ns + self.dur_ns
 
 
+class InternedColumn(Sequence):
+    """A value per row, kept as an int32 id into one table of the distinct values (id 0 is None): a million ops
+    with a few hundred distinct shape texts cost 4 bytes each, not a Python object each."""
+
+    __slots__ = ("ids", "values")
+
+    def __init__(self, ids: np.ndarray, values: list) -> None:
+        self.ids, self.values = ids, values
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, row):
+        if isinstance(row, slice):
+            return [self.values[i] for i in self.ids[row].tolist()]
+        return self.values[self.ids[row]]
+
+    def take(self, rows: np.ndarray) -> InternedColumn:
+        return InternedColumn(self.ids[rows], self.values)
+
+
+class SparseColumn(Sequence):
+    """A value per row where almost every row has none: only the rows that have one are stored."""
+
+    __slots__ = ("length", "present")
+
+    def __init__(self, length: int, present: dict) -> None:
+        self.length, self.present = length, present
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, row):
+        if isinstance(row, slice):
+            return [self.present.get(i) for i in range(*row.indices(self.length))]
+        row = int(row)
+        if row < 0:
+            row += self.length
+        if not 0 <= row < self.length:
+            raise IndexError(row)
+        return self.present.get(row)
+
+    def take(self, rows: np.ndarray) -> SparseColumn:
+        return SparseColumn(len(rows), {new: self.present[old] for new, old in enumerate(rows.tolist())
+                                        if old in self.present})
+
+
 @dataclass
 class CpuOpTable:
     """CPU ops (aten::*, user functions recorded as ops), with shapes kept as raw JSON text."""
@@ -48,9 +96,9 @@ class CpuOpTable:
     dur_ns: np.ndarray
     tid: np.ndarray  # int64 (string tids hashed)
     external_id: np.ndarray  # int64, -1 none
-    input_dims: list  # raw JSON bytes or None, per row
-    input_types: list
-    collective: list  # None or dict of collective metadata, per row
+    input_dims: InternedColumn  # raw JSON bytes or None, per row
+    input_types: InternedColumn
+    collective: SparseColumn  # None or dict of collective metadata, per row
 
 
 @dataclass
