@@ -233,14 +233,6 @@ class ModelGeometry:
 # ---- parsing ------------------------------------------------------------------------------------------
 
 
-def _first(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
-    for name in names:
-        value = cfg.get(name)
-        if value is not None:
-            return value
-    return default
-
-
 # Sizes no real model reaches, so that a hand-edited config (1e12 layers, a 1e30 hidden size) is refused in one
 # line instead of exhausting memory in a per-layer loop.
 MAX_LAYERS = 10_000
