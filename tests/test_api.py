@@ -109,3 +109,26 @@ def test_schema_doc_covers_every_top_level_key():
     documented = set(re.findall(r"`([a-z_]+)(?:[.\[`])", doc))
     missing = [f for f in Analysis.__struct_fields__ if f not in documented]
     assert not missing, f"docs/report-schema.md does not describe {missing}"
+
+
+def test_findings_carry_typed_evidence_that_keeps_every_key(tmp_path):
+    # every detector's evidence survives the typed Analysis key for key (a key the types miss would be dropped)
+    from decodegap.api import run
+    from decodegap.analysis import build
+    from tracegen import decode_loop, write
+
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank, us in ((0, 80.0), (1, 5.0)):
+        write(decode_loop(steps=4, layers=6, collective_us=us, gap_us=2.0, rank=rank), folder / f"r{rank}.json")
+    cases = [decodegap.EXAMPLE_TRACE, folder,
+             ROOT / "tests" / "fixtures" / "traces" / "hf_llama_generate_6steps.json.gz"]
+    seen = set()
+    for path in cases:
+        report = run(path)
+        typed = build(report)
+        for raw, f in zip(report.findings, typed.findings, strict=True):
+            seen.add(f.id)
+            assert f.id == raw.id and type(f).__name__ != "Finding"
+            assert f.evidence.as_dict() == json.loads(json.dumps(raw.evidence)), f.id
+    assert {"kv_pool_cast", "host_bound", "straggler_rank"} <= seen

@@ -313,9 +313,9 @@ def test_json_output_is_strict_json_even_with_nan_inside(tmp_path):
     path = write(decode_loop(steps=3, layers=2), tmp_path / "t.json")
     report = analyze_path(path, AnalysisOptions(tpot_ms=float("nan")))  # past the CLI check: a library caller
     report.main.breakdown.gpu_ms_per_step = float("inf")
-    report.findings[:0] = [Finding("host_bound", "t", 1.0, 0.5, {"x": float("nan")})]
+    report.findings[:0] = [Finding("host_bound", "t", 1.0, 0.5, {"idle_ms_per_step": float("nan")})]
     d = strict_json(render_json(report))
-    assert d["gpu_ms_per_step"] is None and d["findings"][0]["evidence"]["x"] is None
+    assert d["gpu_ms_per_step"] is None and d["findings"][0]["evidence"]["idle_ms_per_step"] is None
 
 
 @pytest.mark.parametrize("damage", ["nan", "negative", "missing", "type"])

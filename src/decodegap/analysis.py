@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from html import escape
 from pathlib import Path
-from typing import Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from decodegap import __version__
 from decodegap.breakdown import Spread
@@ -129,14 +129,182 @@ class RankRow(Struct):
     collective_ms_per_step: float
 
 
-class Finding(Struct):
-    id: str
+class Loose(Struct, omit_defaults=True):
+    """Evidence: every field optional (a detector reports what it measured): absent stays absent, null stays null.
+    Read by attribute (`ev.pool_slots`) or as the mapping the JSON holds (`ev["pool_slots"]`, `ev.items()`)."""
+
+    def as_dict(self) -> dict:
+        return msgspec.to_builtins(self)
+
+    def __getitem__(self, key: str):
+        value = self.as_dict()
+        if key not in value:
+            raise KeyError(key)
+        return value[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.as_dict()
+
+    def get(self, key: str, default=None):
+        return self.as_dict().get(key, default)
+
+    def items(self):
+        return self.as_dict().items()
+
+    def keys(self):
+        return self.as_dict().keys()
+
+
+Num = float | int
+
+
+class CollectiveGroup(Loose):
+    kernel: str | None | UnsetType = UNSET
+    calls_per_step: Num | None | UnsetType = UNSET
+    us_per_call: Num | None | UnsetType = UNSET
+    bytes_per_call: int | None | UnsetType = UNSET
+    expected_us_per_call: Num | None | UnsetType = UNSET
+    slowdown: Num | None | UnsetType = UNSET
+
+
+class CopyGroup(Loose):
+    kernel: str | None | UnsetType = UNSET
+    op: str | None | UnsetType = UNSET
+    shapes: list | None | UnsetType = UNSET
+    weight_shape: list | None | UnsetType = UNSET
+    calls_per_step: Num | None | UnsetType = UNSET
+    bytes_per_call: int | None | UnsetType = UNSET
+    ms_per_step: Num | None | UnsetType = UNSET
+
+
+class HostGapEvidence(Loose):
+    gap_us: Num | None | UnsetType = UNSET
+    before: str | None | UnsetType = UNSET
+    after: str | None | UnsetType = UNSET
+
+
+class KvPoolCastEvidence(Loose):
+    kernel: str | None | UnsetType = UNSET
+    calls_per_step: Num | None | UnsetType = UNSET
+    layers: int | None | UnsetType = UNSET
+    calls_per_layer: int | None | UnsetType = UNSET
+    bytes_per_call: int | None | UnsetType = UNSET
+    bytes_per_step: int | None | UnsetType = UNSET
+    us_per_call: Num | None | UnsetType = UNSET
+    gbps: Num | None | UnsetType = UNSET
+    bytes_source: str | None | UnsetType = UNSET
+    op: str | None | UnsetType = UNSET
+    from_graph: bool | None | UnsetType = UNSET
+    shape: list[int] | None | UnsetType = UNSET
+    pool_slots: int | None | UnsetType = UNSET
+    row_elements: int | None | UnsetType = UNSET
+    dtype_from: str | None | UnsetType = UNSET
+    dtype_to: str | None | UnsetType = UNSET
+    elements_per_call: int | None | UnsetType = UNSET
+    note: str | None | UnsetType = UNSET
+    matches_model_kv_width: bool | None | UnsetType = UNSET
+    model_kv_width: int | None | UnsetType = UNSET
+    active_tokens: int | None | UnsetType = UNSET
+    active_fraction: Num | None | UnsetType = UNSET
+    bytes_needed_per_call: int | None | UnsetType = UNSET
+
+
+class HostBoundEvidence(Loose):
+    gpu_busy_fraction: Num | None | UnsetType = UNSET
+    idle_ms_per_step: Num | None | UnsetType = UNSET
+    kernels_per_step: Num | None | UnsetType = UNSET
+    launch_us_per_kernel: Num | None | UnsetType = UNSET
+    launch_ms_per_step: Num | None | UnsetType = UNSET
+    graph_replayed_fraction: Num | None | UnsetType = UNSET
+    longest_gaps_us: list[HostGapEvidence] | None | UnsetType = UNSET
+    rule: str | None | UnsetType = UNSET
+
+
+class CollectiveEvidence(Loose):
+    collective_ms_per_step: Num | None | UnsetType = UNSET
+    calls_per_step: Num | None | UnsetType = UNSET
+    us_per_call: Num | None | UnsetType = UNSET
+    groups: list[CollectiveGroup] | None | UnsetType = UNSET
+    expected_ms_per_step: Num | None | UnsetType = UNSET
+    excess_ms_per_step: Num | None | UnsetType = UNSET
+    model: str | None | UnsetType = UNSET
+    rule: str | None | UnsetType = UNSET
+    collective_ms_per_step_by_rank: dict[str, Num] | None | UnsetType = UNSET  # by rank
+
+
+class StragglerEvidence(Loose):
+    collective_ms_per_step_by_rank: dict[str, Num] | None | UnsetType = UNSET  # by rank
+    straggler_rank: int | None | UnsetType = UNSET
+    max_wait_ms_per_step: Num | None | UnsetType = UNSET
+    rule: str | None | UnsetType = UNSET
+
+
+class WeightCopyEvidence(Loose):
+    bytes_per_step: int | None | UnsetType = UNSET
+    rule: str | None | UnsetType = UNSET
+    shape_checked_against_model: bool | None | UnsetType = UNSET
+    groups: list[CopyGroup] | None | UnsetType = UNSET
+    left_out_as_activations: list[CopyGroup] | None | UnsetType = UNSET
+
+
+class ProfilerEvidence(Loose):
+    unprofiled_ms: Num | None | UnsetType = UNSET
+    profiled_ms: Num | None | UnsetType = UNSET
+    ratio: Num | None | UnsetType = UNSET
+    source: str | None | UnsetType = UNSET
+    rule: str | None | UnsetType = UNSET
+    samples: int | None | UnsetType = UNSET
+    unprofiled_p10_ms: Num | None | UnsetType = UNSET
+    unprofiled_p90_ms: Num | None | UnsetType = UNSET
+    spread_ms: Num | None | UnsetType = UNSET
+    bimodal: bool | None | UnsetType = UNSET
+    call_index: list[int] | None | UnsetType = UNSET
+    samples_ms: list[Num] | None | UnsetType = UNSET
+
+
+class Finding(Struct, tag_field="id"):
+    """A root cause; `id` (the tag) says which detector found it and so which evidence type it carries."""
+
     title: str
     ms_per_step: float
     share: float
     share_of: str
-    evidence: dict[str, Any]  # each detector's numbers, keys listed in its module (findings/)
     fix: str
+
+    @property
+    def id(self) -> str:
+        return type(self).__struct_config__.tag
+
+
+class KvPoolCast(Finding, tag="kv_pool_cast"):
+    evidence: KvPoolCastEvidence
+
+
+class HostBound(Finding, tag="host_bound"):
+    evidence: HostBoundEvidence
+
+
+class CollectiveBound(Finding, tag="collective_bound"):
+    evidence: CollectiveEvidence
+
+
+class StragglerRank(Finding, tag="straggler_rank"):
+    evidence: StragglerEvidence
+
+
+class WeightCopy(Finding, tag="weight_copy"):
+    evidence: WeightCopyEvidence
+
+
+class ProfilerOverhead(Finding, tag="profiler_overhead"):
+    evidence: ProfilerEvidence
+
+
+class OutsideStep(Finding, tag="outside_step"):
+    evidence: ProfilerEvidence
+
+
+AnyFinding = KvPoolCast | HostBound | CollectiveBound | StragglerRank | WeightCopy | ProfilerOverhead | OutsideStep
 
 
 class ProfilerCheck(Struct, omit_defaults=True):
@@ -253,7 +421,7 @@ class Analysis(Struct):
     kernels: list[Kernel]
     ranks: list[RankRow]
     slowest_rank: int | None
-    findings: list[Finding]
+    findings: list[AnyFinding]
     profiler_check: ProfilerCheck | None
     warnings: list[str]
     floor: Floor | None
@@ -289,9 +457,9 @@ class Analysis(Struct):
         return _frame([msgspec.to_builtins(c) for c in self.categories], list(Category.__struct_fields__))
 
     def findings_df(self):
-        rows = [{k: v for k, v in msgspec.to_builtins(f).items() if k != "evidence"} | {"evidence": f.evidence}
-                for f in self.findings]
-        return _frame(rows, list(Finding.__struct_fields__))
+        rows = [{k: v for k, v in msgspec.to_builtins(f).items() if k != "evidence"}
+                | {"evidence": f.evidence.as_dict()} for f in self.findings]
+        return _frame(rows, ["id", *Finding.__struct_fields__, "evidence"])
 
     def steps_df(self):
         cats = sorted({c for r in self.step_rows for c in r.category_ms})
@@ -336,8 +504,19 @@ def _r(value, digits: int = 4):
 
 
 def build(report) -> Analysis:
-    """The typed Analysis of a pipeline run (decodegap.pipeline.Report)."""
-    return msgspec.convert(_plain(report), Analysis)
+    """The typed Analysis of a pipeline run (decodegap.pipeline.Report). Through JSON, so that the Analysis holds
+    exactly what the report says (rank keys as strings, NaN as null): to_dict() is the parsed JSON report."""
+    return msgspec.json.decode(_encoder.encode(_plain(report)), type=Analysis)
+
+
+def _numpy(value):
+    """numpy scalars and arrays that slip into evidence become plain JSON numbers and lists."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_numpy)
 
 
 def _plain(report) -> dict:
