@@ -135,9 +135,9 @@ def test_engine_patterns(tmp_path, case):
 
 def test_prefill_shaped_forward_is_not_decode(tmp_path):
     d = _d(write(engine_forwards(layers=6, phases=("prefill",), forwards=1), tmp_path / "t.json"))
-    # one forward whose GEMMs see 16,384 rows and no other forward to compare with: the kernel mix cannot say,
-    # but an annotation or attention shapes would; here the lone forward is decode-shaped by default
-    assert _counts(d)["prefill"] + _counts(d)["decode"] == 1
+    # one forward, no marks: its projections see 16,384 rows, its lm_head 32 (each sequence's last token)
+    assert _counts(d) == {"decode": 0, "prefill": 1, "mixed": 0, "training": 0}
+    assert (d["steps"]["prefill"]["tokens"], d["steps"]["prefill"]["batch"]) == (32 * 512, 32)
     d = _d(write(engine_forwards(layers=6, phases=("prefill",), annotation="sglang"), tmp_path / "s.json"))
     assert _counts(d)["prefill"] == 1 and d["steps"]["prefill"]["tokens"] == 32 * 512
 

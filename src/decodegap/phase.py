@@ -47,13 +47,26 @@ class StepTokens:
     query_len: int | None  # attention query tokens per sequence
     kv_len: int | None
     batch: int | None  # sequences, from the attention op
+    head_rows: int | None = None  # rows of the widest GEMM (the lm_head over the vocabulary)
+
+
+def _gemm_operands(name: str, shapes: list) -> tuple[list, list] | None:
+    """(activation, weight) shapes of a GEMM op; addmm's first input is its bias."""
+    if name == "aten::addmm" or name == "aten::_addmm_activation":
+        return (shapes[1], shapes[2]) if len(shapes) >= 3 else None
+    return (shapes[0], shapes[1]) if len(shapes) >= 2 else None
+
+
+def _out_width(name: str, weight: list) -> int:
+    # linear keeps the weight as [out, in]; mm / matmul / addmm multiply by [in, out]
+    return int(weight[0]) if name == "aten::linear" else int(weight[-1])
 
 
 def step_tokens(trace: Trace, links: Links, rows: np.ndarray) -> StepTokens:
     ops = trace.cpu_ops
     op_rows = np.unique(links.op_idx[rows])
     op_rows = op_rows[op_rows >= 0]
-    gemm, query, kv, batch = [], [], [], []
+    gemm, query, kv, batch, widths = [], [], [], [], []
     for op in op_rows.tolist():
         dims = ops.input_dims[op]
         if not dims:
@@ -62,15 +75,19 @@ def step_tokens(trace: Trace, links: Links, rows: np.ndarray) -> StepTokens:
         shapes = [s for s, _ in shape_info.tensors(dims, ops.input_types[op])]
         if not shapes or not shapes[0]:
             continue
-        if name in GEMM_OPS and len(shapes[0]) >= 2:
-            gemm.append(int(np.prod(shapes[0][:-1])))
+        operands = _gemm_operands(name, shapes) if name in GEMM_OPS else None
+        if operands is not None and len(operands[0]) >= 2 and operands[1]:
+            activation, weight = operands
+            gemm.append(int(np.prod(activation[:-1])))
+            widths.append((_out_width(name, weight), gemm[-1]))
         elif len(shapes) >= 2 and len(shapes[0]) == 4 and len(shapes[1]) == 4:
             seq_dim = 1 if _ATTENTION_FORWARD.match(name) else 2 if _SDPA.match(name) else None
             if seq_dim is not None:
                 query.append(shapes[0][seq_dim])
                 kv.append(shapes[1][seq_dim])
                 batch.append(shapes[0][0])
-    return StepTokens(_median(gemm), _median(query), _median(kv), _median(batch))
+    head = max(widths)[1] if widths else None
+    return StepTokens(_median(gemm), _median(query), _median(kv), _median(batch), head)
 
 
 def _median(values: list[int]) -> int | None:
@@ -81,6 +98,8 @@ def phase_from_tokens(t: StepTokens, decode_rows: int | None) -> str | None:
     """decode / prefill from shapes, None when the shapes do not say."""
     if t.query_len is not None:
         return "decode" if t.query_len <= 1 else "prefill"
+    if t.gemm_rows and t.head_rows and 1.5 * t.head_rows < t.gemm_rows:
+        return "prefill"  # the projections see every token, the lm_head only each sequence's last one
     if t.gemm_rows is not None and decode_rows:
         return "prefill" if t.gemm_rows > 1.5 * decode_rows else "decode"
     return None

@@ -481,7 +481,9 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
             phase = "prefill" if other else "decode"
         if training:
             phase = "training"
-        batch = p.mark.batch if p.mark and p.mark.batch else t.batch or (t.gemm_rows if phase == "decode" else None)
+        batch = p.mark.batch if p.mark and p.mark.batch else t.batch or (
+            t.gemm_rows if phase == "decode" else t.head_rows if t.head_rows and t.head_rows < (t.gemm_rows or 0)
+            else None)
         n_tokens = p.mark.tokens if p.mark and p.mark.tokens else t.gemm_rows
         steps.append(Step(len(steps), phase, p.start_ns, p.end_ns, p.rows, batch, n_tokens,
                           p.mark.name if p.mark else None))
