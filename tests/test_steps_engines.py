@@ -118,6 +118,7 @@ CASES = {
     "inductor numbering, 5 forwards": (dict(inductor=True, layers=12, forwards=5), "kernel_repetition",
                                        {"decode": 5}, 12),
     "two eager forwards": (dict(layers=12, forwards=2), "kernel_repetition", {"decode": 2}, 12),
+    "a 2-layer model, 5 forwards": (dict(layers=2, forwards=5), "kernel_repetition", {"decode": 5}, 2),
     "eager prefill then decode": (dict(layers=12, forwards=6, phases=("prefill",) + ("decode",) * 5),
                                   "kernel_repetition", {"prefill": 1, "decode": 5}, 12),
 }

@@ -103,3 +103,22 @@ def phase_from_tokens(t: StepTokens, decode_rows: int | None) -> str | None:
     if t.gemm_rows is not None and decode_rows:
         return "prefill" if t.gemm_rows > 1.5 * decode_rows else "decode"
     return None
+
+
+def widest_gemm_rows(trace: Trace, links: Links) -> np.ndarray | None:
+    """Per GPU row: launched by the trace's widest GEMM (the lm_head over the vocabulary, once per forward).
+    None when no GEMM op recorded its shapes (CUDA-graph replay, record_shapes off)."""
+    ops = trace.cpu_ops
+    width_of: dict[int, int] = {}
+    for op in np.unique(links.op_idx[links.op_idx >= 0]).tolist():
+        name = trace.names[ops.name_id[op]]
+        if name not in GEMM_OPS or not ops.input_dims[op]:
+            continue
+        operands = _gemm_operands(name, [s for s, _ in shape_info.tensors(ops.input_dims[op], ops.input_types[op])])
+        if operands is not None and operands[1]:
+            width_of[op] = _out_width(name, operands[1])
+    if not width_of:
+        return None
+    widest = max(width_of.values())
+    heads = np.array([op for op, w in width_of.items() if w >= 0.9 * widest], dtype=np.int64)
+    return np.isin(links.op_idx, heads)

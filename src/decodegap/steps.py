@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from decodegap.phase import is_training, phase_from_tokens, step_tokens
+from decodegap.phase import is_training, phase_from_tokens, step_tokens, widest_gemm_rows
 from decodegap.repetition import (
     REGULAR,
     Anchor,
@@ -158,12 +158,14 @@ def _split_multi_forward(pieces: list[_Piece], trace: Trace, links: Links) -> tu
     names = normalized_ids(trace.names, trace.gpu.name_id)
     graph_of = np.where(links.from_graph, links.runtime_idx, -1)
     gaps = _idle_before(trace.gpu.ts_ns, trace.gpu.end_ns)
+    head = widest_gemm_rows(trace, links)
     end = trace.gpu.end_ns
     out, split = [], 0
     for p in pieces:
         starts = _unit_starts(graph_of[p.rows])
         tokens = _unit_tokens(names[p.rows], graph_of[p.rows], starts)
-        cut = _cut_by_repetition(tokens, gaps[p.rows][starts], names[p.rows], starts) if len(tokens) >= 6 else None
+        cut = (_cut_by_repetition(tokens, gaps[p.rows][starts], names[p.rows], starts,
+                                  head[p.rows] if head is not None else None) if len(tokens) >= 6 else None)
         if cut is None or not cut[1].startswith(_STEP_PERIOD) or len(cut[0]) < 3:
             out.append(p)
             continue
@@ -278,7 +280,7 @@ def _from_launches_or_repetition(trace: Trace, links: Links):
         piece = _Piece(int(gpu.ts_ns[0]), int(end.max()), rows)
         return [piece], "graph_launch", f"one {runtime} graph replays {int((graph_of >= 0).sum())} of the " \
                                          f"{n_rows} GPU activities: one forward", []
-    cut = _cut_by_repetition(tokens, gaps, seq_rows, unit_start)
+    cut = _cut_by_repetition(tokens, gaps, seq_rows, unit_start, widest_gemm_rows(trace, links))
     if cut is None and len(replays) > 1:
         cut = _one_forward_per_replay(tokens, gaps, seq_rows, unit_start, graph_of)
     if cut is None:
@@ -357,23 +359,27 @@ def _pick_step_anchor(anchors: list[Anchor], seq: np.ndarray) -> Anchor | None:
 SAME_LAYERS = 0.7  # Layers.repeat above which the repeating sub-blocks of a period are layers
 
 
-def _holds_layers(inner, block: np.ndarray) -> bool:
+def _holds_layers(inner, block: np.ndarray, head: np.ndarray | None = None) -> bool:
     """A period is a whole step when it holds alike layers and work outside them (the once-per-forward glue).
 
     Two repeats prove little (one layer's two norm+projection groups recur twice too, and two occurrences are
-    always "evenly spaced"): with two, they must fill most of the period; from three on, the spacing is evidence."""
+    always "evenly spaced"): with two, the period must hold the lm_head (the widest GEMM, when op shapes say which:
+    `head`, per kernel of the block) or, without shapes, the two must fill most of it. From three on, the spacing
+    is evidence."""
     if not inner.count or inner.count < 2 or inner.repeat(block) < SAME_LAYERS:
         return False
     if inner.glue(len(block)) < max(2.0, 0.2 * inner.period):
         return False
-    return inner.count >= 3 or 2 * inner.period >= 0.8 * len(block)
+    if inner.count >= 3:
+        return True
+    return bool(head.any()) if head is not None else 2 * inner.period >= 0.8 * len(block)
 
 
 _STEP_PERIOD = "a step every "  # how _cut_by_repetition says the period it found is a whole step
 
 
-def _cut_by_repetition(seq: np.ndarray, gaps: np.ndarray, row_seq: np.ndarray,
-                       unit_start: np.ndarray) -> tuple[np.ndarray, str] | None:
+def _cut_by_repetition(seq: np.ndarray, gaps: np.ndarray, row_seq: np.ndarray, unit_start: np.ndarray,
+                       head: np.ndarray | None = None) -> tuple[np.ndarray, str] | None:
     """Unit bounds of the forwards, and how they were found; None when nothing repeats.
 
     seq holds one token per unit (a kernel, or a whole graph replay); the layers inside a period are looked for
@@ -385,9 +391,10 @@ def _cut_by_repetition(seq: np.ndarray, gaps: np.ndarray, row_seq: np.ndarray,
     first = int(np.flatnonzero(anchor.regular)[0])
     block_at = int(anchor.positions[first])
     row_at = int(unit_start[block_at])
-    block = row_seq[row_at:int(unit_start[anchor.positions[first + 1]])]
+    row_end = int(unit_start[anchor.positions[first + 1]])
+    block = row_seq[row_at:row_end]
     inner = find_layers(block, min_coverage=0.3)
-    if _holds_layers(inner, block):
+    if _holds_layers(inner, block, head[row_at:row_end] if head is not None else None):
         # The period is a step: cut at the same offset after the anchor in every period, outside the layer run,
         # where the GPU idles longest.
         row_offset = unit_start[np.clip(block_at + np.arange(period), 0, n - 1)] - row_at
