@@ -109,7 +109,7 @@ class Layers:
     first: int = 0  # first and last position of a layer kernel: the layer region
     last: int = 0
     kinds: list[LayerKind] = field(default_factory=list)
-    starts: tuple[int, ...] = ()  # where each layer's counting kernel runs in the step (a layer's boundary)
+    starts: tuple[int, ...] = ()  # where each layer begins in the step (its earliest repeating kernel)
 
     def repeat(self, seq: np.ndarray) -> float:
         """How alike consecutive layers are: the share of positions in the layer region whose kernel recurs one layer
@@ -174,7 +174,9 @@ def _layers(a: Anchor, group: list[Anchor], seq: np.ndarray, names, kinds=None) 
     evidence = f"{len(group)} kernels run {count} times per step at a regular spacing of {a.period:.0f} GPU activities"
     if kinds:
         evidence += "; " + describe_kinds(kinds)
-    return Layers(count, evidence, period, first, last, kinds or [], tuple(int(p) for p in a.positions))
+    # A layer begins at its earliest repeating kernel, not at the one that counted it (which may sit mid-layer).
+    shift = int(a.positions[0]) - first
+    return Layers(count, evidence, period, first, last, kinds or [], tuple(int(p) - shift for p in a.positions))
 
 
 def _kinds(seq, coarse_group: list[Anchor], fine: Anchor, k: int, names) -> list[LayerKind]:
