@@ -10,7 +10,7 @@ SRC = Path(__file__).parent.parent / "src" / "decodegap"
 
 # Stage of each module (by dotted name under decodegap; a package's entry covers its modules).
 STAGES = [
-    ("helpers", ["errors", "samples", "kernel_names", "categories", "shapes"]),
+    ("helpers", ["errors", "rounding", "samples", "kernel_names", "categories", "shapes"]),
     ("trace", ["trace"]),
     ("structure", ["step_marks", "repetition", "phase", "steps"]),
     ("breakdown", ["breakdown"]),

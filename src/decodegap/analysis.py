@@ -6,7 +6,6 @@ types (docs/report.schema.json). DataFrame views need pandas (the `pandas` extra
 
 from __future__ import annotations
 
-import math
 from html import escape
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from decodegap.errors import UserError
 from decodegap.kernel_names import short_kernel_name
 from decodegap.profiler_check import profiler_check
 from decodegap.steps import PHASES, describe
+from decodegap.rounding import rounded as _r
 
 SCHEMA = "decodegap.report/1"
 
@@ -496,11 +496,6 @@ def _frame(rows: list[dict], columns: list[str]):
 
 # --- building ---------------------------------------------------------------------------------------------------
 
-def _r(value, digits: int = 4):
-    if value is None:
-        return None
-    value = float(value)
-    return round(value, digits) if math.isfinite(value) else None
 
 
 def build(report) -> Analysis:

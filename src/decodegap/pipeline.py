@@ -22,6 +22,7 @@ from decodegap.trace import Trace, load_trace
 from decodegap.trace.link import link
 from decodegap.trace.load import find_trace_files, rank_from_filename
 from decodegap.trace.read import NotATrace, available_memory_bytes
+from decodegap.rounding import rounded as _r
 
 # What a worker's peak memory is per byte of trace text (measured: benchmarks/bench_scale.py), plus the interpreter
 # and its libraries: sizes the default number of parallel workers so that they fit in memory together.
@@ -149,11 +150,6 @@ def _row_categories(trace: Trace) -> np.ndarray:
     return names[inverse]
 
 
-def _r(value, digits: int = 4):
-    if value is None:
-        return None
-    value = float(value)
-    return round(value, digits) if np.isfinite(value) else None
 
 
 def step_rows(trace: Trace, steps: Steps) -> list[dict]:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 
 from decodegap.samples import spread
+from decodegap.rounding import rounded as _r
 
 
-def _r(value, digits: int = 4):
-    return None if value is None else round(float(value), digits)
 
 
 def profiler_check(report) -> dict | None:

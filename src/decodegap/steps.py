@@ -157,7 +157,7 @@ def _split_multi_forward(pieces: list[_Piece], trace: Trace, links: Links) -> tu
     with layers and once-per-forward work inside it), those forwards are the steps."""
     names = normalized_ids(trace.names, trace.gpu.name_id)
     graph_of = np.where(links.from_graph, links.runtime_idx, -1)
-    gaps = _idle_before(trace.gpu.ts_ns, trace.gpu.end_ns)
+    gaps = idle_gaps_ns(trace.gpu.ts_ns, trace.gpu.end_ns)
     head = widest_gemm_rows(trace, links)
     end = trace.gpu.end_ns
     out, split = [], 0
@@ -272,7 +272,7 @@ def _from_launches_or_repetition(trace: Trace, links: Links):
     unit_start = _unit_starts(graph_of)
     tokens = _unit_tokens(seq_rows, graph_of, unit_start)
     end = gpu.end_ns
-    gaps = _idle_before(gpu.ts_ns, end)[unit_start]
+    gaps = idle_gaps_ns(gpu.ts_ns, end)[unit_start]
     n_rows = len(gpu)
     runtime = _runtime(trace)
     if len(replays) == 1 and (graph_of >= 0).sum() >= 0.5 * n_rows:
@@ -320,16 +320,12 @@ def _unit_tokens(seq_rows: np.ndarray, graph_of: np.ndarray, unit_start: np.ndar
     return tokens
 
 
-def _idle_before(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+def idle_gaps_ns(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For each activity (sorted by start), how long the GPU sat idle right before it started."""
     gaps = np.zeros(len(ts), dtype=np.int64)
     if len(ts) > 1:
         gaps[1:] = np.maximum(ts[1:] - np.maximum.accumulate(end)[:-1], 0)
     return gaps
-
-
-def idle_gaps_ns(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """For each activity (sorted by start), how long the GPU sat idle right before it started."""
-    return _idle_before(ts, end)
 
 
 def _pick_step_anchor(anchors: list[Anchor], seq: np.ndarray) -> Anchor | None:
