@@ -88,7 +88,7 @@ def test_hf_generate_without_markers(hf_report):
     d = report_dict(hf_report)
     assert d["steps"]["prefill"]["count"] == 1
     assert d["steps"]["decode"]["count"] == 6
-    assert d["steps"]["decode"]["source"] == "kernel_repetition"
+    assert d["steps"]["decode"]["source"] == "anchor_embedding"
     assert d["layers"] == 16
     ids = [f["id"] for f in d["findings"]]
     assert "kv_pool_cast" not in ids and "host_bound" in ids

@@ -18,7 +18,7 @@ def test_steps_found_with_or_without_markers(tmp_path, markers):
     d = _report(tmp_path, markers=markers, steps=6, layers=5)
     assert d["steps"]["decode"]["count"] == 6  # without markers too: the cuts fall in the gaps between steps
     assert d["layers"] == 5
-    expected = {"gpu": "profiler_step", "cpu": "profiler_step", None: "kernel_repetition"}[markers]
+    expected = {"gpu": "profiler_step", "cpu": "profiler_step", None: "anchor_embedding"}[markers]
     assert d["steps"]["decode"]["source"] == d["steps"]["source"] == expected
 
 

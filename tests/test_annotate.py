@@ -89,7 +89,7 @@ def test_marker_less_decode_loop(tmp_path):
     before = hashlib.sha256(src.read_bytes()).hexdigest()
     report = run(src)
     found = report.ranks[0].steps.steps
-    assert report.ranks[0].steps.source == "kernel_repetition" and len(found) >= 4
+    assert report.ranks[0].steps.source == "anchor_embedding" and len(found) == 5
     out = tmp_path / "loop.annotated.json.gz"
     assert annotate(src, out) == [out]
     new = _read(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import time
 import zlib
 from pathlib import Path
@@ -211,20 +212,51 @@ def _cut(tmp_path: Path, name: str, fraction: float, compressed: bool) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ["cast_eager", "cast_graph", "hf_llama_generate_6steps"])
-@pytest.mark.parametrize("fraction", [0.3, 0.6, 0.95])
-@pytest.mark.parametrize("compressed", [False, True])
-def test_truncated_fixtures_are_refused_with_the_coverage(tmp_path, capsys, name, fraction, compressed):
-    err = assert_exit_2(["analyze", str(_cut(tmp_path, name, fraction, compressed))], capsys,
-                        "truncated: GPU events cover ")
-    assert "% of the profiled window" in err
+def _whole_steps_before(text: bytes, cut: int) -> int:
+    """The truth of a cut file, read from the whole one: the ProfilerSteps every launch of which (a runtime call whose
+    GPU work the whole file holds) still has its call and its GPU activity before the cut. Kineto's layout: one event
+    per `},\n  {`, so an event is kept when its closing brace is."""
+    events = json.loads(text)["traceEvents"]
+    after = text.index(b'"traceEvents"')
+    ends = [m.start() + 1 for m in re.finditer(rb"\},\n  \{", text[after:])]
+    assert len(ends) == len(events) - 1  # one separator between two events, none inside one
+    ends = [after + e for e in ends] + [len(text)]
+    kept = [e for e, end in zip(events, ends, strict=True) if end <= cut]
+    kept_ids = {id(e) for e in kept}
+    gpu = {e["args"]["correlation"]: e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")}
+    launches = [e for e in events if e.get("cat") == "cuda_runtime" and e["args"].get("correlation") in gpu]
+    marks = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    return sum(all(id(r) in kept_ids and id(gpu[r["args"]["correlation"]]) in kept_ids
+                   for r in launches if m["ts"] <= r["ts"] <= m["ts"] + m["dur"]) for m in marks)
+
+
+@pytest.mark.parametrize("name", ["cast_eager", "cast_graph"])
+@pytest.mark.parametrize("fraction", [0.3, 0.6, 0.8, 0.95])
+def test_a_cut_file_keeps_the_steps_whose_launches_all_have_kernels(tmp_path, capsys, name, fraction):
+    text = fixture_text(name)
+    whole = _whole_steps_before(text, int(len(text) * fraction))
+    path = _cut(tmp_path, name, fraction, compressed=False)
+    if not whole:
+        err = assert_exit_2(["analyze", str(path)], capsys, "truncated (the JSON ends early): ")
+        assert "no step ends before the cut" in err
+        return
+    report = analyze_path(path)
+    assert report.main.breakdown.decode_count == whole
+    assert any("truncated" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.6])
+def test_a_cut_gzip_with_no_whole_step_is_refused_with_the_figures(tmp_path, capsys, fraction):
+    err = assert_exit_2(["analyze", str(_cut(tmp_path, "cast_eager", fraction, compressed=True))], capsys,
+                        "truncated (the gzip stream ends early")
+    assert "launched" in err and "no step ends before the cut" in err
 
 
 @pytest.mark.parametrize("compressed", [False, True])
 def test_a_trace_cut_only_in_its_metadata_is_salvaged_with_the_coverage(tmp_path, compressed):
     complete = analyze_path(_cut(tmp_path, "hf_llama_generate_6steps", 1.0, False))
     report = analyze_path(_cut(tmp_path, "hf_llama_generate_6steps", 0.999, compressed))
-    assert any("truncated" in w and "GPU events cover 99% of the profiled window" in w for w in report.warnings)
+    assert any("truncated" in w and "GPU events reach 99% of the profiled window" in w for w in report.warnings)
     assert report.main.breakdown.decode_count == complete.main.breakdown.decode_count
     assert report.main.breakdown.step_ms.median == pytest.approx(complete.main.breakdown.step_ms.median)
 

@@ -12,7 +12,7 @@ SRC = Path(__file__).parent.parent / "src" / "decodegap"
 STAGES = [
     ("helpers", ["errors", "rounding", "samples", "kernel_names", "categories", "shapes"]),
     ("trace", ["trace"]),
-    ("structure", ["step_marks", "repetition", "phase", "steps"]),
+    ("structure", ["step_marks", "layer_count", "repetition", "phase", "forward_anchors", "steps"]),
     ("breakdown", ["breakdown"]),
     ("verdicts", ["findings", "model", "floor_ledger", "profiler_check"]),
     ("pipeline", ["pipeline"]),

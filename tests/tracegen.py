@@ -129,12 +129,19 @@ def write_kineto_layout(doc, path: Path) -> Path:
 
 def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None = None, graph: str | None = None,
                     phases: tuple = ("decode",), batch: int = 32, alternate: bool = False, inductor: bool = False,
-                    hip: bool = False, prompt: int = 512) -> dict:
+                    hip: bool = False, prompt: int = 512, moe_from: int | None = None, experts: int = 8,
+                    top_k: int = 2, seed: int = 0) -> dict:
     """Forwards as engines run them: `forwards` passes of `layers` layers, each wrapped in the engine's annotation
     (`sglang`: step[DECODE bs=N], `vllm`: execute_..._context_..._generation_...), replayed from one graph per
     forward (`graph="full"`) or one graph per layer piece with eager attention between (`"piecewise"`), or eager.
     `alternate`: layers alternate between two attention kernels (sliding / full); `inductor`: kernels named and
-    numbered as Inductor does per graph position; `phases` cycles over the forwards (decode, prefill, mixed)."""
+    numbered as Inductor does per graph position; `phases` cycles over the forwards (decode, prefill, mixed).
+    `moe_from`: layers from this index on are eager MoE layers (router, top-k, then a launch group per expert that got
+    tokens: 1 to `top_k` x batch experts, drawn per layer and forward from `seed`), the first ones dense, as
+    DeepSeek-V3 stacks are; every forward then launches a different number of kernels."""
+    import random
+
+    rng = random.Random(seed)
     events: list[dict] = []
     launch_name = "hipLaunchKernel" if hip else "cudaLaunchKernel"
     graph_name = "hipGraphLaunch" if hip else "cudaGraphLaunch"
@@ -191,13 +198,28 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
         if alternate and i % 2 and phase == "decode":
             attention.append(("reduce_segments", 3.0, "vllm::unified_attention", None))
         post = [("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_NNT", 10.0, "aten::mm", [[tokens, 4096], [4096, 4096]]),
-                (name("red_fused_add_mean_mul_pow_rsqrt"), 3.0, "aten::rms_norm", None),
-                ("nvjet_sm90_tst_128x8_64x16_4x1_v_bz_TNT", 25.0, "aten::mm", [[tokens, 4096], [4096, 28672]]),
-                (name("poi_fused_mul_silu"), 3.0, "aten::mul", None),
-                ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT", 14.0, "aten::mm", [[tokens, 14336], [14336, 4096]])]
+                (name("red_fused_add_mean_mul_pow_rsqrt"), 3.0, "aten::rms_norm", None)]
+        if moe_from is not None and i >= moe_from:
+            post += [("nvjet_sm90_tst_64x8_64x16_1x1_v_bz_router_TNT", 4.0, "aten::mm", [[tokens, 4096], [4096, 64]]),
+                     ("void at::native::softmax_warp_forward<float>", 2.0, "aten::softmax", None),
+                     ("void at::native::sbtopk::gatherTopK<float>", 3.0, "aten::topk", None)]
+            routed = max(1, tokens * top_k // experts)  # tokens an expert sees
+            for _ in range(rng.randint(1, min(experts, top_k * batch))):  # one launch group per expert hit
+                post += [("void at::native::index_elementwise_kernel<128, 4>", 2.0, "aten::index", None),
+                         ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_expert_TNT", 6.0, "aten::mm",
+                          [[routed, 4096], [4096, 2048]]),
+                         (name("poi_fused_mul_silu"), 1.0, "aten::mul", None),
+                         ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_expert_NNT", 5.0, "aten::mm",
+                          [[routed, 1024], [1024, 4096]]),
+                         ("void at::native::indexFuncLargeIndex<float>", 2.0, "aten::index_add_", None)]
+            return pre, attention, post
+        post += [("nvjet_sm90_tst_128x8_64x16_4x1_v_bz_TNT", 25.0, "aten::mm", [[tokens, 4096], [4096, 28672]]),
+                 (name("poi_fused_mul_silu"), 3.0, "aten::mul", None),
+                 ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT", 14.0, "aten::mm", [[tokens, 14336], [14336, 4096]])]
         return pre, attention, post
 
     for f in range(forwards):
+        first_event = len(events)
         phase = phases[f % len(phases)]
         state["t_cpu"] = max(state["t_cpu"], state["t_gpu"] - 300)
         mark_start = state["t_cpu"]
@@ -246,5 +268,17 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
         if label:
             events.append({"ph": "X", "cat": "user_annotation", "name": label, "pid": 1, "tid": 1,
                            "ts": mark_start - 0.5, "dur": mark_end - mark_start + 0.5, "args": {}})
+        for e in events[first_event:]:  # the generator's own truth: which forward each event belongs to
+            e["args"]["tracegen_forward"] = f
         state["t_gpu"] += 40.0  # the host prepares the next forward
     return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}], "traceEvents": events}
+
+
+def kineto_order(doc: dict) -> dict:
+    """The events in the order Kineto writes them: every CPU-side op and annotation first, then the GPU activities
+    and runtime calls by time (so a file cut short keeps the CPU side whole and loses the end of the GPU side)."""
+    host_first = ("cpu_op", "user_annotation", "python_function")
+    events = doc["traceEvents"]
+    head = [e for e in events if e.get("cat") in host_first]
+    tail = sorted((e for e in events if e.get("cat") not in host_first), key=lambda e: e.get("ts", 0))
+    return doc | {"traceEvents": head + tail}

@@ -10,7 +10,8 @@ import numpy as np
 
 from decodegap import shapes as shape_info
 from decodegap.categories import CATEGORIES, categorize
-from decodegap.repetition import LayerKind, Layers, find_layers, name_classes
+from decodegap.layer_count import LayerKind, Layers, count_layers, data_dependent, data_independent
+from decodegap.repetition import name_classes
 from decodegap.steps import PHASES, Steps, idle_gaps_ns
 from decodegap.trace.link import Links
 from decodegap.trace.tables import GPU_KIND_NAMES, Trace
@@ -98,6 +99,7 @@ class Breakdown:
     layer_kinds: list[LayerKind] = field(default_factory=list)
     layer_starts: tuple[int, ...] = ()  # positions in the typical step's rows where each layer begins
     typical_step: int | None = None  # index into the phase's steps of the step the layers were read from
+    layer_kind_of: tuple[int, ...] = ()  # per layer of the typical step: index into layer_kinds (empty: one kind)
 
 
 def _busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
@@ -109,11 +111,22 @@ def _busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
     return int(stop - start - idle)
 
 
-def infer_layers(trace: Trace, rows: np.ndarray) -> Layers:
-    """The repeating block inside one step, over kernel names normalised where compilers number them."""
+SAME_PHASE_STEPS = 16  # steps of the phase compared to tell data-independent kernels from per-expert launches
+
+
+def infer_layers(trace: Trace, rows: np.ndarray, alike: list[np.ndarray] | None = None) -> Layers:
+    """The layers of one step, over kernel names normalised where compilers number them; `alike`: the rows of other
+    steps of its phase, whose kernel counts tell the per-layer work from launches that depend on the data."""
     mapping, canonical = name_classes(trace.names)
-    # Coverage 0.3, not 0.5: two layers' kernels repeat once, over less than half of a step that has its own work.
-    return find_layers(mapping[trace.gpu.name_id[rows].astype(np.int64)], canonical, min_coverage=0.3)
+
+    def seq(r: np.ndarray) -> np.ndarray:
+        return mapping[trace.gpu.name_id[r].astype(np.int64)]
+
+    stable = data_independent([seq(r) for r in alike]) if alike and len(alike) > 1 else None
+    found = count_layers(seq(rows), canonical, stable)
+    if found.count is None and stable is not None:  # too few names run alike in every step: leave out the varying
+        found = count_layers(seq(rows), canonical, varying=data_dependent([seq(r) for r in alike]))
+    return found
 
 
 def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
@@ -169,7 +182,10 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     categories.sort(key=lambda c: -c.ms_per_step)
 
     typical = decode[len(decode) // 2] if decode else None
-    found = infer_layers(trace, typical.rows) if typical is not None else Layers(None, "no step")
+    spread = [decode[i].rows for i in np.linspace(0, len(decode) - 1, min(SAME_PHASE_STEPS, len(decode))).astype(int)]
+    found = infer_layers(trace, typical.rows, spread) if typical is not None else Layers(None, "no step")
+    if steps.workload == "training":  # forward and backward both run per layer: no count of forward layers yet
+        found = Layers(None, "training iterations: forward and backward layers are not told apart")
     return Breakdown(
         decode_count=len(steps.decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
         prefill_ms_each=[s.wall_ns / 1e6 for s in steps.prefill],
@@ -178,7 +194,7 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
         launch_us_per_kernel=_launch_cost_us(trace, links, rows), categories=categories, kernels=kernels,
         layers=found.count, layers_evidence=found.evidence, longest_gaps=_longest_gaps(trace, decode),
         phase=phase, counts=_counts(steps), ms_each=_ms_each(steps), layer_kinds=found.kinds,
-        layer_starts=found.starts, typical_step=len(decode) // 2 if decode else None,
+        layer_starts=found.starts, typical_step=len(decode) // 2 if decode else None, layer_kind_of=found.kind_of,
     )
 
 

@@ -43,7 +43,7 @@ def is_training(trace: Trace) -> bool:
 
 @dataclass(frozen=True)
 class StepTokens:
-    gemm_rows: int | None  # median rows (tokens) of the step's projection GEMMs
+    gemm_rows: int | None  # the most rows (tokens) a projection GEMM of the step sees
     query_len: int | None  # attention query tokens per sequence
     kv_len: int | None
     batch: int | None  # sequences, from the attention op
@@ -87,7 +87,8 @@ def step_tokens(trace: Trace, links: Links, rows: np.ndarray) -> StepTokens:
                 kv.append(shapes[1][seq_dim])
                 batch.append(shapes[0][0])
     head = max(widths)[1] if widths else None
-    return StepTokens(_median(gemm), _median(query), _median(kv), _median(batch), head)
+    # The most rows any projection sees: the tokens of the step (an eager MoE layer's experts see fewer, each).
+    return StepTokens(max(gemm) if gemm else None, _median(query), _median(kv), _median(batch), head)
 
 
 def _median(values: list[int]) -> int | None:

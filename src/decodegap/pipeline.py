@@ -195,7 +195,8 @@ def layer_rows(trace: Trace, steps: Steps, b: Breakdown) -> list[dict]:
         seg = rows[lo:hi]
         t0 = int(gpu.ts_ns[seg[0]])
         t1 = int(gpu.ts_ns[rows[hi]]) if hi < len(rows) else int(gpu.end_ns[seg].max())
-        out.append({"index": i, "kind": i % kinds, "start_ms": _r((t0 - step.start_ns) / 1e6),
+        kind = b.layer_kind_of[i] if i < len(b.layer_kind_of) else i % kinds
+        out.append({"index": i, "kind": kind, "start_ms": _r((t0 - step.start_ns) / 1e6),
                     "ms": _r((t1 - t0) / 1e6), "gpu_ms": _r(gpu.dur_ns[seg].sum() / 1e6)})
     return out
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from decodegap.layer_count import LayerKind, describe_kinds
+
 REGULAR = 0.1  # an anchor's spacing may vary this much (relative) and still count as regular
 SIMILAR_SUBBLOCKS = 0.6  # kernel-mix overlap above which k sub-blocks of a block are k layers of a few kinds
 
@@ -93,12 +95,6 @@ def backers(anchors: list[Anchor], a: Anchor, count_slack: int = 0) -> list[Anch
 def mix_overlap(a: Counter, b: Counter) -> float:
     shared = sum(min(count, b[key]) for key, count in a.items())
     return shared / max(sum(a.values()), sum(b.values()), 1)
-
-
-@dataclass(frozen=True)
-class LayerKind:
-    count: int
-    markers: tuple[str, ...]  # kernels that only this kind of layer runs
 
 
 @dataclass(frozen=True)
@@ -192,14 +188,3 @@ def _kinds(seq, coarse_group: list[Anchor], fine: Anchor, k: int, names) -> list
         markers[slot].append(label)
     per_kind = total // k
     return [LayerKind(per_kind + (1 if i < total - per_kind * k else 0), tuple(m)) for i, m in enumerate(markers)]
-
-
-def describe_kinds(kinds: list[LayerKind]) -> str:
-    def label(kind: LayerKind) -> str:
-        return ", ".join(short(m) for m in kind.markers) if kind.markers else "the common kernels only"
-
-    return f"{len(kinds)} alternating kinds: " + "; ".join(f"{kind.count} with {label(kind)}" for kind in kinds)
-
-
-def short(name: str, limit: int = 48) -> str:
-    return name if len(name) <= limit else name[:limit - 3] + "..."

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from decodegap import forward_anchors
+from decodegap.forward_anchors import FAMILIES, lost_launches
 from decodegap.phase import is_training, phase_from_tokens, step_tokens, widest_gemm_rows
 from decodegap.repetition import (
     REGULAR,
@@ -25,10 +27,12 @@ from decodegap.repetition import (
     backers,
     find_layers,
     mix_overlap,
+    name_classes,
     normalized_ids,
     regular_anchors,
     smallest_period,
 )
+from decodegap.errors import UserError
 from decodegap.step_marks import FAMILY_ORDER, StepMark, step_marks
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace
@@ -39,7 +43,7 @@ PARTIAL = 0.9  # an edge step with fewer than this share of the typical step's a
 
 # Stable ids of the evidence (docs/report-schema.md lists them).
 SOURCES = ("profiler_step", "profiler_step_gpu", "profiler_step_cpu_only", "sglang_step", "vllm_execute",
-           "graph_launch", "kernel_repetition", "whole_trace", "none")
+           "graph_launch", *(f"anchor_{f}" for f in FAMILIES), "kernel_repetition", "whole_trace", "none")
 
 
 @dataclass(frozen=True)
@@ -99,12 +103,40 @@ class _Piece:
     end_ns: int
     rows: np.ndarray
     mark: StepMark | None = None
+    whole: bool = False  # the evidence says it is a whole forward (its edges were checked against the window)
+    host_span: tuple[int, int] | None = None  # the host time it covers, when the evidence says (anchor to anchor)
 
 
 def find_steps(trace: Trace, links: Links) -> Steps:
+    steps = _find_steps(trace, links)
+    if trace.truncated and trace.known_until_ns is not None and not steps.steps:
+        raise UserError(f"{trace.path}: {_cut_words(trace, links)}")
+    return steps
+
+
+def _cut_words(trace: Trace, links: Links) -> str:
+    """What a cut file kept: its kernels against those its CPU side launched (the launches the file lost, estimated
+    from its CPU ops after the cut and what each op of that name launched before it)."""
+    ops, cut = trace.cpu_ops, trace.known_until_ns
+    before = ops.ts_ns <= cut
+    linked = links.op_idx[links.op_idx >= 0]
+    kernels_per_op = np.bincount(ops.name_id[linked], minlength=len(trace.names)).astype(float)
+    ops_before = np.bincount(ops.name_id[before], minlength=len(trace.names))
+    rate = np.divide(kernels_per_op, ops_before, out=np.zeros(len(trace.names)), where=ops_before > 0)
+    lost = int(round(rate[ops.name_id[~before]].sum())) + len(lost_launches(trace))
+    kept = len(trace.gpu)
+    held = (f"{kept} of the about {kept + lost} kernels its CPU side launched are in the file" if kept and lost else
+            f"none of the GPU work its {len(ops.ts_ns)} CPU ops launched is in the file")
+    return (f"truncated ({trace.truncated}): {held}, and no step ends before the cut (Kineto writes the GPU events "
+            "after the CPU ops): capture again and let the profiler finish writing the file")
+
+
+def _find_steps(trace: Trace, links: Links) -> Steps:
     training = is_training(trace)
     marks = step_marks(trace.annotations)
     found = _from_marks(trace, links, marks) if trace.has_gpu else None
+    if found is None and not trace.has_gpu and trace.truncated and trace.known_until_ns is not None:
+        return Steps([], "none", "the file ends before its GPU events", "training" if training else "inference")
     if found is None and not trace.has_gpu:
         cpu = [m for m in marks.get("profiler_step", []) if not m.on_gpu]
         steps = [Step(i, "training" if training else "decode", m.ts_ns, m.end_ns, np.empty(0, np.int64), label=m.name)
@@ -115,9 +147,9 @@ def find_steps(trace: Trace, links: Links) -> Steps:
     if found is None and len(trace.gpu) < 6:
         return Steps([], "none", "too few GPU events to find steps", "training" if training else "inference")
     if found is None:
-        found = _from_launches_or_repetition(trace, links)
-    pieces, source, detail, warnings = found
-    return _classify(trace, links, pieces, source, detail, warnings, training)
+        found = _from_launches_or_repetition(trace, links, training)
+    pieces, source, detail, warnings, *dropped = found
+    return _classify(trace, links, pieces, source, detail, warnings, training, sum(dropped))
 
 
 # --- 1. annotations -------------------------------------------------------------------------------------------
@@ -146,7 +178,7 @@ def _from_marks(trace: Trace, links: Links, marks: dict[str, list[StepMark]]):
         if family == "profiler_step" and not is_training(trace):
             pieces, split = _split_multi_forward(pieces, trace, links)
             if split:
-                detail += f"; {split} of them hold several forwards each, cut by the repeating kernel sequence"
+                detail += f"; {split} of them hold several forwards each, cut at the once-per-forward work"
         if pieces:
             return pieces, source, detail, warnings
     return None
@@ -161,7 +193,18 @@ def _split_multi_forward(pieces: list[_Piece], trace: Trace, links: Links) -> tu
     head = widest_gemm_rows(trace, links)
     end = trace.gpu.end_ns
     out, split = [], 0
+    seq, canonical = _name_sequence(trace)
+    anchors_of = forward_anchors.TraceAnchors.of(trace, links, training=False)
     for p in pieces:
+        window = (p.mark.ts_ns, p.mark.end_ns) if p.mark else None
+        several = window is not None and anchors_of.count_in(*window) >= 2
+        by_anchor = forward_anchors.cut(anchors_of, p.rows, seq, canonical, window=window) if several else None
+        if by_anchor is not None and len(by_anchor.pieces) >= 2:
+            split += 1
+            out.extend(_Piece(int(trace.gpu.ts_ns[r[0]]), int(end[r].max()), r, whole=True,
+                              host_span=(max(lo, p.mark.ts_ns), min(hi, p.mark.end_ns)))
+                       for r, (lo, hi) in zip(by_anchor.pieces, by_anchor.spans, strict=True))
+            continue
         starts = _unit_starts(graph_of[p.rows])
         tokens = _unit_tokens(names[p.rows], graph_of[p.rows], starts)
         cut = (_cut_by_repetition(tokens, gaps[p.rows][starts], names[p.rows], starts,
@@ -264,7 +307,28 @@ def _cross_check(pieces: list[_Piece], gpu_marks: list[StepMark], warnings: list
 
 # --- 2. graph launches, 3. repetition ---------------------------------------------------------------------------
 
-def _from_launches_or_repetition(trace: Trace, links: Links):
+def _name_sequence(trace: Trace) -> tuple[np.ndarray, list[str]]:
+    """A normalised name id per GPU row (compiler-numbered names made equal), and those names."""
+    mapping, canonical = name_classes(trace.names)
+    return mapping[trace.gpu.name_id.astype(np.int64)], canonical
+
+
+def _from_anchors(trace: Trace, links: Links, training: bool):
+    seq, canonical = _name_sequence(trace)
+    found = forward_anchors.cut(forward_anchors.TraceAnchors.of(trace, links, training), np.arange(len(trace.gpu)),
+                                seq, canonical)
+    if found is None:
+        return None
+    pieces = [_Piece(int(trace.gpu.ts_ns[r[0]]), int(trace.gpu.end_ns[r].max()), r, whole=True, host_span=span)
+              for r, span in zip(found.pieces, found.spans, strict=True)]
+    warnings = list(found.warnings)
+    if found.partial:
+        warnings.append(f"{len(found.partial)} partial forward(s) at the capture's edges were left out: "
+                        + "; ".join(found.partial))
+    return pieces, f"anchor_{found.family.id}", found.detail, warnings, len(found.partial)
+
+
+def _from_launches_or_repetition(trace: Trace, links: Links, training: bool = False):
     gpu = trace.gpu
     seq_rows = normalized_ids(trace.names, gpu.name_id)
     graph_of = np.where(links.from_graph, links.runtime_idx, -1)
@@ -280,9 +344,13 @@ def _from_launches_or_repetition(trace: Trace, links: Links):
         piece = _Piece(int(gpu.ts_ns[0]), int(end.max()), rows)
         return [piece], "graph_launch", f"one {runtime} graph replays {int((graph_of >= 0).sum())} of the " \
                                          f"{n_rows} GPU activities: one forward", []
-    cut = _cut_by_repetition(tokens, gaps, seq_rows, unit_start, widest_gemm_rows(trace, links))
-    if cut is None and len(replays) > 1:
-        cut = _one_forward_per_replay(tokens, gaps, seq_rows, unit_start, graph_of)
+    # Graph replays that each hold a whole forward are the steps; piecewise replays are grouped by the anchors.
+    cut = _one_forward_per_replay(tokens, gaps, seq_rows, unit_start, graph_of) if len(replays) > 1 else None
+    if cut is None:
+        by_anchor = _from_anchors(trace, links, training)
+        if by_anchor is not None:
+            return by_anchor
+        cut = _cut_by_repetition(tokens, gaps, seq_rows, unit_start, widest_gemm_rows(trace, links))
     if cut is None:
         piece = _Piece(int(gpu.ts_ns[0]), int(end.max()), np.arange(n_rows))
         return [piece], "whole_trace", "no repeating kernel sequence: the whole trace is one step", [
@@ -446,12 +514,12 @@ def _forward_boundaries(seq: np.ndarray, gaps: np.ndarray, anchor: Anchor) -> np
 # --- phase, edges, checks --------------------------------------------------------------------------------------
 
 def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, detail: str, warnings: list[str],
-              training: bool) -> Steps:
+              training: bool, dropped_before: int = 0) -> Steps:
     workload = "training" if training else "inference"
     if not pieces:
         return Steps([], source, detail, workload, 0, warnings)
     names = normalized_ids(trace.names, trace.gpu.name_id)
-    from_sequence = source in ("kernel_repetition", "graph_launch")
+    from_sequence = source in ("kernel_repetition", "graph_launch")  # cut by counts: fragments to mend
     if from_sequence:
         pieces = _split_overlong(pieces, names, trace)
     tokens = [step_tokens(trace, links, p.rows) for p in pieces]
@@ -461,26 +529,32 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
                 for p, t in zip(pieces, tokens, strict=True)]
     if from_sequence:
         pieces, tokens, evidence = _merge_fragments(pieces, tokens, evidence, trace)
+    pieces, tokens, evidence, incomplete = _drop_incomplete(trace, links, pieces, tokens, evidence)
+    if not pieces:
+        return Steps([], source, detail, workload, dropped_before + len(incomplete),
+                     warnings + [_incomplete_words(incomplete)])
     lengths = np.array([len(p.rows) for p in pieces])
     typical_len = float(np.median(lengths))
     reference = Counter(names[pieces[int(np.argsort(lengths)[len(lengths) // 2])].rows].tolist())
     typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
-    steps, dropped, notes = [], 0, []
+    steps, dropped, notes = [], dropped_before, []
     for i, (p, t, phase) in enumerate(zip(pieces, tokens, evidence, strict=True)):
         mix = Counter(names[p.rows].tolist())
-        overlap = mix_overlap(mix, reference)
         contained = sum(min(c, reference[k]) for k, c in mix.items()) / max(len(p.rows), 1)
         at_edge = i in (0, len(pieces) - 1) and len(pieces) > 1
         cut_off = len(p.rows) < PARTIAL * typical_len and (contained >= 0.95 or (
             phase is None and len(p.rows) < 0.5 * typical_len))
-        if at_edge and cut_off and not (p.mark and p.mark.phase):
+        if at_edge and cut_off and not p.whole and p.mark is None:
             dropped += 1
             where = "first" if i == 0 else "last"
             notes.append(f"{p.mark.name if p.mark else 'the ' + where + ' step'} ({where} in the trace): "
                          f"{len(p.rows)} of the typical {typical_len:.0f} GPU activities")
             continue
         if phase is None:  # no annotation or shapes say: a longer step with another kernel mix is a prefill
-            other = overlap < SAME_MIX and len(p.rows) >= 0.5 * typical_len and p.end_ns - p.start_ns > typical_wall
+            # which kernels it runs, not how often: an eager MoE step runs its experts' kernels more or fewer times
+            kinds = set(mix)
+            alike = len(kinds & set(reference)) / max(len(kinds | set(reference)), 1)
+            other = alike < SAME_MIX and len(p.rows) >= 0.5 * typical_len and p.end_ns - p.start_ns > typical_wall
             phase = "prefill" if other else "decode"
         if training:
             phase = "training"
@@ -491,10 +565,46 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
         steps.append(Step(len(steps), phase, p.start_ns, p.end_ns, p.rows, batch, n_tokens,
                           p.mark.name if p.mark else None))
     if notes:
-        warnings.append(f"{dropped} partial step(s) at the trace edges were left out: " + "; ".join(notes))
+        warnings.append(f"{len(notes)} partial step(s) at the trace edges were left out: " + "; ".join(notes))
+    if incomplete:
+        warnings.append(_incomplete_words(incomplete))
+        dropped += len(incomplete)
     rows = np.concatenate([s.rows for s in steps]) if steps else np.empty(0, np.int64)
     graphs = len(np.unique(links.runtime_idx[rows][links.from_graph[rows]]))
     return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
+
+
+def _drop_incomplete(trace: Trace, links: Links, pieces: list[_Piece], tokens: list, evidence: list):
+    """Steps some of whose launches have no GPU work in the trace (the capture or the file ended before it was
+    written) are partial: left out, with what is missing. A step's launches are those in its annotation's span, or
+    from its first launch to the next step's."""
+    lost = lost_launches(trace)
+    known_until = trace.known_until_ns
+    if not len(lost) and known_until is None:
+        return pieces, tokens, evidence, []
+    when = forward_anchors.launch_times(trace, links)
+    firsts = [int(when[p.rows].min()) if when is not None and len(p.rows) else p.start_ns for p in pieces]
+    lasts = [int(when[p.rows].max()) if when is not None and len(p.rows) else p.end_ns for p in pieces]
+    keep, incomplete = [], []
+    for i, p in enumerate(pieces):
+        lo, hi = p.host_span or ((p.mark.ts_ns, p.mark.end_ns) if p.mark else (
+            firsts[i], firsts[i + 1] - 1 if i + 1 < len(pieces) else forward_anchors.NEVER_AFTER))
+        if hi == forward_anchors.NEVER_AFTER:  # nothing closes the last step: it ends with its last launch
+            hi = lasts[i]
+        missing = int(np.searchsorted(lost, hi, side="right") - np.searchsorted(lost, lo, side="left"))
+        beyond = known_until is not None and hi > known_until  # the file ends before its launches do
+        (incomplete.append((p, missing, beyond)) if missing or beyond else keep.append(i))
+    return ([pieces[i] for i in keep], [tokens[i] for i in keep], [evidence[i] for i in keep], incomplete)
+
+
+def _incomplete_words(incomplete: list) -> str:
+    names = [p.mark.name if p.mark else f"the step at {p.start_ns / 1e6:.3f} ms" for p, _, _ in incomplete]
+    missing = sum(m for _, m, _ in incomplete)
+    cut = sum(b for _, _, b in incomplete)
+    why = "; ".join(w for w in (f"{missing} launches without their kernels" if missing else "",
+                                f"{cut} run past where the file ends" if cut else "") if w)
+    return (f"{len(incomplete)} step(s) whose GPU work is not all in the trace were left out as partial "
+            f"({', '.join(names[:3])}{' and others' if len(names) > 3 else ''}: {why})")
 
 
 def _runtime(trace: Trace) -> str:

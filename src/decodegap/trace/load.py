@@ -60,7 +60,6 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 # Kineto writes the CPU ops first and the GPU activities (with the runtime calls) after them, not in time order: a
 # cut file may hold the whole CPU side and only the start of the GPU timeline. It is analyzed only when the GPU
 # timeline reaches this share of the window the CPU side spans; otherwise its steps would come out short or empty.
-SALVAGE_COVERAGE = 0.98
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_PATTERNS = (
@@ -366,9 +365,10 @@ def load_trace(path: str | Path) -> Trace:
     return trace
 
 
-def gpu_coverage(trace: Trace) -> float | None:
-    """How much of the CPU side's window (its CPU ops and CPU annotations, which Kineto writes first) the GPU data
-    is known to cover; None when there is no CPU side to compare with. The GPU data reaches only as far as
+def gpu_reach(trace: Trace) -> tuple[int, int, int] | None:
+    """(start, end, reach): the CPU side's window (its CPU ops and CPU annotations, which Kineto writes first) and how
+    far into it the GPU data is known to reach; None when there is no CPU side to compare with. The GPU data reaches
+    only as far as
     - the last GPU activity's end;
     - the first launch whose GPU activity is missing (a CPU that runs ahead launches work the file lost);
     - when some GPU activity has lost its launch record, the last runtime call's end: the runtime calls are
@@ -380,7 +380,7 @@ def gpu_coverage(trace: Trace) -> float | None:
     ends = ([int((ops.ts_ns + ops.dur_ns).max())] if len(ops.ts_ns) else []) + [a.ts_ns + a.dur_ns for a in marks]
     start, end = min(starts), max(ends)
     if not len(trace.gpu):
-        return 0.0
+        return start, end, start
     reach = int(trace.gpu.end_ns.max())
     rt, gpu = trace.runtime, trace.gpu
     if len(rt.ts_ns):
@@ -388,29 +388,39 @@ def gpu_coverage(trace: Trace) -> float | None:
         lost = np.isin(rt.name_id, launch_ids) & (rt.correlation >= 0) & ~np.isin(rt.correlation, gpu.correlation)
         if lost.any():
             reach = min(reach, int(rt.ts_ns[lost].min()))
+        reach = min(reach, int((rt.ts_ns + rt.dur_ns).max()))  # later launches were cut with the GPU events
     orphans = (gpu.correlation >= 0) & ~np.isin(gpu.correlation, rt.correlation)
     if orphans.any():
         reach = min(reach, int((rt.ts_ns + rt.dur_ns).max()) if len(rt.ts_ns) else start)
+    return start, end, reach
+
+
+def gpu_coverage(trace: Trace) -> float | None:
+    """The share of the CPU side's window that the GPU data is known to cover (gpu_reach)."""
+    found = gpu_reach(trace)
+    if found is None:
+        return None
+    start, end, reach = found
     if end <= start:
         return 1.0 if reach >= end else 0.0
     return min(max((reach - start) / (end - start), 0.0), 1.0)
 
 
 def _salvage_truncated(trace: Trace, reason: str) -> None:
-    """Keep a cut trace only when its GPU timeline covers (nearly) the whole profiled window; say how much."""
+    """A cut trace keeps what is whole before the cut: the steps stage keeps only the steps that end before the
+    host time up to which launches are known (`known_until_ns`), and refuses the file when none does."""
+    trace.truncated = reason
     expects_gpu = trace.has_gpu or len(trace.runtime.ts_ns) > 0 or trace.device_name is not None
-    coverage = gpu_coverage(trace) if expects_gpu else None
-    if coverage is None:
+    found = gpu_reach(trace) if expects_gpu else None
+    if found is None:
         trace.warnings.append(f"the trace is truncated ({reason}); the events before the cut were analyzed")
         return
-    percent = int(coverage * 100)  # rounded down: 97.9% must not read as 98%
-    if coverage < SALVAGE_COVERAGE:
-        raise UserError(f"{trace.path}: truncated: GPU events cover {percent}% of the profiled window ({reason}; "
-                        "Kineto writes the GPU timeline after the CPU ops, so the steps would come out wrong)")
-    reach = int(trace.gpu.end_ns.max())
-    trace.annotations = [a for a in trace.annotations if a.ts_ns + a.dur_ns <= reach]
-    trace.warnings.append(f"the trace is truncated ({reason}); GPU events cover {percent}% of the profiled window, "
-                          "the steps before the cut were analyzed")
+    start, end, reach = found
+    trace.known_until_ns = reach
+    percent = int(gpu_coverage(trace) * 100)  # rounded down: 97.9% must not read as 98%
+    trace.annotations = [a for a in trace.annotations if a.on_gpu or a.ts_ns <= reach]
+    trace.warnings.append(f"the trace is truncated ({reason}); its GPU events reach {percent}% of the profiled "
+                          "window: only the steps that end before the cut are analyzed")
 
 
 def _is_trace_file(path: Path) -> bool:

@@ -136,6 +136,8 @@ class Trace:
     origin_ns: int  # absolute time of t=0 (baseTimeNanoseconds-relative when the trace had it)
     record_meta: dict | None = None  # what `decodegap record` stored (unprofiled step time, ...)
     warnings: list[str] = field(default_factory=list)
+    truncated: str | None = None  # why the file ends early (its JSON or gzip stream is cut), None when whole
+    known_until_ns: int | None = None  # in a cut file: how far on the host its launches are known
 
     @property
     def has_gpu(self) -> bool:

@@ -1,0 +1,271 @@
+"""Forward boundaries from work that happens once per forward, in time: the step finder's rule where no engine
+annotation or graph replay says where a step is.
+
+Every causal LM forward looks its input tokens up in the embedding table first and ends with the output head (the
+widest GEMM, N = the vocabulary) and, in a generate loop, sampling (argmax / multinomial); compiled forwards run as
+one compiled call; training iterations end with an optimizer step. Those are the anchors, in this order of trust
+(`FAMILIES`). Each anchor is a time on the host (the CPU op, or the launch of its kernel), and every GPU activity
+belongs to the forward its launch falls in, so eager MoE layers that launch a different number of kernels every step
+cut nothing. An anchor family is used only when the forwards it cuts agree on their layer count; the others cross-check
+it. A forward at the edge of the capture is partial only when the window cut it: per-layer work before the first
+anchor (a forward the capture began inside), fewer layers or no output head after the last one (the capture ended
+inside it), or launches whose GPU work is not in the trace."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from decodegap.layer_count import count_layers, data_dependent
+from decodegap.phase import widest_gemm_rows
+from decodegap.trace.link import Links
+from decodegap.trace.tables import Trace
+
+GROUP_GAP = 0.25  # occurrences closer than this share of the widest spacing (in launches) are one anchor (wte + wpe)
+MAX_CHECKED = 12  # interior forwards whose layer count is checked (evenly spread): a 3,000-step trace stays fast
+
+NEVER_BEFORE, NEVER_AFTER = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+_COMPILED_CALL = ("## Call CompiledFxGraph", "Torch-Compiled Region", "CompiledFunction")
+
+
+@dataclass(frozen=True)
+class Family:
+    id: str  # stable: embedding | lm_head | sampling | compiled_call | optimizer_step (docs/report-schema.md)
+    role: str  # "start": a forward begins at it; "end": a forward ends after it
+    words: str
+
+
+FAMILIES = {
+    "optimizer_step": Family("optimizer_step", "end", "optimizer steps"),
+    "embedding": Family("embedding", "start", "embedding lookups"),
+    "compiled_call": Family("compiled_call", "start", "compiled-graph calls"),
+    "lm_head": Family("lm_head", "end", "output-head GEMMs (the widest GEMM)"),
+    "sampling": Family("sampling", "end", "sampling ops (argmax / multinomial)"),
+}
+INFERENCE_ORDER = ("embedding", "lm_head", "sampling", "compiled_call")
+TRAINING_ORDER = ("optimizer_step", "embedding")
+
+
+@dataclass
+class AnchorCut:
+    pieces: list[np.ndarray]  # GPU rows of each whole forward, in order
+    family: Family
+    detail: str
+    partial: list[str] = field(default_factory=list)  # why each left-out edge piece is partial
+    warnings: list[str] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)  # host time each forward covers (anchor to anchor)
+
+
+def launch_times(trace: Trace, links: Links) -> np.ndarray | None:
+    """Per GPU row, when it was launched on the host; rows with no launch record take their GPU-order neighbour's.
+    None when no row has a launch record."""
+    when = np.full(len(trace.gpu), -1, dtype=np.int64)
+    has = links.runtime_idx >= 0
+    if not has.any():
+        return None
+    when[has] = trace.runtime.ts_ns[links.runtime_idx[has]]
+    idx = np.where(has, np.arange(len(when)), -1)
+    np.maximum.accumulate(idx, out=idx)
+    first = int(np.flatnonzero(has)[0])
+    idx[:first] = first
+    return when[idx]
+
+
+def occurrences(trace: Trace, links: Links, family: str, rows: np.ndarray) -> np.ndarray:
+    """Host times of a family's occurrences among `rows` (start times for a start anchor, end times for an end one)."""
+    names = trace.names
+    if family == "optimizer_step":
+        return np.array(sorted(a.ts_ns + a.dur_ns for a in trace.annotations if not a.on_gpu
+                               and a.name.startswith("Optimizer.step#")), dtype=np.int64)
+    if family == "compiled_call":
+        return np.array(sorted(a.ts_ns for a in trace.annotations if not a.on_gpu
+                               and a.name.startswith(_COMPILED_CALL)), dtype=np.int64)
+    ops = trace.cpu_ops
+    if family in ("embedding", "sampling"):
+        wanted = {"embedding": ("aten::embedding",), "sampling": ("aten::argmax", "aten::multinomial")}[family]
+        ids = [i for i, n in enumerate(names) if n in wanted]
+        hit = np.isin(ops.name_id, ids)
+        if hit.any():
+            t = ops.ts_ns[hit] if family == "embedding" else ops.ts_ns[hit] + ops.dur_ns[hit]
+            return np.sort(t)
+        if family == "embedding":  # no CPU op (a compiled forward): kernels named for the embedding
+            kernel_ids = [i for i, n in enumerate(names) if "embedding" in n.lower() and "backward" not in n.lower()]
+            return _launches_of(trace, links, rows[np.isin(trace.gpu.name_id[rows], kernel_ids)])
+        return np.empty(0, np.int64)
+    if family == "lm_head":
+        head = widest_gemm_rows(trace, links)
+        return _launches_of(trace, links, rows[head[rows]]) if head is not None else np.empty(0, np.int64)
+    raise ValueError(family)
+
+
+def lost_launches(trace: Trace) -> np.ndarray:
+    """Host times of the launches whose GPU work the capture ended before: calls of a launching kind (one that
+    launched some GPU activity of this trace) whose correlation no GPU activity carries, made after the last launch
+    whose GPU work is in the trace. Records lost inside the window (profilers drop a few) cut no step."""
+    rt, gpu = trace.runtime, trace.gpu
+    if not len(rt.ts_ns) or not len(gpu):
+        return np.empty(0, np.int64)
+    has_gpu = np.isin(rt.correlation, gpu.correlation) & (rt.correlation >= 0)
+    if not has_gpu.any():
+        return np.empty(0, np.int64)
+    launching = np.isin(rt.name_id, np.unique(rt.name_id[has_gpu]))
+    lost = launching & ~has_gpu & (rt.correlation >= 0) & (rt.ts_ns > rt.ts_ns[has_gpu].max())
+    return np.sort(rt.ts_ns[lost])
+
+
+def _launches_of(trace: Trace, links: Links, rows: np.ndarray) -> np.ndarray:
+    rt = links.runtime_idx[rows]
+    rt = rt[rt >= 0]
+    return np.sort(trace.runtime.ts_ns[rt]) if len(rt) else np.empty(0, np.int64)
+
+
+def group(times: np.ndarray, sorted_when: np.ndarray) -> np.ndarray:
+    """Occurrences with (almost) no launches between them are one anchor (GPT-2's token and position embeddings):
+    the first time of each group."""
+    if len(times) < 2:
+        return times
+    launches = np.diff(np.searchsorted(sorted_when, times))
+    widest = launches.max()
+    if widest == 0:
+        return times[:1]
+    keep = np.concatenate(([True], launches >= GROUP_GAP * widest))
+    return times[keep]
+
+
+@dataclass(frozen=True)
+class TraceAnchors:
+    """What the anchors need of a trace, found once: each GPU row's launch time, each family's occurrence times."""
+
+    when: np.ndarray | None  # launch_times
+    times: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, trace: Trace, links: Links, training: bool) -> TraceAnchors:
+        when = launch_times(trace, links)
+        rows = np.arange(len(trace.gpu))
+        order = TRAINING_ORDER if training else INFERENCE_ORDER
+        times = {fid: occurrences(trace, links, fid, rows) for fid in order} if when is not None else {}
+        return cls(when, {fid: t for fid, t in times.items() if len(t)})
+
+    def count_in(self, lo: int, hi: int) -> int:
+        """The most occurrences any family has in [lo, hi]: a span with fewer than two holds one forward at most."""
+        return max((int(np.searchsorted(t, hi, "right") - np.searchsorted(t, lo, "left"))
+                    for t in self.times.values()), default=0)
+
+
+def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list[str],
+        window: tuple[int, int] | None = None) -> AnchorCut | None:
+    """The forwards among `rows` (sorted GPU rows), from the most trusted anchor family whose forwards agree on their
+    layer count (`seq`: a normalised name id per GPU row of the trace, `names` those names); None when no family
+    does. `window`: the host time span the rows were taken from (a step annotation's); anchors outside it are not
+    this span's."""
+    if anchors_of.when is None or len(rows) < 2:
+        return None
+    when = anchors_of.when[rows]
+    sorted_when = np.sort(when)
+    found: dict[str, np.ndarray] = {}
+    for fid, times in anchors_of.times.items():
+        family = FAMILIES[fid]
+        # An anchor after the last launch (or before the first) holds nothing, but it closes (opens) the forward
+        # next to it: a file cut short keeps its CPU ops, and the forward the cut fell in must end where its
+        # successor begins, not at its last launch the file kept.
+        times = _with_closing(times, sorted_when, family.role)
+        if window is not None:
+            times = times[(times >= window[0]) & (times <= window[1])]
+        if not len(times):
+            continue
+        found[fid] = group(times, sorted_when) if family.role == "start" else _group_end(times, sorted_when)
+    for fid, anchors in found.items():
+        result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names)
+        if result is not None:
+            others = [f"{len(a)} {FAMILIES[o].words}" for o, a in found.items() if o != fid]
+            result.detail = (f"{len(anchors)} {FAMILIES[fid].words} mark the forwards"
+                             + (f" (also seen: {', '.join(others)})" if others else ""))
+            return result
+    return None
+
+
+def _with_closing(times: np.ndarray, sorted_when: np.ndarray, role: str) -> np.ndarray:
+    if role == "start":
+        after = np.flatnonzero(times > sorted_when[-1])
+        return times[: after[0] + 1] if len(after) else times
+    before = np.flatnonzero(times < sorted_when[0])
+    return times[before[-1]:] if len(before) else times
+
+
+def _group_end(times: np.ndarray, sorted_when: np.ndarray) -> np.ndarray:
+    """Like group, for end anchors: the last time of each group."""
+    if len(times) < 2:
+        return times
+    launches = np.diff(np.searchsorted(sorted_when, times))
+    widest = launches.max()
+    if widest == 0:
+        return times[-1:]
+    keep = np.concatenate((launches >= GROUP_GAP * widest, [True]))
+    return times[keep]
+
+
+def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Family, seq: np.ndarray,
+            names: list[str]) -> AnchorCut | None:
+    # A start anchor opens a forward (its own launches belong to it); an end anchor (an op's end) closes one: a
+    # launch at or before it is inside the forward it closes.
+    opens = family.role == "start"
+    index = np.searchsorted(anchors, when, side="right" if opens else "left")
+    order = np.argsort(index, kind="stable")  # launch order may differ from GPU order across streams
+    bounds = np.searchsorted(index[order], np.arange(len(anchors) + 2), side="left")
+    pieces = [np.sort(rows[order[bounds[i]:bounds[i + 1]]]) for i in range(len(anchors) + 1)]
+    edges = np.concatenate(([NEVER_BEFORE], anchors, [NEVER_AFTER]))
+    spans = [(int(edges[i]), int(edges[i + 1])) for i in range(len(pieces))]  # host time each piece covers
+    # Start anchors: the piece before the first is outside every forward; the last forward runs to the capture's end.
+    # End anchors: the piece after the last is outside; the first forward runs from the capture's start.
+    inner = range(1, len(pieces)) if opens else range(len(pieces) - 1)
+    out_i = 0 if opens else len(pieces) - 1
+    body = [(pieces[i], spans[i]) for i in inner if len(pieces[i])]
+    if not body:
+        return None
+    picks = _spread(len(body))
+    interior = [i for i in picks if 0 < i < len(body) - 1]
+    varying = data_dependent([seq[body[i][0]] for i in (interior if len(interior) >= 2 else picks)])
+    checked = {i: count_layers(seq[body[i][0]], names, varying=varying) for i in picks}
+    typical = Counter(f.count for f in checked.values() if f.count).most_common(1)
+    if not typical:
+        return None
+    layers = typical[0][0]
+    if any(f.count != layers for i, f in checked.items() if 0 < i < len(body) - 1):
+        return None  # the anchor does not fall once per forward
+    per_layer = next(set(f.backers) for f in checked.values() if f.count == layers)
+    edge = len(body) - 1 if opens else 0  # the forward the window may have cut
+    partial = []
+    if len(body) > 1 and checked[edge].count != layers:
+        partial.append(f"the {'last' if opens else 'first'} forward shows {checked[edge].count or 'no'} layers, "
+                       f"not {layers}: the capture {'ended' if opens else 'began'} inside it")
+        body = body[:-1] if opens else body[1:]
+    outside = pieces[out_i]
+    if len(outside):
+        if _holds_layer_work(seq[outside], per_layer):
+            what = family.words.split(" (")[0]
+            partial.append(f"{len(outside)} GPU activities {'before the first' if opens else 'after the last'} of "
+                           f"the {what} run per-layer kernels: a forward the capture "
+                           f"{'began' if opens else 'ended'} inside")
+        elif opens:  # the first forward's preparation
+            (r, (lo, hi)) = body[0]
+            body[0] = (np.concatenate([outside, r]), (spans[out_i][0], hi))
+        else:  # bookkeeping after the last forward's output
+            (r, (lo, hi)) = body[-1]
+            body[-1] = (np.concatenate([r, outside]), (lo, spans[out_i][1]))
+    if not body:
+        return None
+    return AnchorCut([r for r, _ in body], family, "", partial, spans=[span for _, span in body])
+
+
+def _spread(n: int) -> list[int]:
+    """The edge forwards and up to MAX_CHECKED interior ones, evenly spread."""
+    interior = np.linspace(1, n - 2, num=min(MAX_CHECKED, n - 2)).round().astype(int).tolist() if n > 2 else []
+    return sorted({0, n - 1, *interior})
+
+
+def _holds_layer_work(seq: np.ndarray, per_layer: set[int]) -> bool:
+    """A piece outside the anchors holds (part of) a layer when it runs most of the kernels each layer runs once."""
+    return len(per_layer & set(seq.tolist())) >= max(1, len(per_layer) / 2)

@@ -1,0 +1,230 @@
+"""Layers inside a forward, counted from the per-layer work that does not depend on the data.
+
+A decoder layer runs the same attention, norms and projections whatever the tokens are; an eager MoE layer adds a
+launch group per expert that got tokens, so kernel counts and positions shift from layer to layer and step to step.
+So layers are read from counts, not from a repeating sequence:
+- a name is data-independent when it runs the same number of times in every forward of one phase (with one forward
+  to look at, every name is taken as such);
+- a candidate layer count c is one that at least two such names share *and* interleave on: occurrence j of each
+  falls in block j (the blocks begin at the earliest of them);
+- the layer count is the candidate that explains the most kernels (names running a fixed k times in every block):
+  a norm that runs 2L+1 times does not make half-layers, an eager MoE's expert groups do not make layers; a block of
+  k alike sub-blocks is k alternating layers;
+- unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
+  the names that recur per layer (present in more than a quarter of the layers) are one kind; one line per kind.
+The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MIN_BACKERS = 2  # names that must agree on a layer count (then the count that explains the most kernels wins)
+SIMILAR_SUBBLOCKS = 0.6  # kernel-mix overlap above which k sub-blocks of a block are k alternating layers
+EDGE_FUSED_NAMES = 2  # names an edge layer may differ by from its neighbour and still be of its kind
+KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    count: int
+    markers: tuple[str, ...]  # kernels that only this kind of layer runs
+
+
+@dataclass(frozen=True)
+class Layers:
+    count: int | None
+    evidence: str
+    period: float = 0.0  # mean activities per layer
+    first: int = 0  # first and last position of a layer kernel in the forward: the layer region
+    last: int = 0
+    kinds: list[LayerKind] = field(default_factory=list)
+    starts: tuple[int, ...] = ()  # where each layer begins in the forward (its earliest per-layer kernel)
+    kind_of: tuple[int, ...] = ()  # per layer: index into kinds (empty with one kind)
+    backers: tuple[int, ...] = ()  # the name ids that counted the layers
+
+
+NO_LAYERS = Layers(None, "no per-layer work found: no kernel runs the same number of times in every layer")
+
+
+def data_independent(forwards: list[np.ndarray]) -> set[int] | None:
+    """Names that run equally often in every forward given (None: one forward, nothing to compare)."""
+    if len(forwards) < 2:
+        return None
+    counts = [Counter(f.tolist()) for f in forwards]
+    names = set(counts[0]).intersection(*counts[1:])
+    return {n for n in names if len({c[n] for c in counts}) == 1}
+
+
+def data_dependent(forwards: list[np.ndarray]) -> set[int]:
+    """Names whose count differs between forwards that run them (an eager MoE layer's per-expert launches); names
+    only some forwards run (a prefill's attention kernel) are not counted against."""
+    seen: dict[int, set[int]] = {}
+    for f in forwards:
+        for n, c in Counter(f.tolist()).items():
+            seen.setdefault(n, set()).add(c)
+    return {n for n, c in seen.items() if len(c) > 1}
+
+
+def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[int] | None = None,
+                 varying: set[int] = frozenset()) -> Layers:
+    """The layers of one forward (`seq`: a name id per GPU activity, in order); `stable`: the data-independent names
+    (from data_independent), None to take every name but those in `varying` (from data_dependent)."""
+    if len(seq) < 4:
+        return NO_LAYERS
+    ids = seq.astype(np.int64)
+    order = np.argsort(ids, kind="stable")
+    counts = np.bincount(ids)
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    positions = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts >= 2)}
+    if stable is not None:
+        positions = {n: p for n, p in positions.items() if n in stable}
+    elif varying:
+        positions = {n: p for n, p in positions.items() if n not in varying}
+    by_count: dict[int, list[int]] = {}
+    for n, p in positions.items():
+        by_count.setdefault(len(p), []).append(n)
+    candidates = {}
+    for c, group in by_count.items():
+        if len(group) < MIN_BACKERS or c * 2 > len(seq):
+            continue
+        backers = _interleaved(group, positions)
+        if len(backers) >= MIN_BACKERS:
+            cuts = np.array([positions[n] for n in backers]).min(axis=0)  # each block from its earliest backer
+            candidates[c] = _Blocks(c, cuts, backers, _periodic(positions, cuts))
+    if not candidates:
+        return NO_LAYERS
+    # The layer count explains the most kernels: a half-layer count (2L+1 norms) leaves the per-layer work out.
+    best = max(candidates.values(), key=lambda b: (b.explained, b.count))
+    best = _finer(best, candidates, ids)
+    return _layers(best, ids, positions, names)
+
+
+@dataclass(frozen=True)
+class _Blocks:
+    count: int
+    cuts: np.ndarray  # where each block begins (its earliest backer)
+    backers: list[int]  # names running once per block
+    periodic: dict[int, int]  # names running k times in every block: name -> k
+
+    @property
+    def explained(self) -> int:
+        """The kernels that run a fixed number of times in every block."""
+        return sum(k * self.count for k in self.periodic.values())
+
+
+def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray) -> dict[int, int]:
+    """Names whose count is a multiple k of the blocks' and that run exactly k times in every layer: name -> k.
+    A name that runs before the cut inside its layer (the projections before the attention that cut the blocks) has
+    its first layer's occurrences before the first cut and none after the last one."""
+    c = len(cuts)
+    out = {}
+    for n, p in positions.items():
+        if len(p) % c:
+            continue
+        k = len(p) // c
+        per_block = np.bincount(np.searchsorted(cuts, p, side="right"), minlength=c + 1)  # [before, block 0..c-1]
+        aligned = per_block[0] == 0 and (per_block[1:] == k).all()
+        ahead = per_block[-1] == 0 and (per_block[:-1] == k).all()
+        if aligned or ahead:
+            out[n] = k
+    return out
+
+
+def _finer(best: _Blocks, candidates: dict[int, _Blocks], ids: np.ndarray) -> _Blocks:
+    """Blocks of k alike sub-blocks are k layers (of alternating kinds); a block of unlike halves (attention and MLP,
+    cut by the norms between them) stays one layer."""
+    for c in sorted((c for c in candidates if c > best.count and c % best.count == 0), reverse=True):
+        fine = candidates[c]
+        k = c // best.count
+        cuts = fine.cuts
+        sims = []
+        for b in range(best.count):
+            subs = cuts[b * k:(b + 1) * k]
+            last_block = (b + 1) * k >= len(cuts)
+            stop = int(subs[-1] + (subs[-1] - subs[0]) / max(k - 1, 1)) if last_block else int(cuts[(b + 1) * k])
+            bounds = list(subs.tolist()) + [stop]
+            mixes = [Counter(ids[lo:hi].tolist()) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+            sims.append(min(_overlap(mixes[0], m) for m in mixes[1:]))
+        if float(np.median(sims)) >= SIMILAR_SUBBLOCKS:
+            return fine
+    return best
+
+
+def _overlap(a: Counter, b: Counter) -> float:
+    shared = sum(min(count, b[key]) for key, count in a.items())
+    return shared / max(sum(a.values()), sum(b.values()), 1)
+
+
+def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None) -> Layers:
+    c = blocks.count
+    # Layer j begins at the earliest first-in-layer-j occurrence of any per-layer name.
+    starts = np.min([positions[n][::k] for n, k in blocks.periodic.items()], axis=0)
+    last = int(max(int(positions[n][-1]) for n in blocks.periodic))
+    period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
+    # The last layer runs as long as a typical one: its work after the last per-layer kernel (the MoE block after the
+    # norm that counted it) is still the layer's, not the once-per-forward tail.
+    typical = int(np.median(np.diff(starts))) if c > 1 else last + 1 - int(starts[0])
+    ends = np.append(starts[1:], min(max(last + 1, int(starts[-1]) + typical), len(ids)))
+    kinds, kind_of = _kinds(ids, starts, ends, positions, names)
+    evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
+    if len(kinds) > 1:
+        evidence += "; " + describe_kinds(kinds)
+    return Layers(c, evidence, period, int(starts[0]), last, kinds, tuple(int(s) for s in starts),
+                  tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers))
+
+
+def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[int]:
+    """The names of `group` (each running c times) that fall once into each of c blocks, the blocks cut at the
+    occurrences of one of them, for the cutting name that keeps the most."""
+    best: list[int] = []
+    for s in sorted(group, key=lambda n: int(positions[n][0])):
+        cuts = positions[s]
+        kept = [n for n in group if np.array_equal(np.searchsorted(cuts, positions[n], side="right") - 1,
+                                                    np.arange(len(cuts)))]
+        if len(kept) > len(best):
+            best = kept
+    return best
+
+
+def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dict[int, np.ndarray],
+           names: list[str] | None) -> tuple[list[LayerKind], list[int]]:
+    n_layers = len(starts)
+    present = [frozenset(ids[lo:hi].tolist()) for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)]
+    # The names that recur per layer (run at least twice in the forward) and are run by enough of its layers.
+    share = Counter(n for s in present for n in s if n in positions)
+    telling = {n for n, k in share.items() if KIND_PRESENCE * n_layers < k < n_layers}
+    signatures = [s & telling for s in present]
+    # The first and last layer border the once-per-forward work, which compilers and engines fuse into them (the
+    # embedding with the first norm): a lone edge layer a name or two off its neighbour is that neighbour's kind.
+    for edge in (0, n_layers - 1):
+        if n_layers < 3 or signatures.count(signatures[edge]) > 1:
+            continue
+        others = [sig for i, sig in enumerate(signatures) if sig != signatures[edge] and i not in (0, n_layers - 1)]
+        closest = min(others, key=lambda sig: len(sig ^ signatures[edge]), default=None)
+        if closest is not None and len(closest ^ signatures[edge]) <= EDGE_FUSED_NAMES:
+            signatures[edge] = closest
+    index: dict[frozenset, int] = {}
+    kind_of = [index.setdefault(sig, len(index)) for sig in signatures]
+    kinds = []
+    for k in range(len(index)):
+        mine = [present[i] for i in range(n_layers) if kind_of[i] == k]
+        theirs = [present[i] for i in range(n_layers) if kind_of[i] != k]
+        own = frozenset.intersection(*mine) - frozenset().union(*theirs) if theirs else frozenset()
+        first_at = {n: int(np.flatnonzero(ids == n)[0]) for n in own}
+        labels = tuple(names[n] if names else str(n) for n in sorted(own, key=first_at.get)[:4])
+        kinds.append(LayerKind(len(mine), labels))
+    return kinds, kind_of
+
+
+def describe_kinds(kinds: list[LayerKind]) -> str:
+    def label(kind: LayerKind) -> str:
+        return ", ".join(short(m) for m in kind.markers) if kind.markers else "the common kernels only"
+
+    return f"{len(kinds)} kinds of layer: " + "; ".join(f"{kind.count} with {label(kind)}" for kind in kinds)
+
+
+def short(name: str, limit: int = 48) -> str:
+    return name if len(name) <= limit else name[:limit - 3] + "..."

@@ -1,0 +1,138 @@
+"""Steps from once-per-forward evidence (issue 20), on hand-built forwards whose truth the generator tags into every
+event (`args.tracegen_forward`): eager MoE forwards that launch a different number of kernels each, unlike layers,
+deep stacks, cut windows and cut files. The real-trace classes run on the corpus (test_accuracy_corpus.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from decodegap.errors import UserError
+from decodegap.pipeline import analyze_path
+from decodegap.report.json import report_dict
+from tracegen import engine_forwards, kineto_order, write
+
+H200 = Path(__file__).parent / "fixtures" / "traces" / "gpu_h200"
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _d(path) -> dict:
+    return report_dict(analyze_path(path))
+
+
+def _counts(d: dict) -> dict:
+    return {p: c for p in ("decode", "prefill", "mixed", "training") if (c := d["steps"][p]["count"])}
+
+
+def _kernels_per_forward(doc: dict) -> list[int]:
+    tags = Counter(e["args"]["tracegen_forward"] for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    return [tags[f] for f in sorted(tags)]
+
+
+def _kinds(d: dict) -> list[int]:
+    return sorted(k["count"] for k in d["layer_kinds"]) or [d["layers"]]
+
+
+def test_eager_moe_forwards_launch_different_counts_and_all_are_kept(tmp_path):
+    doc = engine_forwards(forwards=9, layers=6, moe_from=1, phases=("prefill",) + ("decode",) * 8, batch=2)
+    per_forward = _kernels_per_forward(doc)
+    assert len(set(per_forward[1:])) > 1  # the data decides how many kernels each decode forward launches
+    d = _d(write(doc, tmp_path / "moe.json"))
+    assert _counts(d) == {"prefill": 1, "decode": 8}
+    assert d["steps"]["dropped_partial"] == 0 and d["steps"]["source"] == "anchor_embedding"
+    assert d["layers"] == 6 and _kinds(d) == [1, 5]  # one dense layer, five MoE layers
+    assert d["steps"]["decode"]["ms_each"] and len(d["step_rows"]) == 9
+
+
+def test_unlike_layers_are_counted_per_kind(tmp_path):
+    doc = engine_forwards(forwards=4, layers=8, moe_from=3, batch=1)
+    d = _d(write(doc, tmp_path / "dense_moe.json"))
+    assert _counts(d) == {"decode": 4} and d["layers"] == 8 and _kinds(d) == [3, 5]
+    kinds = {r["kind"] for r in d["layer_rows"]}
+    assert len(d["layer_rows"]) == 8 and len(kinds) == 2
+    assert [r["kind"] for r in d["layer_rows"]][:3] == [d["layer_rows"][0]["kind"]] * 3  # the dense ones first
+
+
+def test_a_deep_eager_stack_without_markers_is_cut_into_its_forwards(tmp_path):
+    d = _d(write(engine_forwards(forwards=8, layers=48, batch=1), tmp_path / "deep.json"))
+    assert _counts(d) == {"decode": 8} and d["layers"] == 48 and _kinds(d) == [48]
+
+
+def test_training_without_profiler_steps_counts_optimizer_steps(tmp_path):
+    doc = json.loads(gzip.open(H200 / "train_steps.json.gz").read())
+    truth = json.loads((H200 / "train_steps.truth.json").read_text())
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    d = _d(write(doc, tmp_path / "train.json"))
+    assert d["workload"] == "training" and d["steps"]["source"] == "anchor_optimizer_step"
+    assert _counts(d) == {"training": truth["steps"]["training"]} == {"training": 3}
+
+
+def _without_forward_part(doc: dict, forward: int, keep_first: bool) -> dict:
+    """The capture window cut inside a forward: its GPU and host events from its middle on (or up to it) removed."""
+    mine = [e for e in doc["traceEvents"] if e.get("args", {}).get("tracegen_forward") == forward and "ts" in e]
+    middle = sorted(e["ts"] for e in mine)[len(mine) // 2]
+    gone = {id(e) for e in mine if (e["ts"] >= middle) == keep_first}
+    return doc | {"traceEvents": [e for e in doc["traceEvents"] if id(e) not in gone]}
+
+
+@pytest.mark.parametrize("begin_cut,end_cut", [(True, False), (False, True), (True, True)])
+def test_only_forwards_the_window_cut_are_partial(tmp_path, begin_cut, end_cut):
+    forwards = 7
+    doc = engine_forwards(forwards=forwards, layers=6, moe_from=2, batch=2)
+    if begin_cut:
+        doc = _without_forward_part(doc, 0, keep_first=False)
+    if end_cut:
+        doc = _without_forward_part(doc, forwards - 1, keep_first=True)
+    d = _d(write(doc, tmp_path / "window.json"))
+    whole = forwards - begin_cut - end_cut
+    assert _counts(d) == {"decode": whole} and d["steps"]["dropped_partial"] == begin_cut + end_cut
+    assert d["layers"] == 6
+
+
+def _cut_text(doc: dict, keep_gpu_events: int) -> bytes:
+    """Kineto's order and layout, cut right after the first `keep_gpu_events` GPU-side events."""
+    events = kineto_order(doc)["traceEvents"]
+    lines, seen = [], 0
+    for i, e in enumerate(events):
+        lines.append(json.dumps(e))
+        if e.get("cat") not in ("cpu_op", "user_annotation"):
+            seen += 1
+            if seen == keep_gpu_events:
+                lines.append(json.dumps(events[i + 1])[:20])  # the file ends inside the next event
+                break
+    return ('{\n  "schemaVersion": 1,\n  "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}],\n  "traceEvents": [\n'
+            + ",\n".join("  " + line for line in lines)).encode()
+
+
+def test_a_cut_file_keeps_only_the_steps_whose_launches_all_have_kernels(tmp_path):
+    doc = engine_forwards(forwards=6, layers=6, moe_from=1, batch=2)
+    gpu_side = [e for e in kineto_order(doc)["traceEvents"] if e.get("cat") not in ("cpu_op", "user_annotation")]
+    keep = int(len(gpu_side) * 0.6)
+    kept = gpu_side[:keep]
+    # the generator's truth: a forward is whole when every kernel and launch it made is before the cut
+    whole = sum(all(e in kept for e in gpu_side if e["args"]["tracegen_forward"] == f) for f in range(6))
+    assert 0 < whole < 5
+    path = tmp_path / "cut.json"
+    path.write_bytes(_cut_text(doc, keep))
+    d = _d(path)
+    assert _counts(d) == {"decode": whole}
+    assert any("truncated" in w for w in d["warnings"])
+
+
+def test_a_cut_file_with_no_whole_step_is_refused_with_the_figures(tmp_path):
+    doc = engine_forwards(forwards=6, layers=6, moe_from=1, batch=2)
+    gpu_side = [e for e in kineto_order(doc)["traceEvents"] if e.get("cat") not in ("cpu_op", "user_annotation")]
+    first_forward = sum(e["args"]["tracegen_forward"] == 0 for e in gpu_side)
+    path = tmp_path / "cut.json"
+    path.write_bytes(_cut_text(doc, first_forward // 2))
+    kernels_kept = sum(e.get("cat") == "kernel" for e in gpu_side[:first_forward // 2])
+    with pytest.raises(UserError, match=rf"truncated .*: {kernels_kept} of the about \d+ kernels"):
+        analyze_path(path)
+    run = subprocess.run([sys.executable, "-m", "decodegap", "analyze", str(path)], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
