@@ -1,0 +1,1482 @@
+"""Make decodegap's accuracy corpus (issue 20): real torch.profiler (Kineto) traces of HF transformers decode and
+training loops, each with a truth file written by this generator (never by decodegap).
+
+Every `<name>.json.gz` has a `<name>.truth.json` beside it. The truth comes from hooks and loop counters:
+- a forward pre-hook and a forward hook on the model count its forwards and time them (time.time_ns(), converted to
+  the trace's own clock: ns after the trace's top-level `baseTimeNanoseconds`), with batch, tokens per sequence, the
+  KV length before the forward (from the cache: prefill when it was empty, decode for 1 token per sequence with a
+  cache, extend otherwise), and whether the profiler was recording when the forward began and when it ended (a
+  forward that the capture window cuts is `partial_at_edges`, one wholly inside counts in `steps`);
+- hooks on the decoder-layer modules count layers per forward (one eager forward); `layer_kinds` groups the layers
+  by the classes of their submodules (dense MLP vs MoE block, conv vs attention);
+- the loops count training iterations, CUDA-graph replays and profiler steps;
+- after export the generator reads the written trace back (raw events, no decodegap) for what only it can tell:
+  kernels launched inside each forward's CPU span, the clock alignment, marker counts.
+
+Loops (one function each, `LOOPS`): eager greedy generate; batched generate with left padding and sampling;
+torch.compile'd forward (generate or a hand loop, compilation warmed up outside the trace); static cache + CUDA graph
+replays; hand-written decode loops (argmax, with or without `.item()`); profiler schedules with prof.step() once per
+forward (hand loop, or from a forward hook inside generate) and one ProfilerStep around a whole generate(); training
+(forward + backward + AdamW) with ProfilerStep and with no marker; a deep eager stack without markers; windows that
+start and stop inside a forward (prof.start()/prof.stop() from a decoder-layer hook); `decodegap record` on an
+unmodified script; and cut files (a whole trace's JSON text truncated at a byte offset).
+
+Every trace is rewritten by scripts/trim_trace.py (every event kept except flow arrows and python_function; the args
+Concrete Inputs, Input Strides, Ev Idx, Record function id dropped) and gzipped; one over the size limit is captured
+again with fewer steps (the truth says so in `size_fit`).
+
+Run on a CUDA machine (torch + transformers 5.x; decodegap importable for the record traces, e.g. PYTHONPATH=src):
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --jobs 4          # the whole corpus, 4 processes on one GPU
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --only llama_eager_generate qwen3_cudagraph
+    python3 scripts/make_accuracy_corpus.py --list
+    python3 scripts/make_accuracy_corpus.py --table tests/fixtures/traces/corpus   # the README's table rows
+Smoke-test the logic on a CPU (CPU activity only, tiny sizes; CUDA-graph loops run their static loop eagerly):
+    python3 scripts/make_accuracy_corpus.py /tmp/corpus --device cpu --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRIM = os.path.join(HERE, "trim_trace.py")
+REPO = os.path.dirname(HERE)
+VOCAB = 4096
+PROMPT = 16
+LIMIT_BYTES = 650_000  # one gzipped trace: the size fit aims under this (the brief: ~700 kB)
+TOTAL_LIMIT = 25_000_000  # the whole corpus folder
+RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+SMOKE = False  # --smoke: tiny sizes for the CPU check
+
+
+# models --------------------------------------------------------------------------------------------------------
+DENSE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=VOCAB, max_position_embeddings=512)
+SMALL = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=VOCAB, max_position_embeddings=512)
+
+# family -> (config class, config kwargs, what it is, notes); layers are set per trace
+FAMILIES: dict[str, tuple[str, dict, str]] = {
+    "llama": ("LlamaConfig", dict(DENSE), "dense GQA (Llama)"),
+    "qwen2": ("Qwen2Config", dict(DENSE), "dense GQA with q/k/v bias (Qwen2)"),
+    "qwen3": ("Qwen3Config", dict(DENSE, head_dim=64), "dense GQA with q/k norms (Qwen3)"),
+    "mistral": ("MistralConfig", dict(DENSE, sliding_window=None), "dense GQA (Mistral)"),
+    "phi3": ("Phi3Config", dict(DENSE, pad_token_id=0), "dense, fused qkv and gate_up projections (Phi-3)"),
+    "gpt2": ("GPT2Config", dict(n_embd=256, n_head=4, n_positions=512, vocab_size=VOCAB),
+             "GPT-2: learned positions, Conv1D projections, LayerNorm, GELU MLP"),
+    "gpt_neox": ("GPTNeoXConfig", dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                       vocab_size=VOCAB, max_position_embeddings=512),
+                 "GPT-NeoX: parallel attention + MLP, fused qkv, LayerNorm"),
+    "mixtral": ("MixtralConfig", dict(SMALL, num_local_experts=8, num_experts_per_tok=2),
+                "eager MoE, 8 experts top-2, a loop over the experts that got tokens (Mixtral)"),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(SMALL, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+                                         shared_expert_intermediate_size=256),
+                  "eager MoE with a gated shared expert (Qwen2-MoE)"),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(SMALL, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                                         moe_intermediate_size=128),
+                  "eager MoE, 8 experts top-2 (Qwen3-MoE)"),
+    "olmoe": ("OlmoeConfig", dict(SMALL, num_experts=8, num_experts_per_tok=2), "eager MoE (OLMoE)"),
+    "deepseek_v3": ("DeepseekV3Config", dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
+                                             num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                                             n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                             first_k_dense_replace=1, kv_lora_rank=64, q_lora_rank=96,
+                                             qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
+                                             vocab_size=VOCAB, max_position_embeddings=512),
+                    "MLA attention; first_k_dense_replace dense layers, then eager MoE layers (DeepSeek-V3)"),
+    "gemma2": ("Gemma2Config", dict(DENSE, head_dim=64, sliding_window=8),
+               "alternating sliding (window 8) / full attention, logit soft-capping (Gemma 2)"),
+    "gemma3": ("Gemma3TextConfig", dict(DENSE, head_dim=64, sliding_window=8),
+               "5 sliding (window 8) : 1 full attention, q/k norms (Gemma 3 text)"),
+    "gpt_oss": ("GptOssConfig", dict(hidden_size=128, intermediate_size=128, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
+                                     sliding_window=8, vocab_size=VOCAB, max_position_embeddings=512),
+                "alternating sliding/full attention with sinks (eager attention) + eager MoE (GPT-OSS)"),
+    "lfm2": ("Lfm2Config", dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512),
+             "hybrid: short-convolution layers and attention layers (LFM2): unlike layers"),
+    "qwen3_next": ("Qwen3NextConfig", dict(SMALL, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                                           linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32,
+                                           linear_value_head_dim=32),
+                   "hybrid: gated-delta-net linear attention (torch fallback) 3 : 1 full attention, eager MoE "
+                   "(Qwen3-Next): unlike layers"),
+    "jamba": ("JambaConfig", dict(SMALL, num_experts=4, num_experts_per_tok=2, attn_layer_period=4,
+                                  attn_layer_offset=2, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8,
+                                  mamba_dt_rank=8, use_mamba_kernels=False),
+              "hybrid: Mamba mixers (torch path) with attention every 4th layer, eager MoE every 2nd (Jamba): three "
+              "kinds of layer"),
+    "glm4_moe": ("Glm4MoeConfig", dict(SMALL, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                                       moe_intermediate_size=128, first_k_dense_replace=1, n_group=1, topk_group=1),
+                 "first_k_dense_replace dense layer, then eager MoE with a shared expert, GQA attention (GLM-4.5)"),
+    "starcoder2": ("Starcoder2Config", dict(DENSE), "LayerNorm, biases, GELU MLP (StarCoder2)"),
+    "granite": ("GraniteConfig", dict(DENSE), "Llama layout with embedding/residual/logit multipliers (Granite)"),
+    "olmo2": ("Olmo2Config", dict(DENSE), "post-attention / post-MLP norms, q/k norms (OLMo 2)"),
+    "phimoe": ("PhimoeConfig", dict(SMALL, num_local_experts=8, num_experts_per_tok=2),
+               "eager MoE with sparsemixer routing, LayerNorm (Phi-3.5-MoE)"),
+}
+MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "qwen3_next", "jamba", "glm4_moe",
+       "phimoe"}
+EAGER_ATTENTION = {"gpt_oss"}  # no SDPA path in transformers 5.17
+
+
+def family_config(family: str, layers: int):
+    import transformers
+
+    cname, kw, _ = FAMILIES[family]
+    kw = dict(kw)
+    if family == "gpt2":
+        kw["n_layer"] = layers
+    else:
+        kw["num_hidden_layers"] = layers
+    if family == "lfm2":  # attention at every other layer, the conv layers between
+        kw["layer_types"] = ["conv" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if family == "qwen3_next":
+        kw["layer_types"] = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+    return getattr(transformers, cname)(**kw)
+
+
+def build(family: str, layers: int, device: str, experts: str = "eager"):
+    """Random weights from a tiny config (no downloads); bf16 on CUDA; SDPA (eager attention for GPT-OSS); MoE
+    experts on transformers' eager path (a Python loop over the experts that got tokens) unless `experts` says."""
+    torch.backends.cuda.enable_cudnn_sdp(False)  # cuDNN SDPA re-plans on every new KV length (~50 ms GPU idle)
+    from transformers import AutoModelForCausalLM
+
+    config = family_config(family, layers)
+    torch.manual_seed(0)
+    kw = {"attn_implementation": "eager" if family in EAGER_ATTENTION else "sdpa"}
+    if family in MOE:
+        kw["experts_implementation"] = experts
+    model = AutoModelForCausalLM.from_config(config, **kw)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = model.to(device=device, dtype=dtype).eval()
+    if family in MOE:
+        got = getattr(model.config, "_experts_implementation", None)
+        assert got == experts, f"{family}: experts implementation {got}, wanted {experts}"
+    return model
+
+
+def decoder_layers(model) -> list:
+    n = model.config.num_hidden_layers
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) == n and name.rsplit(".", 1)[-1] in ("layers", "h"):
+            return list(m)
+    raise RuntimeError(f"no decoder-layer list of {n} in {type(model).__name__}")
+
+
+def layer_info(model, device: str) -> dict:
+    """Decoder-layer calls in one eager forward (hooks on the decoder-layer modules) and the layers grouped by the
+    (submodule name, class) pairs inside them."""
+    layers = decoder_layers(model)
+    calls = []
+    handles = [m.register_forward_hook(lambda *a: calls.append(1)) for m in layers]
+    with torch.no_grad():
+        model(input_ids=torch.randint(0, VOCAB, (1, 4), device=device))
+    for h in handles:
+        h.remove()
+    sigs = [tuple(sorted((n, type(s).__name__) for n, s in m.named_modules() if n)) for m in layers]
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(sigs):
+        groups.setdefault(s, []).append(i)
+    common = set.intersection(*(set(s) for s in groups)) if groups else set()
+    detail = [{"count": len(idx), "layers": idx, "class": type(layers[idx[0]]).__name__,
+               "own_submodules": sorted({f"{n}:{c}" for n, c in sig} - {f"{n}:{c}" for n, c in common})[:12]}
+              for sig, idx in groups.items()]
+    cfg = model.config
+    info = {k: getattr(cfg, k) for k in ("layer_types", "first_k_dense_replace", "sliding_window", "num_experts",
+                                         "n_routed_experts", "num_local_experts", "num_experts_per_tok",
+                                         "decoder_sparse_step", "mlp_only_layers")
+            if getattr(cfg, k, None) is not None}
+    return {"layers": len(calls), "layer_kinds": sorted(len(v) for v in groups.values()),
+            "layer_kind_detail": detail, "config_info": info, "model_class": type(model).__name__,
+            "decoder_layer_modules": len(layers)}
+
+
+def prompt(batch: int, device: str, length: int = PROMPT) -> torch.Tensor:
+    return torch.randint(1, VOCAB, (batch, length), device=device)
+
+
+def activities(device: str):
+    return [ProfilerActivity.CPU, ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+# truth: forwards -----------------------------------------------------------------------------------------------
+@dataclass
+class Fwd:
+    batch: int
+    tokens: int
+    cached_before: int
+    phase: str
+    t0: int
+    rec0: bool
+    ep0: int
+    t1: int = 0
+    rec1: bool = False
+    ep1: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class ForwardLog:
+    """Forwards of the model, timed by a pre-hook and a hook, with the profiler's recording state at both ends.
+
+    `rec` is True while the profiler records; every change of it bumps `epoch`. A forward is whole when it began
+    and ended while recording with no change in between; partial when the state changed during it."""
+
+    def __init__(self, model=None, training: bool = False):
+        self.rec = False
+        self.epoch = 0
+        self.forwards: list[Fwd] = []
+        self.training = training
+        self.cached_override = None  # callable -> int, for caches whose length lives on the device
+        if model is not None:
+            model.register_forward_pre_hook(self.pre, with_kwargs=True, prepend=True)
+            model.register_forward_hook(self.post, always_call=True)
+
+    def set_rec(self, value: bool) -> None:
+        if value != self.rec:
+            self.rec = value
+            self.epoch += 1
+
+    def pre(self, module, args, kwargs):
+        t0 = time.time_ns()
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs["inputs_embeds"]
+        past = kwargs.get("past_key_values")
+        if self.cached_override is not None:
+            cached = self.cached_override()
+        elif past is None:
+            cached = 0
+        else:
+            cached = past.get_seq_length()
+            if isinstance(cached, torch.Tensor):
+                raise RuntimeError("cache length on the device: would sync; set cached_override")
+        cached, tokens = int(cached), int(ids.shape[1])
+        if self.training:
+            phase = "training"
+        else:
+            phase = "prefill" if cached == 0 else ("decode" if tokens == 1 else "extend")
+        self.forwards.append(Fwd(int(ids.shape[0]), tokens, cached, phase, t0, self.rec, self.epoch))
+
+    def post(self, module, args, output):
+        f = self.forwards[-1]
+        f.t1, f.rec1, f.ep1 = time.time_ns(), self.rec, self.epoch
+
+    def add(self, batch, tokens, cached, phase, t0, t1, rec0, ep0, **extra) -> None:
+        """A forward the hooks do not see (a CUDA-graph replay, a training iteration)."""
+        self.forwards.append(Fwd(batch, tokens, cached, phase, t0, rec0, ep0, t1, self.rec, self.epoch, extra))
+
+    def clear(self) -> None:
+        self.forwards.clear()
+
+    def split(self):
+        whole = [f for f in self.forwards if f.rec0 and f.rec1 and f.ep0 == f.ep1]
+        partial = [f for f in self.forwards if f.ep0 != f.ep1]
+        return whole, partial
+
+
+def steps_of(forwards) -> dict:
+    return dict(Counter(f.phase for f in forwards))
+
+
+# save and read back --------------------------------------------------------------------------------------------
+def versions() -> dict:
+    import transformers
+
+    v = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if torch.cuda.is_available():
+        v["gpu"] = torch.cuda.get_device_name()
+    return v
+
+
+def trim(raw: str, gz: str) -> None:
+    subprocess.run([sys.executable, TRIM, raw, gz, "--window", "0", "1e30"], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def load_doc(path: str) -> dict:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def read_back(path: str, forwards: list[Fwd]) -> dict:
+    """What the written trace holds, read from its raw events: the clock base, marker counts, and per forward the
+    runtime launches inside its CPU span and how many of them have their GPU activity (same correlation)."""
+    doc = load_doc(path)
+    base = int(doc.get("baseTimeNanoseconds", 0))
+    events = doc["traceEvents"]
+    gpu_corr = Counter()
+    for e in events:
+        if e.get("cat") in GPU_CATS and "correlation" in e.get("args", {}):
+            gpu_corr[e["args"]["correlation"]] += 1
+    launches = sorted((e["ts"], e["args"]["correlation"]) for e in events
+                      if e.get("cat") in LAUNCH_CATS and isinstance(e.get("args"), dict)
+                      and "correlation" in e["args"] and e["args"]["correlation"] in gpu_corr)
+    cpu_ops = sorted(e["ts"] for e in events if e.get("cat") == "cpu_op")
+    import bisect
+
+    rows = []
+    lts = [t for t, _ in launches]
+    for f in forwards:
+        s_us, e_us = (f.t0 - base) / 1000.0, (f.t1 - base) / 1000.0
+        i, j = bisect.bisect_left(lts, s_us), bisect.bisect_right(lts, e_us)
+        k = bisect.bisect_left(cpu_ops, s_us)
+        first_op = cpu_ops[k] - s_us if k < len(cpu_ops) and cpu_ops[k] <= e_us else None
+        rows.append({"kernels": sum(gpu_corr[c] for _, c in launches[i:j]), "launches_with_gpu_work": j - i,
+                     "first_cpu_op_after_start_us": None if first_op is None else round(first_op, 3)})
+    marks = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"]
+    graphs = [e for e in events if e.get("cat") == "cuda_runtime" and "GraphLaunch" in str(e.get("name", ""))]
+    return {"base": base, "rows": rows, "record_shapes_header": doc.get("record_shapes"),
+            "in_trace": {"profiler_step_cpu": sum(e.get("cat") == "user_annotation" for e in marks),
+                         "profiler_step_gpu": sum(e.get("cat") == "gpu_user_annotation" for e in marks),
+                         "cuda_graph_launches": len(graphs),
+                         "gpu_activities": sum(e.get("cat") in GPU_CATS for e in events),
+                         "kernels": sum(e.get("cat") == "kernel" for e in events),
+                         "cpu_ops": len(cpu_ops), "events": len(events)},
+            "decodegap_record": doc.get("decodegap_record")}
+
+
+def each_forward(forwards: list[Fwd], whole, partial, base: int, rows: list) -> list:
+    out = []
+    for f, r in zip(forwards, rows, strict=True):
+        where = "whole" if f in whole else ("partial" if f in partial else "outside")
+        d = {"batch": f.batch, "tokens": f.tokens, "cached_before": f.cached_before, "phase": f.phase,
+             "window": where, "cpu_start_ns": f.t0 - base, "cpu_end_ns": f.t1 - base}
+        for k, v in f.extra.items():
+            if k.endswith("_ns_abs"):
+                d[k[: -len("_abs")]] = v - base  # in the trace's clock too
+            else:
+                d[k] = v
+        d.update(r)
+        out.append(d)
+    return out
+
+
+def save(prof, out_dir: str, name: str, log: ForwardLog, truth: dict, raw_path: str | None = None) -> int:
+    """Export (or take `raw_path`), trim, gzip; write the truth file. Returns the gzipped size."""
+    gz = os.path.join(out_dir, f"{name}.json.gz")
+    if raw_path is None:
+        raw_path = os.path.join(out_dir, f"{name}.raw.json")
+        prof.export_chrome_trace(raw_path)
+    truth["exported_bytes"] = os.path.getsize(raw_path)
+    trim(raw_path, gz)
+    os.remove(raw_path)
+    whole, partial = log.split()
+    back = read_back(gz, log.forwards)
+    truth["steps"] = steps_of(whole)
+    truth["partial_at_edges"] = len(partial)
+    truth.setdefault("forwards_outside_window", len(log.forwards) - len(whole) - len(partial))
+    truth["batch"] = sorted({f.batch for f in whole}) or sorted({f.batch for f in log.forwards})
+    truth["tokens_per_forward"] = {ph: sorted({f.batch * f.tokens for f in whole if f.phase == ph})
+                                   for ph in truth["steps"]}
+    truth["each_forward"] = each_forward(log.forwards, whole, partial, back["base"], back["rows"])
+    w = [r for f, r in zip(log.forwards, back["rows"], strict=True) if f in whole]
+    truth["kernels_per_whole_forward"] = [r["kernels"] for r in w]
+    offs = [r["first_cpu_op_after_start_us"] for r in w if r["first_cpu_op_after_start_us"] is not None]
+    truth["clock_check"] = {
+        "rule": "cpu_start_ns = time.time_ns() at the forward pre-hook - baseTimeNanoseconds; Kineto ts (us) * 1000 "
+                "is on the same clock. Measured: the first cpu_op at or after each whole forward's start, in us",
+        "base_time_ns": back["base"],
+        "first_cpu_op_after_start_us": {"min": min(offs), "median": sorted(offs)[len(offs) // 2],
+                                        "max": max(offs)} if offs else None}
+    truth["in_trace"] = back["in_trace"]
+    if back["decodegap_record"] is not None:
+        truth["decodegap_record_header"] = {k: back["decodegap_record"].get(k)
+                                            for k in ("target", "warmup", "timed_steps", "steps", "record_shapes")}
+    if back["record_shapes_header"] is not None:
+        truth["record_shapes_header"] = back["record_shapes_header"]
+    truth["trace"] = f"{name}.json.gz"
+    truth["trace_gz_bytes"] = os.path.getsize(gz)
+    truth["trimmed"] = ("scripts/trim_trace.py RAW OUT --window 0 1e30: every event kept but flow arrows and "
+                        "python_function; the args Concrete Inputs, Input Strides, Ev Idx, Record function id dropped")
+    truth["made_by"] = "scripts/make_accuracy_corpus.py"
+    truth.update(versions())
+    write_truth(out_dir, name, truth)
+    print(f"{name}: {truth['trace_gz_bytes'] / 1e3:.0f} kB gz; steps {truth['steps']}; partial "
+          f"{truth['partial_at_edges']}; layers {truth.get('layers')} kinds {truth.get('layer_kinds')}; "
+          f"kernels/forward {truth['kernels_per_whole_forward'][:12]}", flush=True)
+    return truth["trace_gz_bytes"]
+
+
+def write_truth(out_dir: str, name: str, truth: dict) -> None:
+    order = ["name", "family", "loop", "workload", "record_shapes", "steps", "partial_at_edges", "layers",
+             "layer_kinds", "batch", "tokens_per_forward", "what", "how"]
+    doc = {k: truth[k] for k in order if k in truth}
+    doc.update({k: v for k, v in truth.items() if k not in doc})
+    with open(os.path.join(out_dir, f"{name}.truth.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+# the traces ----------------------------------------------------------------------------------------------------
+@dataclass
+class Spec:
+    name: str
+    family: str
+    loop: str
+    layers: int = 4
+    steps: list = field(default_factory=lambda: [10, 7, 5])  # tokens / steps to try, the first that fits
+    batch: int = 1
+    rs: bool = True  # record_shapes
+    opts: dict = field(default_factory=dict)
+    cost: float = 4.0  # seconds on the H200, for spreading the work over processes
+
+
+class Ctx:
+    def __init__(self, out_dir: str, device: str):
+        self.out_dir, self.device = out_dir, device
+
+
+def base_truth(spec: Spec, info: dict, what: str, how: str, workload: str = "inference") -> dict:
+    t = {"name": spec.name, "family": spec.family, "loop": spec.loop, "workload": workload,
+         "record_shapes": spec.rs, "what": what, "how": how, "family_is": FAMILIES[spec.family][2]}
+    t.update(info)
+    if spec.opts.get("budget_note"):
+        t["size_fit_budget"] = spec.opts["budget_note"]
+    return t
+
+
+def gen_kwargs(n: int, sample: bool = False) -> dict:
+    kw = dict(max_new_tokens=n, min_new_tokens=n, pad_token_id=0, disable_compile=True)
+    if sample:
+        kw.update(do_sample=True, top_k=50, top_p=0.9, temperature=0.8)
+    else:
+        kw.update(do_sample=False)
+    return kw
+
+
+def fit(ctx: Ctx, spec: Spec, capture) -> None:
+    """capture(n) -> (prof, log, truth, raw_path|None); the first n of spec.steps whose trace fits LIMIT_BYTES."""
+    tried = []
+    for i, n in enumerate(spec.steps):
+        prof, log, truth, raw = capture(n)
+        truth["size_knob"] = n
+        if i:
+            truth["size_fit"] = (f"size knob (tokens / steps / replays / iterations) reduced from {spec.steps[0]} to "
+                                 f"{n}: the trace at {tried} was over {LIMIT_BYTES // 1000} kB gzipped")
+        size = save(prof, ctx.out_dir, spec.name, log, truth, raw)
+        if size <= LIMIT_BYTES:
+            return
+        tried.append(n)
+    print(f"{spec.name}: still {size / 1e3:.0f} kB at the smallest knob", flush=True)
+
+
+def loop_eager_generate(ctx: Ctx, spec: Spec) -> None:
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    ids = prompt(spec.batch, ctx.device)
+    with torch.no_grad():
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(3))  # warm-up
+    sync(ctx.device)
+
+    def capture(n):
+        log.clear()
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(n))
+            sync(ctx.device)
+            log.set_rec(False)
+        return prof, log, base_truth(
+            spec, info, f"greedy model.generate(max_new_tokens={n}) at batch {spec.batch}, prompt {PROMPT} tokens, "
+                        "DynamicCache; no step markers",
+            "profile(activities=[CPU, CUDA]) around one generate(); a warm-up generate ran before"), None
+
+    fit(ctx, spec, capture)
+
+
+def padded_prompts(batch: int, device: str):
+    lengths = [PROMPT - (5 * i) % 9 for i in range(batch)]  # 16, 12, 8(+..) ...: different lengths
+    ids = torch.zeros(batch, PROMPT, dtype=torch.long, device=device)
+    mask = torch.zeros(batch, PROMPT, dtype=torch.long, device=device)
+    for b, n in enumerate(lengths):  # left padding with pad id 0
+        ids[b, PROMPT - n:] = torch.randint(1, VOCAB, (n,), device=device)
+        mask[b, PROMPT - n:] = 1
+    return ids, mask, lengths
+
+
+def loop_sample_padded(ctx: Ctx, spec: Spec) -> None:
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    ids, mask, lengths = padded_prompts(spec.batch, ctx.device)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs(3, sample=True))
+    sync(ctx.device)
+
+    def capture(n):
+        log.clear()
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs(n, sample=True))
+            sync(ctx.device)
+            log.set_rec(False)
+        t = base_truth(spec, info, f"sampling model.generate(do_sample, top_k=50, top_p=0.9, temperature=0.8, "
+                                   f"max_new_tokens={n}) at batch {spec.batch}, prompts of {lengths} tokens "
+                                   f"left-padded to {PROMPT} (attention_mask zeros)",
+                       "profile() around one generate(); a warm-up generate ran before")
+        t["prompt_lengths"] = lengths
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+
+
+def loop_compiled_generate(ctx: Ctx, spec: Spec) -> None:
+    experts = spec.opts.get("experts", "eager")
+    if ctx.device != "cuda" and experts == "grouped_mm":
+        experts = "eager"
+    model = build(spec.family, spec.layers, ctx.device, experts=experts)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    torch._dynamo.config.cache_size_limit = 64
+    model.forward = torch.compile(model.forward)  # Inductor default mode; the hooks stay outside the compiled code
+    ids = prompt(spec.batch, ctx.device)
+    mask = torch.ones_like(ids)
+    n0 = spec.steps[0]
+    t0 = time.time()
+    with torch.no_grad():
+        for _ in range(2):  # compiles prefill, first decode (static), later decodes (dynamic KV length)
+            model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs(n0))
+    sync(ctx.device)
+    print(f"{spec.name}: warm-up generates (compilation) {time.time() - t0:.1f} s", flush=True)
+
+    def capture(n):
+        log.clear()
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs(n))
+            sync(ctx.device)
+            log.set_rec(False)
+        t = base_truth(spec, info, f"torch.compile(model.forward) (Inductor, default mode); greedy generate("
+                                   f"max_new_tokens={n}) at batch {spec.batch}" +
+                       (f"; MoE experts_implementation={experts}" if spec.family in MOE else ""),
+                       "two warm-up generates compiled every graph first (compilation not in the trace); "
+                       "profile() around one generate(); layers counted in an eager forward before compiling")
+        t["experts_implementation"] = experts if spec.family in MOE else None
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+
+
+def loop_compiled_hand(ctx: Ctx, spec: Spec) -> None:
+    from transformers import DynamicCache
+
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    torch._dynamo.config.cache_size_limit = 64
+    model.forward = torch.compile(model.forward)
+    ids0 = prompt(spec.batch, ctx.device)
+
+    def run(n):
+        cache = DynamicCache(config=model.config)
+        ids = ids0
+        with torch.no_grad():
+            for _ in range(n):
+                logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+                ids = logits[:, -1:].argmax(-1)
+        return ids
+
+    t0 = time.time()
+    for _ in range(2):
+        run(spec.steps[0])
+    sync(ctx.device)
+    print(f"{spec.name}: warm-up loops (compilation) {time.time() - t0:.1f} s", flush=True)
+
+    def capture(n):
+        log.clear()
+        with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            run(n)
+            sync(ctx.device)
+            log.set_rec(False)
+        return prof, log, base_truth(
+            spec, info, f"torch.compile(model.forward); a hand-written loop: model(input_ids, past_key_values="
+                        f"DynamicCache) {n} times (the prefill first), argmax on the device, no host sync",
+            "two warm-up loops compiled every graph first; profile() around one loop"), None
+
+    fit(ctx, spec, capture)
+
+
+class StaticDecoder:
+    """One decode forward over a StaticCache with every input in a fixed buffer, so it can be captured
+    (scripts/make_gpu_fixtures.py's, with transformers 5's device-side KV write counter saved and put back)."""
+
+    def __init__(self, model, batch: int, max_len: int, device: str):
+        from transformers import StaticCache
+
+        self.model = model
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        self.prompt_ids = prompt(batch, device)
+        with torch.no_grad():
+            logits = model(input_ids=self.prompt_ids, past_key_values=self.cache, use_cache=True,
+                           cache_position=torch.arange(PROMPT, device=device)).logits
+        self.first_token = logits[:, -1].argmax(-1)
+        self.ids = self.first_token[:, None].clone()
+        self.pos = torch.full((1,), PROMPT, dtype=torch.long, device=device)
+        self.pos_ids = torch.full((batch, 1), PROMPT, dtype=torch.long, device=device)
+        self.mask = torch.zeros(batch, 1, 1, max_len, dtype=torch.bool, device=device)
+        self.mask[..., : PROMPT + 1] = True
+
+    def forward(self) -> torch.Tensor:
+        with torch.no_grad():
+            logits = self.model(input_ids=self.ids, position_ids=self.pos_ids, cache_position=self.pos,
+                                attention_mask=self.mask, past_key_values=self.cache, use_cache=True).logits
+        return logits[:, -1].argmax(-1)
+
+    def kv_counters(self) -> list:
+        return [layer.cumulative_length.clone() for layer in self.cache.layers]
+
+    def restore_kv_counters(self, saved: list) -> None:
+        for layer, value in zip(self.cache.layers, saved, strict=True):
+            layer.cumulative_length.copy_(value)
+
+    def advance(self, next_token: torch.Tensor) -> None:
+        self.ids.copy_(next_token[:, None])
+        self.pos.add_(1)
+        self.pos_ids.add_(1)
+        self.mask.index_fill_(-1, self.pos, True)
+
+
+def loop_cudagraph(ctx: Ctx, spec: Spec) -> None:
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog()  # the replays are logged by the loop (no module call happens)
+    n_max = spec.steps[0]
+    dec = StaticDecoder(model, spec.batch, PROMPT + n_max + 8, ctx.device)
+    saved = dec.kv_counters()
+    cuda = ctx.device == "cuda"
+    if cuda:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                dec.forward()
+        torch.cuda.current_stream().wait_stream(side)
+        dec.restore_kv_counters(saved)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_next = dec.forward()
+        dec.restore_kv_counters(saved)
+        torch.cuda.synchronize()
+
+    def capture(n):
+        log.clear()
+        dec.restore_kv_counters(saved)
+        dec.pos.fill_(PROMPT)
+        dec.pos_ids.fill_(PROMPT)
+        dec.mask.zero_()
+        dec.mask[..., : PROMPT + 1] = True
+        dec.ids.copy_(dec.first_token[:, None])
+        sync(ctx.device)
+        with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            for i in range(n):
+                t0, r0, e0 = time.time_ns(), log.rec, log.epoch
+                if cuda:
+                    graph.replay()
+                    nxt = static_next
+                else:  # CPU smoke: the same static forward, eagerly
+                    nxt = dec.forward()
+                log.add(spec.batch, 1, PROMPT + i, "decode", t0, time.time_ns(), r0, e0, replay=i)
+                dec.advance(nxt)
+            sync(ctx.device)
+            log.set_rec(False)
+        return prof, log, base_truth(
+            spec, info, f"StaticCache; one decode forward + argmax captured with torch.cuda.graph and replayed {n} "
+                        f"times at batch {spec.batch}; inputs (token, cache_position, position_ids, 4D bool mask) "
+                        "updated in place by small eager kernels between replays; no markers",
+            "prefill, 3 warm-up forwards (KV write counters restored) and the capture ran before profile(); each "
+            "`each_forward` span is one graph.replay() call" + ("" if cuda else " (CPU smoke: eager forward)")), None
+
+    fit(ctx, spec, capture)
+
+
+def hand_step(model, ids, cache, item: bool):
+    logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+    nxt = logits[:, -1:].argmax(-1)
+    if item:
+        nxt.view(-1)[0].item()  # the host reads a token: aten::item / _local_scalar_dense, a device sync
+    return nxt
+
+
+def loop_hand(ctx: Ctx, spec: Spec) -> None:
+    """Hand-written loop with the prefill inside the window (opts: item, prefill_outside)."""
+    from transformers import DynamicCache
+
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    item = spec.opts.get("item", False)
+    outside = spec.opts.get("prefill_outside", False)
+    ids0 = prompt(spec.batch, ctx.device)
+    with torch.no_grad():  # warm-up
+        cache = DynamicCache(config=model.config)
+        ids = ids0
+        for _ in range(3):
+            ids = hand_step(model, ids, cache, item)
+    sync(ctx.device)
+
+    def capture(n):
+        log.clear()
+        with torch.no_grad():
+            cache = DynamicCache(config=model.config)
+            ids = hand_step(model, ids0, cache, item) if outside else ids0
+            sync(ctx.device)
+            with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+                log.set_rec(True)
+                for _ in range(n):
+                    ids = hand_step(model, ids, cache, item)
+                sync(ctx.device)
+                log.set_rec(False)
+        what = (f"hand-written loop at batch {spec.batch}: model(input_ids, past_key_values=DynamicCache) then "
+                f"logits[:, -1:].argmax(-1)" + (" and .item() of the first token (a host sync per step)" if item
+                                                 else ", the token stays on the device (no host sync)")
+                + f"; {n} forwards" + ("; the prefill ran before profiling" if outside else ", the prefill first"))
+        return prof, log, base_truth(spec, info, what, "profile() around the loop; a warm-up loop ran before; "
+                                                       "no markers"), None
+
+    fit(ctx, spec, capture)
+
+
+def loop_hand_extend(ctx: Ctx, spec: Spec) -> None:
+    """Hand loop inside the window: a prefill of 12 tokens, an extend of 4 more tokens on that cache (chunked
+    prefill), then decodes; argmax on the device."""
+    from transformers import DynamicCache
+
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    ids0 = prompt(spec.batch, ctx.device)
+    first, second = ids0[:, :12], ids0[:, 12:]
+
+    def run(n):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=first, past_key_values=cache, use_cache=True)
+            ids = hand_step(model, second, cache, False)
+            for _ in range(n - 2):
+                ids = hand_step(model, ids, cache, False)
+
+    run(4)  # warm-up
+    sync(ctx.device)
+
+    def capture(n):
+        log.clear()
+        with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            run(n)
+            sync(ctx.device)
+            log.set_rec(False)
+        return prof, log, base_truth(
+            spec, info, f"hand-written loop at batch {spec.batch}: a prefill of 12 tokens, an extend of the next 4 "
+                        f"prompt tokens on the same DynamicCache (chunked prefill), then {n - 2} decode forwards; "
+                        "argmax on the device, no host sync",
+            "profile() around the loop; a warm-up loop ran before; no markers"), None
+
+    fit(ctx, spec, capture)
+
+
+def loop_deep(ctx: Ctx, spec: Spec) -> None:
+    spec.opts.setdefault("prefill_outside", True)
+    loop_hand(ctx, spec)
+
+
+def loop_profstep_hand(ctx: Ctx, spec: Spec) -> None:
+    """schedule(wait=1, warmup=1, active=n) + prof.step() after every forward of a hand loop; the prefill is the
+    `wait` step (not recorded)."""
+    from transformers import DynamicCache
+
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    item = spec.opts.get("item", False)
+    ids0 = prompt(spec.batch, ctx.device)
+
+    def capture(n):
+        log.clear()
+        wait, warmup = 1, 1
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs,
+                                      schedule=schedule(wait=wait, warmup=warmup, active=n, repeat=1)) as prof:
+            cache = DynamicCache(config=model.config)
+            ids = ids0
+            log.set_rec(prof.current_action in RECORDING)
+            for _ in range(wait + warmup + n):
+                ids = hand_step(model, ids, cache, item)
+                prof.step()
+                log.set_rec(prof.current_action in RECORDING)
+            sync(ctx.device)
+        return prof, log, base_truth(
+            spec, info, f"hand-written loop at batch {spec.batch} (argmax{', .item()' if item else ''}), "
+                        f"schedule(wait=1, warmup=1, active={n}) and prof.step() after every forward: the prefill "
+                        "is the wait step, one decode the warmup step, then one ProfilerStep per decode forward",
+            "torch.profiler schedule; the trace holds the active steps"), None
+
+    fit(ctx, spec, capture)
+
+
+def loop_profstep_generate_hook(ctx: Ctx, spec: Spec) -> None:
+    """prof.step() from a forward hook on the model, inside one generate(): one ProfilerStep per forward."""
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    ids = prompt(spec.batch, ctx.device)
+    state = {"prof": None}
+
+    def step_hook(module, args, output):
+        p = state["prof"]
+        if p is not None:
+            p.step()
+            log.set_rec(p.current_action in RECORDING)
+
+    model.register_forward_hook(step_hook)  # after ForwardLog.post (registered first)
+
+    def capture(n):
+        log.clear()
+        wait, warmup = 1, 1
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs,
+                                      schedule=schedule(wait=wait, warmup=warmup, active=n, repeat=1)) as prof:
+            state["prof"] = prof
+            log.set_rec(prof.current_action in RECORDING)
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(n + 4))
+            state["prof"] = None
+            sync(ctx.device)
+            log.set_rec(False)
+        return prof, log, base_truth(
+            spec, info, f"greedy generate(max_new_tokens={n + 4}) at batch {spec.batch}; a forward hook on the model "
+                        f"calls prof.step() after every forward; schedule(wait=1, warmup=1, active={n}): the prefill "
+                        f"waits, the first decode warms up, the next {n} decode forwards are recorded, the last 2 are "
+                        "after the window",
+            "torch.profiler schedule, prof.step() from a module forward hook"), None
+
+    fit(ctx, spec, capture)
+
+
+def loop_profstep_wraps_generate(ctx: Ctx, spec: Spec) -> None:
+    """One ProfilerStep around a whole generate(): schedule(wait=0, warmup=1, active=1), prof.step() per generate."""
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    ids = prompt(spec.batch, ctx.device)
+
+    def capture(n):
+        log.clear()
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs,
+                                      schedule=schedule(wait=0, warmup=1, active=1, repeat=1)) as prof:
+            log.set_rec(prof.current_action in RECORDING)
+            for _ in range(2):
+                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(n))
+                sync(ctx.device)
+                prof.step()
+                log.set_rec(prof.current_action in RECORDING)
+        return prof, log, base_truth(
+            spec, info, f"two greedy generate(max_new_tokens={n}) calls at batch {spec.batch}, prof.step() after "
+                        "each; schedule(wait=0, warmup=1, active=1): the second generate is one ProfilerStep holding "
+                        f"{n} forwards (1 prefill + {n - 1} decode)",
+            "torch.profiler schedule; ProfilerStep#1 spans a whole generate()"), None
+
+    fit(ctx, spec, capture)
+
+
+def train_iteration(model, opt, data, log: ForwardLog, batch: int, seq: int, it: int) -> None:
+    t0, r0, e0 = time.time_ns(), log.rec, log.epoch
+    n = len(log.forwards)
+    loss = model(input_ids=data, labels=data).loss
+    fwd_end = time.time_ns()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    del log.forwards[n:]  # the hooks saw the forward; the iteration is logged instead
+    log.add(batch, seq, 0, "training", t0, time.time_ns(), r0, e0, iteration=it, forward_end_ns_abs=fwd_end)
+
+
+def loop_train(ctx: Ctx, spec: Spec) -> None:
+    """Training iterations (forward with labels, backward, AdamW, zero_grad); opts markers: profstep | none."""
+    batch, seq = 2, 64
+    markers = spec.opts.get("markers", "profstep")
+    model = build(spec.family, spec.layers, ctx.device).train()
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model, training=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = torch.randint(1, VOCAB, (batch, seq), device=ctx.device)
+    train_iteration(model, opt, data, log, batch, seq, -1)  # optimizer state, autograd warm-up
+    sync(ctx.device)
+
+    def capture(n):
+        log.clear()
+        if markers == "profstep":
+            wait, warmup = 1, 1
+            with profile(activities=activities(ctx.device), record_shapes=spec.rs,
+                         schedule=schedule(wait=wait, warmup=warmup, active=n, repeat=1)) as prof:
+                log.set_rec(prof.current_action in RECORDING)
+                for it in range(wait + warmup + n):
+                    train_iteration(model, opt, data, log, batch, seq, it)
+                    prof.step()
+                    log.set_rec(prof.current_action in RECORDING)
+                sync(ctx.device)
+            how = f"schedule(wait=1, warmup=1, active={n}) + prof.step() per iteration: ProfilerStep#2.. per iteration"
+        else:
+            with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+                log.set_rec(True)
+                for it in range(n):
+                    train_iteration(model, opt, data, log, batch, seq, it)
+                sync(ctx.device)
+                log.set_rec(False)
+            how = "plain profile() around the iterations: no ProfilerStep, no marker"
+        t = base_truth(spec, info, f"training: forward with labels (cross-entropy), loss.backward(), AdamW step, "
+                                   f"zero_grad; batch {batch} x {seq} tokens; {n} iterations in the window",
+                       how + "; one unprofiled iteration ran first", workload="training")
+        t["iterations_note"] = "steps.training counts whole iterations; each_forward spans whole iterations"
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+
+
+def loop_midstep(ctx: Ctx, spec: Spec) -> None:
+    """prof.start() from a decoder-layer hook in forward `a`, prof.stop() from the same hook in forward `b`: the
+    first and last forwards of the window are partial."""
+    from transformers import DynamicCache
+
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    layers = decoder_layers(model)
+    mid = len(layers) // 2
+    item = spec.opts.get("item", False)
+    ids0 = prompt(spec.batch, ctx.device)
+    state = {"prof": None, "start_at": -1, "stop_at": -1, "events": []}
+
+    def edge(module, args, output):
+        p, i = state["prof"], len(log.forwards) - 1
+        if p is None:
+            return
+        if i == state["start_at"]:
+            p.start()
+            log.set_rec(True)
+            state["events"].append(("start", i, time.time_ns()))
+        elif i == state["stop_at"]:
+            log.set_rec(False)
+            p.stop()
+            state["events"].append(("stop", i, time.time_ns()))
+
+    layers[mid].register_forward_hook(edge)
+
+    def capture(n):
+        log.clear()
+        state["events"].clear()
+        prof = profile(activities=activities(ctx.device), record_shapes=spec.rs)
+        state.update(prof=prof, start_at=2, stop_at=2 + n + 1)
+        with torch.no_grad():
+            cache = DynamicCache(config=model.config)
+            ids = ids0
+            for _ in range(n + 5):  # prefill, a decode, [start inside #2], n whole, [stop inside #n+3], one more
+                ids = hand_step(model, ids, cache, item)
+        sync(ctx.device)
+        state["prof"] = None
+        t = base_truth(spec, info, f"hand-written loop at batch {spec.batch} (argmax{', .item()' if item else ''}); "
+                                   f"prof.start() is called from a forward hook on decoder layer {mid} (0-based) in "
+                                   f"forward 2 and prof.stop() from the same hook in forward {n + 3}: the window "
+                                   f"begins and ends mid-forward; {n} forwards lie wholly inside it",
+                       "profile() object started and stopped by hand from the hook; no markers")
+        t["window_edges"] = {"layer_hook": mid, "start_in_forward": 2, "stop_in_forward": n + 3}
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+
+
+RECORD_APP = '''"""An unmodified decode script for `decodegap record` (no profiler code): greedy generate on a
+tiny {family}. It logs its model forwards (pre-hook / hook times, tokens, KV length) to FORWARD_LOG for the
+corpus truth."""
+import json, os, sys, time
+sys.path.insert(0, {scripts!r})
+import torch
+from make_accuracy_corpus import build, prompt, ForwardLog
+
+device = {device!r}
+model = build({family!r}, {layers}, device)
+log = ForwardLog(model)
+log.rec = True
+ids = prompt({batch}, device)
+with torch.no_grad():
+    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens={tokens},
+                   min_new_tokens={tokens}, do_sample=False, pad_token_id=0, disable_compile=True)
+if device == "cuda":
+    torch.cuda.synchronize()
+with open(os.environ["FORWARD_LOG"], "w") as f:
+    json.dump({{"forwards": [vars(x) for x in log.forwards]}}, f)
+'''
+
+
+def loop_record(ctx: Ctx, spec: Spec) -> None:
+    """`decodegap record --target <ModelForCausalLM>.forward` around an unmodified generate script."""
+    import transformers
+
+    warmup, timed, steps = 4, 3, spec.steps[0]
+    tokens = warmup + timed + steps + 3
+    model_cls = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}[spec.family]
+    module = getattr(transformers, model_cls).__module__
+    target = f"{module}:{model_cls}.forward"
+    work = tempfile.mkdtemp(prefix=f"rec_{spec.name}_")
+    app = os.path.join(work, "decode_app.py")
+    with open(app, "w") as f:
+        f.write(RECORD_APP.format(family=spec.family, scripts=HERE, device=ctx.device, layers=spec.layers,
+                                  batch=spec.batch, tokens=tokens))
+    out = os.path.join(work, "traces")
+    flog = os.path.join(work, "forwards.json")
+    env = dict(os.environ, FORWARD_LOG=flog)
+    src = os.environ.get("DECODEGAP_SRC") or os.path.join(REPO, "src")  # a snapshot, if the tree is mid-edit
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "decodegap", "record", "--target", target, "--warmup", str(warmup),
+           "--timed-steps", str(timed), "--steps", str(steps), "--out", out,
+           "--record-shapes" if spec.rs else "--no-record-shapes", "--", sys.executable, app]
+    t0 = time.time()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    print(f"{spec.name}: decodegap record rc {r.returncode} in {time.time() - t0:.1f} s\n{r.stderr[-1500:]}",
+          flush=True)
+    r.check_returncode()
+    traces = [os.path.join(out, x) for x in os.listdir(out) if x.endswith(".json.gz")]
+    assert len(traces) == 1, traces
+    raw = os.path.join(ctx.out_dir, f"{spec.name}.raw.json")
+    with gzip.open(traces[0], "rb") as src_f, open(raw, "wb") as dst:
+        dst.write(src_f.read())
+    data = json.load(open(flog))
+    info = layer_info(build(spec.family, spec.layers, ctx.device), ctx.device)  # the same model, in this process
+    log = ForwardLog()
+    first, last = warmup + timed, warmup + timed + steps  # record's profiled calls: [W+K, W+K+N)
+    for i, d in enumerate(data["forwards"]):
+        inside = first <= i < last
+        log.forwards.append(Fwd(d["batch"], d["tokens"], d["cached_before"], d["phase"], d["t0"], inside, 0,
+                                d["t1"], inside, 0, {"call_index": i}))
+    t = base_truth(spec, info, f"unmodified script: greedy generate(max_new_tokens={tokens}) at batch "
+                                       f"{spec.batch}; run under `decodegap record --target {target} --warmup "
+                                       f"{warmup} --timed-steps {timed} --steps {steps}`",
+                   "decodegap record wraps the model class's forward: calls W+K .. W+K+N-1 (0-based, the prefill is "
+                   "call 0) run under torch.profiler, each in a ProfilerStep; the script's own hooks log every forward")
+    t["record_command"] = " ".join(cmd[1:-2]) + " -- python3 decode_app.py"
+    t["forwards_outside_window"] = len(data["forwards"]) - steps
+    t["size_knob"] = steps
+    save(None, ctx.out_dir, spec.name, log, t, raw)
+    check_one_step_per_forward(ctx.out_dir, spec.name)
+
+
+def check_one_step_per_forward(out_dir: str, name: str) -> None:
+    """Each whole forward of a record trace holds the start of exactly one ProfilerStep (CPU side): the call
+    indices of the truth agree with record's window (raises if not)."""
+    path = os.path.join(out_dir, name)
+    truth = json.load(open(path + ".truth.json"))
+    doc = load_doc(path + ".json.gz")
+    starts = [e["ts"] * 1000 for e in doc["traceEvents"]
+              if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    per = [sum(f["cpu_start_ns"] <= s <= f["cpu_end_ns"] for s in starts) for f in truth["each_forward"]]
+    want = [1 if f["window"] == "whole" else 0 for f in truth["each_forward"]]
+    truth["profiler_step_starts_per_forward"] = per
+    write_truth(out_dir, name, truth)
+    assert per == want, f"{name}: ProfilerStep starts per forward {per}, want {want}"
+
+
+LOOPS = {"eager_generate": loop_eager_generate, "sample_padded": loop_sample_padded,
+         "compiled_generate": loop_compiled_generate, "compiled_hand": loop_compiled_hand,
+         "cudagraph": loop_cudagraph, "hand": loop_hand, "deep_nomarkers": loop_deep,
+         "profstep_hand": loop_profstep_hand, "hand_extend": loop_hand_extend,
+         "profstep_generate_hook": loop_profstep_generate_hook,
+         "profstep_wraps_generate": loop_profstep_wraps_generate, "train": loop_train, "midstep": loop_midstep,
+         "record": loop_record}
+
+
+def S(name, family, loop, **kw) -> Spec:
+    return Spec(name=name, family=family, loop=loop, **kw)
+
+
+COMPILE_COST = 70.0
+SPECS = [
+    # llama: dense GQA
+    S("llama_eager_generate", "llama", "eager_generate", layers=8, steps=[12, 9, 7]),
+    S("llama_sample_padded", "llama", "sample_padded", layers=6, batch=4, rs=False, steps=[10, 8, 6]),
+    S("llama_compiled_generate", "llama", "compiled_generate", layers=8, batch=2, steps=[10, 8], cost=COMPILE_COST),
+    S("llama_cudagraph", "llama", "cudagraph", layers=8, batch=2, rs=False, steps=[8, 6]),
+    S("llama_train_profstep", "llama", "train", layers=4, steps=[3, 2], opts={"markers": "profstep"}, cost=8),
+    S("llama_deep_nomarkers", "llama", "deep_nomarkers", layers=32, steps=[6, 5, 4], rs=False),
+    S("llama_record", "llama", "record", layers=6, batch=2, steps=[6], rs=False, cost=25),
+    # qwen3 / qwen2: dense
+    S("qwen3_hand_item", "qwen3", "hand", layers=6, steps=[10, 8, 6], opts={"item": True}),
+    S("qwen3_compiled_hand", "qwen3", "compiled_hand", layers=6, rs=False, steps=[10, 8], cost=COMPILE_COST),
+    S("qwen3_cudagraph", "qwen3", "cudagraph", layers=6, batch=1, steps=[8, 6]),
+    S("qwen3_midstep", "qwen3", "midstep", layers=6, steps=[6, 5, 4]),
+    S("qwen2_eager_generate", "qwen2", "eager_generate", layers=6, batch=2, rs=False, steps=[10, 8, 6]),
+    S("qwen2_profstep_hand", "qwen2", "profstep_hand", layers=6, steps=[6, 5, 4], opts={"item": True}),
+    # mistral
+    S("mistral_profstep_generate_hook", "mistral", "profstep_generate_hook", layers=6, rs=False, steps=[6, 5, 4]),
+    S("mistral_sample_padded", "mistral", "sample_padded", layers=4, batch=3, steps=[10, 8, 6]),
+    S("mistral_cudagraph", "mistral", "cudagraph", layers=6, batch=4, rs=False, steps=[8, 6]),
+    # phi3
+    S("phi3_hand", "phi3", "hand", layers=6, rs=False, batch=2, steps=[10, 8, 6]),
+    S("phi3_profstep_wraps_generate", "phi3", "profstep_wraps_generate", layers=4, steps=[8, 6, 5]),
+    S("phi3_midstep", "phi3", "midstep", layers=6, rs=False, steps=[6, 5, 4], opts={"item": True}),
+    # gpt2
+    S("gpt2_eager_generate", "gpt2", "eager_generate", layers=6, steps=[12, 9, 7]),
+    S("gpt2_train_profstep", "gpt2", "train", layers=4, rs=False, steps=[3, 2], opts={"markers": "profstep"}, cost=8),
+    S("gpt2_sample_padded", "gpt2", "sample_padded", layers=6, batch=4, rs=False, steps=[10, 8, 6]),
+    # gpt_neox
+    S("gpt_neox_hand_item", "gpt_neox", "hand", layers=6, steps=[10, 8, 6], opts={"item": True}),
+    S("gpt_neox_deep_nomarkers", "gpt_neox", "deep_nomarkers", layers=40, rs=False, steps=[6, 5, 4]),
+    S("gpt_neox_profstep_hand", "gpt_neox", "profstep_hand", layers=6, rs=False, steps=[6, 5, 4]),
+    # mixtral: eager MoE
+    S("mixtral_eager_generate", "mixtral", "eager_generate", layers=4, batch=4, steps=[10, 8, 6]),
+    S("mixtral_hand_item", "mixtral", "hand", layers=4, batch=2, rs=False, steps=[10, 8, 6], opts={"item": True}),
+    S("mixtral_train_nomarkers", "mixtral", "train", layers=4, rs=False, steps=[2], opts={"markers": "none"}, cost=8),
+    S("mixtral_midstep", "mixtral", "midstep", layers=4, batch=4, steps=[5, 4, 3]),
+    S("mixtral_record", "mixtral", "record", layers=4, batch=4, steps=[5], rs=False, cost=25),
+    # qwen3_moe / qwen2_moe / olmoe
+    S("qwen3_moe_sample_padded", "qwen3_moe", "sample_padded", layers=4, batch=4, rs=False, steps=[10, 8, 6]),
+    S("qwen3_moe_profstep_hand", "qwen3_moe", "profstep_hand", layers=4, batch=4, steps=[6, 5, 4]),
+    S("qwen3_moe_train_nomarkers", "qwen3_moe", "train", layers=4, steps=[2], opts={"markers": "none"}, cost=8),
+    S("qwen2_moe_eager_generate", "qwen2_moe", "eager_generate", layers=4, batch=3, rs=False, steps=[10, 8, 6]),
+    S("qwen2_moe_profstep_generate_hook", "qwen2_moe", "profstep_generate_hook", layers=4, batch=2,
+      steps=[6, 5, 4]),
+    S("olmoe_hand", "olmoe", "hand", layers=4, batch=4, steps=[10, 8, 6]),
+    S("olmoe_profstep_wraps_generate", "olmoe", "profstep_wraps_generate", layers=4, batch=2, rs=False,
+      steps=[8, 6, 5]),
+    # deepseek_v3: MLA, 1 dense layer then MoE
+    S("deepseek_v3_eager_generate", "deepseek_v3", "eager_generate", layers=6, rs=False, steps=[8, 7, 6]),
+    S("deepseek_v3_compiled_generate", "deepseek_v3", "compiled_generate", layers=8, steps=[12, 10, 8],
+      opts={"experts": "batched_mm"}, cost=COMPILE_COST + 20),
+    S("deepseek_v3_sample_padded", "deepseek_v3", "sample_padded", layers=4, batch=4, rs=False, steps=[10, 8, 6]),
+    S("deepseek_v3_train_profstep", "deepseek_v3", "train", layers=4, rs=False, steps=[3, 2],
+      opts={"markers": "profstep"}, cost=10),
+    S("deepseek_v3_deep_nomarkers", "deepseek_v3", "deep_nomarkers", layers=12, rs=False, steps=[6, 5, 4]),
+    # gemma2 / gemma3: sliding + full attention
+    S("gemma2_eager_generate", "gemma2", "eager_generate", layers=6, steps=[12, 9, 7]),
+    S("gemma2_hand_item", "gemma2", "hand", layers=6, rs=False, steps=[10, 8, 6], opts={"item": True}),
+    S("gemma3_sample_padded", "gemma3", "sample_padded", layers=6, batch=3, steps=[10, 8, 6]),
+    S("gemma3_profstep_hand", "gemma3", "profstep_hand", layers=6, rs=False, steps=[6, 5, 4]),
+    # gpt_oss: sliding/full + eager MoE
+    S("gpt_oss_eager_generate", "gpt_oss", "eager_generate", layers=4, batch=2, steps=[10, 8, 6]),
+    S("gpt_oss_midstep", "gpt_oss", "midstep", layers=4, batch=2, rs=False, steps=[5, 4, 3]),
+    # hybrids: unlike layers
+    S("lfm2_eager_generate", "lfm2", "eager_generate", layers=6, steps=[12, 9, 7]),
+    S("lfm2_hand", "lfm2", "hand", layers=6, rs=False, batch=2, steps=[10, 8, 6]),
+    S("qwen3_next_eager_generate", "qwen3_next", "eager_generate", layers=4, rs=False, steps=[8, 6, 5], cost=8),
+    S("jamba_eager_generate", "jamba", "eager_generate", layers=4, batch=2, rs=False, steps=[6, 5, 4], cost=6),
+    # more families; prefill + extend + decode
+    S("llama_hand_extend", "llama", "hand_extend", layers=4, rs=False, steps=[8, 6]),
+    S("phimoe_hand_extend", "phimoe", "hand_extend", layers=4, batch=2, rs=False, steps=[6, 5, 4]),
+    S("glm4_moe_profstep_hand", "glm4_moe", "profstep_hand", layers=4, batch=2, steps=[5, 4, 3]),
+    S("starcoder2_sample_padded", "starcoder2", "sample_padded", layers=4, batch=3, rs=False, steps=[8, 6, 5]),
+    S("granite_midstep", "granite", "midstep", layers=4, steps=[5, 4, 3]),
+    S("olmo2_train_nomarkers", "olmo2", "train", layers=2, rs=False, steps=[2], opts={"markers": "none"}),
+]
+CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
+    ("cut_keeps_few_steps", "llama_eager_generate", 3),
+    ("cut_almost_no_kernels", "gemma2_eager_generate", None),
+]
+
+
+def smoke_spec(spec: Spec) -> Spec:
+    s = Spec(**{**spec.__dict__, "opts": dict(spec.opts)})
+    s.layers = max(2, min(spec.layers, 4 if spec.loop != "deep_nomarkers" else 6))
+    s.steps = [min(spec.steps[0], 4 if spec.loop != "train" else 2)]
+    s.batch = min(spec.batch, 3)
+    return s
+
+
+# cut files -----------------------------------------------------------------------------------------------------
+def make_cut(out_dir: str, name: str, source: str, keep_forwards: int | None) -> None:
+    """Truncate the source trace's JSON text (as written: CPU events first, GPU events after) at a byte offset.
+    The truth lists the forwards whose every runtime launch in its CPU span still has its GPU activity."""
+    src_gz = os.path.join(out_dir, f"{source}.json.gz")
+    with gzip.open(src_gz, "rb") as f:
+        text = f.read()
+    truth_src = json.load(open(os.path.join(out_dir, f"{source}.truth.json")))
+    doc = json.loads(text)
+    events = doc["traceEvents"]
+    whole = [f for f in truth_src["each_forward"] if f["window"] == "whole"]
+    # line offsets: trim_trace writes one event per line, in the source order
+    lines, pos = text.split(b"\n"), 0
+    ev_line_end = []
+    for ln in lines:
+        pos += len(ln) + 1
+        s = ln.strip()
+        if s.startswith(b"{") and (s.endswith(b"},") or s.endswith(b"}")) and b'"ph"' in s:
+            ev_line_end.append(pos)
+    assert len(ev_line_end) == len(events), (len(ev_line_end), len(events))
+    gpu_at = {}  # correlation -> index of its first GPU activity in file order
+    for i, e in enumerate(events):
+        if e.get("cat") in GPU_CATS and "correlation" in e.get("args", {}):
+            gpu_at.setdefault(e["args"]["correlation"], i)
+    launches = [(e["ts"], e["args"]["correlation"]) for e in events
+                if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})
+                and e["args"]["correlation"] in gpu_at]
+    need = []  # per whole forward: the event index after which all its GPU activities are in the file
+    for f in whole:
+        s_us, e_us = f["cpu_start_ns"] / 1000, f["cpu_end_ns"] / 1000
+        mine = [gpu_at[c] for t, c in launches if s_us <= t <= e_us]
+        need.append(max(mine) if mine else -1)
+    gpu_idx = sorted(gpu_at.values())
+    if not gpu_idx:
+        print(f"{name}: {source} has no GPU activities (a CPU smoke run): no cut made", flush=True)
+        return
+    if keep_forwards is None:  # keep about 1% of the GPU activities
+        cut_event = gpu_idx[max(1, len(gpu_idx) // 100)]
+    else:
+        done = sorted(need)
+        k = min(keep_forwards, len(done)) - 1
+        nxt = done[k + 1] if k + 1 < len(done) else len(events) - 1
+        cut_event = (done[k] + nxt) // 2  # past the k-th complete forward, inside the next one's kernels
+    cut_at = ev_line_end[cut_event] - 40  # mid-line: the last event is cut in the middle, as a real cut would be
+    kept_gpu = {c for c, i in gpu_at.items() if i < cut_event}
+    complete = [i for i, f in enumerate(whole) if need[i] < cut_event]
+    # every launch inside the forward's span has its GPU activity within the cut text
+    salv = [whole[i] for i in complete]
+    out = os.path.join(out_dir, f"{name}.json.gz")
+    with gzip.open(out, "wb", compresslevel=9) as f:
+        f.write(text[:cut_at])
+    n_gpu_total = sum(e.get("cat") in GPU_CATS for e in events)
+    kept_kernels = sum(1 for i, e in enumerate(events) if e.get("cat") in GPU_CATS and i < cut_event)
+    truth = {
+        "name": name, "family": truth_src["family"], "loop": "cut", "workload": truth_src["workload"],
+        "record_shapes": truth_src["record_shapes"],
+        "steps": dict(Counter(f["phase"] for f in salv)), "partial_at_edges": 0,
+        "layers": truth_src["layers"], "layer_kinds": truth_src["layer_kinds"], "batch": truth_src["batch"],
+        "what": f"the JSON text of {source}.json.gz (trimmed, Kineto's layout: every CPU event first, the runtime "
+                "launches and GPU activities after them in time order) cut at a byte offset inside an event",
+        "how": "scripts/make_accuracy_corpus.py make_cut: text[:cut_at_byte], gzipped",
+        "cut_at_byte": cut_at, "whole_bytes": len(text), "source": f"{source}.json.gz",
+        "whole_truth": {k: truth_src[k] for k in ("steps", "partial_at_edges", "layers", "layer_kinds", "loop",
+                                                   "each_forward")},
+        "whole_steps_with_all_kernels": {"count": len(salv), "forward_indices": complete,
+                                         "phases": dict(Counter(f["phase"] for f in salv))},
+        "expect_user_error": len(salv) == 0,
+        "kernels_in_file": kept_kernels, "kernels_launched": n_gpu_total,
+        "kernels_rule": "GPU activities (kernel, gpu_memcpy, gpu_memset) wholly written before the cut; launched = "
+                        "all in the whole trace (each has a runtime launch with the same correlation)",
+        "steps_rule": "steps = the phases of the whole forwards whose every runtime launch (cuda_runtime / "
+                      "cuda_driver with a correlation, inside the forward's CPU span) has its GPU activity in the "
+                      "cut text; with none, decodegap should refuse the file (UserError, exit 2)",
+        "trace": f"{name}.json.gz", "trace_gz_bytes": os.path.getsize(out),
+        "made_by": "scripts/make_accuracy_corpus.py",
+    }
+    truth.update({k: truth_src[k] for k in ("torch", "transformers", "gpu") if k in truth_src})
+    del kept_gpu
+    write_truth(out_dir, name, truth)
+    print(f"{name}: cut at byte {cut_at} of {len(text)}; {kept_kernels} of {n_gpu_total} GPU activities; whole "
+          f"forwards with every kernel: {len(salv)} of {len(whole)}", flush=True)
+
+
+# driver --------------------------------------------------------------------------------------------------------
+def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
+    by_name = {s.name: s for s in SPECS}
+    failed = []
+    ctx = Ctx(out_dir, device)
+    deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
+    for name in names:
+        if time.time() > deadline:
+            failed.append(f"{name}: skipped: past the run's deadline")
+            continue
+        spec = by_name[name]
+        if SMOKE:
+            spec = smoke_spec(spec)
+        t0 = time.time()
+        try:
+            LOOPS[spec.loop](ctx, spec)
+        except Exception as exc:  # one failure must not cost the rest of the GPU run
+            traceback.print_exc()
+            failed.append(f"{name}: {type(exc).__name__}: {str(exc)[:300]}")
+        print(f"{name}: {time.time() - t0:.1f} s", flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return failed
+
+
+def corpus_bytes(out_dir: str) -> int:
+    return sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir)
+               if f.endswith((".json.gz", ".truth.json")))
+
+
+def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
+    """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
+    compiled or recorded ones: too slow to redo). Returns what failed."""
+    by_name = {s.name: s for s in SPECS}
+    failed, tried = [], set()
+    while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
+        sizes = []
+        for s in SPECS:
+            tp = os.path.join(out_dir, f"{s.name}.truth.json")
+            if s.loop.startswith("compiled") or s.loop == "record" or s.name in tried or not os.path.exists(tp):
+                continue
+            t = json.load(open(tp))
+            smaller = [k for k in s.steps if k < t.get("size_knob", 0)]
+            if smaller:
+                sizes.append((t["trace_gz_bytes"], s.name, smaller, t.get("size_knob")))
+        if not sizes:
+            print(f"budget: {corpus_bytes(out_dir) / 1e6:.1f} MB and nothing left to shrink", flush=True)
+            break
+        size, name, smaller, knob = max(sizes)
+        tried.add(name)
+        spec = by_name[name]
+        spec.steps = smaller
+        spec.opts["budget_note"] = (f"captured again at a smaller size knob (was {knob}, {size / 1e3:.0f} kB) to keep "
+                                    f"the corpus under {budget / 1e6:.1f} MB")
+        print(f"budget: corpus {corpus_bytes(out_dir) / 1e6:.1f} MB > {budget / 1e6:.1f}: {name} again at {smaller}",
+              flush=True)
+        failed += run_specs(out_dir, device, [name])
+    return failed
+
+
+def clock_probe(out_dir: str, device: str) -> dict:
+    """time.time_ns() around single ops vs their Kineto ts: ts * 1000 + baseTimeNanoseconds lies between."""
+    x = torch.ones(4096, device=device)
+    marks = []
+    with profile(activities=activities(device)) as prof:
+        for _ in range(20):
+            a = time.time_ns()
+            torch.add(x, 1)
+            marks.append((a, time.time_ns()))
+            time.sleep(0.001)
+        sync(device)
+    raw = os.path.join(tempfile.mkdtemp(), "clock.json")
+    prof.export_chrome_trace(raw)
+    doc = json.load(open(raw))
+    base = doc["baseTimeNanoseconds"]
+    adds = sorted(e["ts"] for e in doc["traceEvents"] if e.get("name") == "aten::add" and e.get("cat") == "cpu_op")
+    after = [(ts * 1000 - (a - base)) / 1000 for (a, _), ts in zip(marks, adds, strict=False)]
+    before = [((b - base) - ts * 1000) / 1000 for (_, b), ts in zip(marks, adds, strict=False)]
+    res = {"what": "20 torch.add calls, each between two time.time_ns() reads; the op's Kineto ts*1000 + "
+                   "baseTimeNanoseconds compared with them (us; both positive = the clocks agree within the call)",
+           "op_ts_after_first_read_us": {"min": min(after), "max": max(after)},
+           "op_ts_before_second_read_us": {"min": min(before), "max": max(before)}, "ops": len(adds)}
+    res.update(versions())
+    with open(os.path.join(out_dir, "clock_probe.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"clock probe: {res}", flush=True)
+    return res
+
+
+def table_rows(folder: str) -> str:
+    """One markdown row per trace of a corpus folder, from its truth files."""
+    rows = ["| trace | kB | family | loop | record_shapes | truth: steps (whole forwards) / partial / layers / kinds / "
+            "batch / kernels per forward | how it was made |", "|---|---|---|---|---|---|---|"]
+    for name in sorted(f[: -len(".truth.json")] for f in os.listdir(folder) if f.endswith(".truth.json")):
+        t = json.load(open(os.path.join(folder, f"{name}.truth.json")))
+        steps = ", ".join(f"{v} {k}" for k, v in t["steps"].items()) or "none (expect UserError)"
+        k = t.get("kernels_per_whole_forward") or []
+        kern = (f"{min(k)}" if min(k) == max(k) else f"{min(k)}-{max(k)}") if k else "-"
+        if t["loop"] == "cut":
+            kern = f"{t['kernels_in_file']} of {t['kernels_launched']} GPU activities kept"
+        truth = (f"{steps} / {t['partial_at_edges']} / {t['layers']} / {'+'.join(map(str, t['layer_kinds']))} / "
+                 f"{','.join(map(str, t['batch']))} / {kern}")
+        fit = " (smaller: size fit)" if ("size_fit" in t or "size_fit_budget" in t) else ""
+        rows.append(f"| `{name}` | {t['trace_gz_bytes'] // 1000} | {t['family']} | {t['loop']} | "
+                    f"{'yes' if t['record_shapes'] else 'no'} | {truth}{fit} | {t['what']} |")
+    return "\n".join(rows)
+
+
+def spread(names: list[str], jobs: int) -> list[list[str]]:
+    by_name = {s.name: s for s in SPECS}
+    groups: list[list] = [[0.0, []] for _ in range(jobs)]
+    for n in sorted(names, key=lambda n: -by_name[n].cost):
+        g = min(groups, key=lambda g: g[0])
+        g[0] += by_name[n].cost
+        g[1].append(n)
+    return [g[1] for g in groups if g[1]]
+
+
+def main() -> None:
+    global SMOKE
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", nargs="?")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--only", nargs="*")
+    parser.add_argument("--jobs", type=int, default=1, help="processes sharing the GPU")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (the CPU check)")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--table", metavar="DIR", help="print the README table rows of a corpus folder")
+    parser.add_argument("--no-cuts", action="store_true")
+    parser.add_argument("--seconds", type=float, help="start no new trace after this many seconds")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    SMOKE = args.smoke
+    if args.seconds:
+        os.environ["CORPUS_DEADLINE"] = str(time.time() + args.seconds)  # the workers inherit it
+    if args.table:
+        print(table_rows(args.table))
+        return
+    if args.list:
+        for s in SPECS:
+            print(f"{s.name:36s} {s.family:12s} {s.loop:24s} layers {s.layers:2d} batch {s.batch} rs {s.rs} {s.opts}")
+        return
+    os.makedirs(args.out_dir, exist_ok=True)
+    names = args.only or [s.name for s in SPECS]
+    unknown = set(names) - {s.name for s in SPECS}
+    if unknown:
+        sys.exit(f"unknown: {sorted(unknown)}")
+    t0 = time.time()
+    if args.worker or args.jobs <= 1:
+        failed = run_specs(args.out_dir, args.device, names)
+    else:
+        procs = []
+        for i, group in enumerate(spread(names, args.jobs)):
+            cmd = [sys.executable, os.path.abspath(__file__), args.out_dir, "--device", args.device, "--worker",
+                   "--only", *group] + (["--smoke"] if args.smoke else [])
+            logf = open(os.path.join(args.out_dir, f"worker{i}.log"), "w")
+            procs.append((subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT), logf, group))
+        failed = []
+        for i, (p, logf, group) in enumerate(procs):
+            p.wait()
+            logf.close()
+            text = open(logf.name).read()
+            print(f"===== worker {i} rc {p.returncode}: {' '.join(group)}\n{text}", flush=True)
+            failed += [ln[7:] for ln in text.splitlines() if ln.startswith("FAILED ")]
+            with open(os.path.join(args.out_dir, "make.log"), "a") as f:
+                f.write(f"===== worker {i} rc {p.returncode}\n{text}")
+            if p.returncode not in (0, 1):
+                failed.append(f"worker {i} died (rc {p.returncode})")
+            os.remove(logf.name)
+    if not args.worker and not args.only:
+        failed += shrink_to_budget(args.out_dir, args.device, TOTAL_LIMIT - 1_500_000)  # room for cuts + README
+    if not args.worker:
+        try:
+            clock_probe(args.out_dir, args.device)
+        except Exception:
+            traceback.print_exc()
+    if not args.worker and not args.no_cuts:
+        for name, source, keep in CUTS:
+            if os.path.exists(os.path.join(args.out_dir, f"{source}.truth.json")):
+                try:
+                    make_cut(args.out_dir, name, source, keep)
+                except Exception as exc:
+                    traceback.print_exc()
+                    failed.append(f"{name}: {type(exc).__name__}: {exc}")
+    for line in failed:
+        print("FAILED", line, flush=True)
+    if not args.worker:
+        total = sum(os.path.getsize(os.path.join(args.out_dir, f)) for f in os.listdir(args.out_dir))
+        n = sum(f.endswith(".json.gz") for f in os.listdir(args.out_dir))
+        print(f"corpus: {n} traces, {total / 1e6:.1f} MB in {args.out_dir} (limit {TOTAL_LIMIT / 1e6:.0f} MB); "
+              f"{time.time() - t0:.0f} s; {len(failed)} failed", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
