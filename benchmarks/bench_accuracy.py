@@ -6,7 +6,9 @@ For every `<name>.truth.json` in tests/fixtures/traces/corpus (or the folders gi
 - steps by phase: decode = the truth's decode forwards; prefill = its prefill + extend forwards; mixed = its mixed
   forwards (0 where it has none); training = its training iterations (all four must be equal);
 - layers (skipped where a training truth has no layer count);
-- layer kinds: the sorted counts of the structurally distinct decoder layers (decodegap's empty `layer_kinds`
+- layer kinds: the sorted counts of the distinct decoder layers: by module structure (dense / MoE / mamba / linear
+  attention) and, where the config names them, by attention type (`layer_types`: sliding / full), as the issue asks
+  of unlike layers (decodegap's empty `layer_kinds`
   means one kind of `layers` layers);
 - workload (inference | training).
 A cut file whose truth says no whole step can be salvaged (`expect_user_error`) is right when analyze raises
@@ -53,6 +55,20 @@ class Row:
     seconds: float = 0.0
 
 
+def want_kinds(truth: dict) -> list:
+    """Kinds from the generator's truth: the structural kinds, split further by the config's layer types."""
+    detail = truth.get("layer_kind_detail") or []
+    types = (truth.get("config_info") or {}).get("layer_types")
+    if not detail:
+        return sorted(truth.get("layer_kinds") or [])
+    kind_of = {i: k for k, d in enumerate(detail) for i in d["layers"]}
+    if types and len(types) == len(kind_of):
+        keys = [(kind_of[i], types[i]) for i in sorted(kind_of)]
+    else:
+        keys = [kind_of[i] for i in sorted(kind_of)]
+    return sorted(keys.count(k) for k in set(keys))
+
+
 def truth_files(folders: list[str]) -> list[str]:
     out = []
     for folder in folders:
@@ -78,7 +94,7 @@ def evaluate(truth_path: str) -> Row:
     expect_error = bool(truth.get("expect_user_error"))
     row = Row(name=truth["name"], family=truth.get("family", "?"), loop=truth.get("loop", "?"), want_steps=want,
               got_steps=None, want_layers=truth.get("layers"), got_layers=None,
-              want_kinds=sorted(truth.get("layer_kinds") or []), got_kinds=None,
+              want_kinds=want_kinds(truth), got_kinds=None,
               want_workload=truth.get("workload", "inference"), got_workload=None, expect_error=expect_error,
               got_error=None, ok=False)
     t0 = time.perf_counter()

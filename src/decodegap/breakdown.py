@@ -184,8 +184,6 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     typical = decode[len(decode) // 2] if decode else None
     spread = [decode[i].rows for i in np.linspace(0, len(decode) - 1, min(SAME_PHASE_STEPS, len(decode))).astype(int)]
     found = infer_layers(trace, typical.rows, spread) if typical is not None else Layers(None, "no step")
-    if steps.workload == "training":  # forward and backward both run per layer: no count of forward layers yet
-        found = Layers(None, "training iterations: forward and backward layers are not told apart")
     return Breakdown(
         decode_count=len(steps.decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
         prefill_ms_each=[s.wall_ns / 1e6 for s in steps.prefill],

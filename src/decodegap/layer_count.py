@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MIN_BACKERS = 2  # names that must agree on a layer count (then the count that explains the most kernels wins)
-SIMILAR_SUBBLOCKS = 0.6  # kernel-mix overlap above which k sub-blocks of a block are k alternating layers
 EDGE_FUSED_NAMES = 2  # names an edge layer may differ by from its neighbour and still be of its kind
+GLUE_RUNS = 2  # runs of a per-layer kernel's name outside the layers (the final norm; an lm_head on a projection tile)
+NEAR_EXPLAINED = 0.9  # partitions explaining this share of the most-explaining one's kernels compete on common work
+FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
 KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
 
 
@@ -93,12 +95,18 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
         backers = _interleaved(group, positions)
         if len(backers) >= MIN_BACKERS:
             cuts = np.array([positions[n] for n in backers]).min(axis=0)  # each block from its earliest backer
-            candidates[c] = _Blocks(c, cuts, backers, _periodic(positions, cuts))
+            periodic = _periodic(positions, cuts, len(ids))
+            candidates[c] = _Blocks(c, cuts, backers, periodic, sum(k * m for k, m, _ in periodic.values()),
+                                    sum(k * m for k, m, _ in periodic.values() if m == c))
     if not candidates:
         return NO_LAYERS
-    # The layer count explains the most kernels: a half-layer count (2L+1 norms) leaves the per-layer work out.
-    best = max(candidates.values(), key=lambda b: (b.explained, b.count))
-    best = _finer(best, candidates, ids)
+    # The layers explain the most kernels (a count that leaves a layer out, as the MoE layers' own count leaves the
+    # dense one, explains less); of the partitions that explain about as many, the layers are the one whose blocks
+    # run the most work in common: the blocks between one layer's norms (its attention part, its MLP part) do not.
+    most = max(b.explained for b in candidates.values())
+    near = [b for b in candidates.values() if b.explained >= NEAR_EXPLAINED * most]
+    best = max(near, key=lambda b: (b.common / max(b.explained, 1), b.count))
+    best = _finer(best, candidates)
     return _layers(best, ids, positions, names)
 
 
@@ -107,62 +115,64 @@ class _Blocks:
     count: int
     cuts: np.ndarray  # where each block begins (its earliest backer)
     backers: list[int]  # names running once per block
-    periodic: dict[int, int]  # names running k times in every block: name -> k
+    periodic: dict[int, tuple[int, int, int]]  # names running k times in each layer that runs them (_periodic)
 
-    @property
-    def explained(self) -> int:
-        """The kernels that run a fixed number of times in every block."""
-        return sum(k * self.count for k in self.periodic.values())
+    explained: int = 0  # kernels of the names that run a fixed number of times per block
+    common: int = 0  # of those, the kernels of names every block runs
 
 
-def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray) -> dict[int, int]:
-    """Names whose count is a multiple k of the blocks' and that run exactly k times in every layer: name -> k.
-    A name that runs before the cut inside its layer (the projections before the attention that cut the blocks) has
-    its first layer's occurrences before the first cut and none after the last one."""
+def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray, length: int) -> dict[int, tuple[int, int, int]]:
+    """Names that run a fixed k times in each layer that runs them, in two layers at least, with at most GLUE_RUNS
+    runs outside the layers (the final norm has the per-layer norm's name): name -> (k, layers that run it, runs
+    before the first cut). The blocks between cuts need not start where layers do: a block holds the end of one
+    layer and the start of the next, so every block but the last holds one layer's worth (k, or 0 for a layer kind
+    that does not run it), and the stretch before the first cut with the last block (as long as a typical one)
+    holds the last.  Unlike layers: a MoE layer's router runs in the MoE layers only."""
     c = len(cuts)
+    typical = int(np.median(np.diff(cuts))) if c > 1 else length - int(cuts[0])
+    bounds = np.append(cuts, int(cuts[-1]) + typical)
     out = {}
     for n, p in positions.items():
-        if len(p) % c:
+        bucket = np.bincount(np.searchsorted(bounds, p, side="right"), minlength=c + 2)  # before, blocks, after
+        inner, edge = bucket[1:c], int(bucket[0] + bucket[c])
+        k = int(max(inner.max(initial=0), 0)) or edge
+        if not k:
             continue
-        k = len(p) // c
-        per_block = np.bincount(np.searchsorted(cuts, p, side="right"), minlength=c + 1)  # [before, block 0..c-1]
-        aligned = per_block[0] == 0 and (per_block[1:] == k).all()
-        ahead = per_block[-1] == 0 and (per_block[:-1] == k).all()
-        if aligned or ahead:
-            out[n] = k
+        present = int((inner == k).sum()) + (edge >= k)
+        leftover = len(p) - k * present
+        if ((inner == 0) | (inner == k)).all() and (edge == 0 or edge >= k) and present >= 2 and \
+                0 <= leftover <= GLUE_RUNS:
+            out[n] = (k, present, min(int(bucket[0]), k))
     return out
 
 
-def _finer(best: _Blocks, candidates: dict[int, _Blocks], ids: np.ndarray) -> _Blocks:
-    """Blocks of k alike sub-blocks are k layers (of alternating kinds); a block of unlike halves (attention and MLP,
-    cut by the norms between them) stays one layer."""
+def _finer(best: _Blocks, candidates: dict[int, _Blocks]) -> _Blocks:
+    """A block of k layers (a hybrid stack's repeating group, alternating attention kinds) is k layers: the finer
+    partition explains about as many kernels and most of them run in every one of its blocks. A block of unlike
+    halves (attention and MLP, cut by the norms between them) stays one layer: little runs in every half."""
     for c in sorted((c for c in candidates if c > best.count and c % best.count == 0), reverse=True):
         fine = candidates[c]
-        k = c // best.count
-        cuts = fine.cuts
-        sims = []
-        for b in range(best.count):
-            subs = cuts[b * k:(b + 1) * k]
-            last_block = (b + 1) * k >= len(cuts)
-            stop = int(subs[-1] + (subs[-1] - subs[0]) / max(k - 1, 1)) if last_block else int(cuts[(b + 1) * k])
-            bounds = list(subs.tolist()) + [stop]
-            mixes = [Counter(ids[lo:hi].tolist()) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
-            sims.append(min(_overlap(mixes[0], m) for m in mixes[1:]))
-        if float(np.median(sims)) >= SIMILAR_SUBBLOCKS:
+        if fine.explained >= NEAR_EXPLAINED * best.explained and fine.common >= FINER_COMMON * fine.explained:
             return fine
     return best
-
-
-def _overlap(a: Counter, b: Counter) -> float:
-    shared = sum(min(count, b[key]) for key, count in a.items())
-    return shared / max(sum(a.values()), sum(b.values()), 1)
 
 
 def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None) -> Layers:
     c = blocks.count
     # Layer j begins at the earliest first-in-layer-j occurrence of any per-layer name.
-    starts = np.min([positions[n][::k] for n, k in blocks.periodic.items()], axis=0)
-    last = int(max(int(positions[n][-1]) for n in blocks.periodic))
+    # Layer j begins where the first of its kernels runs: a name with b of its k runs per layer before the first
+    # cut has, in the block before cut j, layer j's first b runs last.
+    starts = blocks.cuts.copy()
+    for n, (_, m, b) in blocks.periodic.items():
+        if not b or m != c:
+            continue
+        p = positions[n]
+        bucket = np.searchsorted(blocks.cuts, p, side="right")  # 0: before cut 0, j: block j-1
+        for j in range(c):
+            runs = p[bucket == j]
+            if len(runs) >= b:
+                starts[j] = min(starts[j], int(runs[len(runs) - b]))
+    last = int(max(int(positions[n][-1]) for n in blocks.backers))
     period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
     # The last layer runs as long as a typical one: its work after the last per-layer kernel (the MoE block after the
     # norm that counted it) is still the layer's, not the once-per-forward tail.

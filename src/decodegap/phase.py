@@ -123,3 +123,40 @@ def widest_gemm_rows(trace: Trace, links: Links) -> np.ndarray | None:
     widest = max(width_of.values())
     heads = np.array([op for op, w in width_of.items() if w >= 0.9 * widest], dtype=np.int64)
     return np.isin(links.op_idx, heads)
+
+
+SAME_LAUNCHES = 0.7  # share of launch shapes a step has in common with the typical one, below which it is another phase
+FEWER_BLOCKS = 0.8  # an unlike group launching under this share of the blocks of the others is the decode side
+
+
+def phases_from_launches(trace: Trace, pieces_rows: list[np.ndarray], names: np.ndarray,
+                         reference: int) -> list[str] | None:
+    """decode / prefill per step from how its kernels were launched, when no annotation or op shape says: a prefill
+    runs other kernels, or the same ones on other grids (more tokens, more thread blocks), so its set of launches
+    (kernel, grid, block) is unlike a decode step's, while decode steps share theirs (an eager MoE step's experts
+    change a few). The unlike steps are the prefills unless they launch clearly fewer blocks than the others.
+    `reference`: the index of the typical step. None when the trace has no launch shapes."""
+    gpu = trace.gpu
+    if not len(trace.shapes) or not any(trace.shapes):
+        return None
+    key = names.astype(np.int64) * 1_000_003 + gpu.grid_id.astype(np.int64) * 1_009 + gpu.block_id.astype(np.int64)
+    launches = [set(key[r].tolist()) for r in pieces_rows]
+    ref = launches[reference]
+    unlike = [len(a & ref) / max(len(a | ref), 1) < SAME_LAUNCHES for a in launches]
+    if not any(unlike):
+        return ["decode"] * len(pieces_rows)
+    blocks = _grid_blocks(trace)
+    geo = [float(np.exp(np.mean(np.log1p(blocks[r])))) if len(r) else 0.0 for r in pieces_rows]
+    other = float(np.median([g for g, u in zip(geo, unlike, strict=True) if u]))
+    alike = float(np.median([g for g, u in zip(geo, unlike, strict=True) if not u]))
+    prefill_is_unlike = other >= FEWER_BLOCKS * alike
+    return ["prefill" if u == prefill_is_unlike else "decode" for u in unlike]
+
+
+def _grid_blocks(trace: Trace) -> np.ndarray:
+    """Thread blocks each GPU activity launched (grid x * y * z), 0 where unknown."""
+    sizes = np.zeros(len(trace.shapes), dtype=np.int64)
+    for i, text in enumerate(trace.shapes):
+        dims = [int(d) for d in re.findall(r"\d+", text or "")][:3]
+        sizes[i] = int(np.prod(dims)) if dims else 0
+    return sizes[trace.gpu.grid_id.astype(np.int64)]

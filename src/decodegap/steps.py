@@ -20,7 +20,7 @@ import numpy as np
 
 from decodegap import forward_anchors
 from decodegap.forward_anchors import FAMILIES, lost_launches
-from decodegap.phase import is_training, phase_from_tokens, step_tokens, widest_gemm_rows
+from decodegap.phase import is_training, phase_from_tokens, phases_from_launches, step_tokens, widest_gemm_rows
 from decodegap.repetition import (
     REGULAR,
     Anchor,
@@ -536,9 +536,12 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     lengths = np.array([len(p.rows) for p in pieces])
     typical_len = float(np.median(lengths))
     reference = Counter(names[pieces[int(np.argsort(lengths)[len(lengths) // 2])].rows].tolist())
+    typical_i = int(np.argsort(lengths)[len(lengths) // 2])
+    by_launch = (phases_from_launches(trace, [p.rows for p in pieces], names, typical_i) if None in evidence
+                 else None) or [None] * len(pieces)
     typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
     steps, dropped, notes = [], dropped_before, []
-    for i, (p, t, phase) in enumerate(zip(pieces, tokens, evidence, strict=True)):
+    for i, (p, t, phase, launched) in enumerate(zip(pieces, tokens, evidence, by_launch, strict=True)):
         mix = Counter(names[p.rows].tolist())
         contained = sum(min(c, reference[k]) for k, c in mix.items()) / max(len(p.rows), 1)
         at_edge = i in (0, len(pieces) - 1) and len(pieces) > 1
@@ -550,7 +553,9 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
             notes.append(f"{p.mark.name if p.mark else 'the ' + where + ' step'} ({where} in the trace): "
                          f"{len(p.rows)} of the typical {typical_len:.0f} GPU activities")
             continue
-        if phase is None:  # no annotation or shapes say: a longer step with another kernel mix is a prefill
+        if phase is None and launched == "prefill" and len(pieces) > 1:  # no annotation or op shape: launches say
+            phase = launched
+        if phase is None:  # nor launch shapes: a longer step with another kernel mix is a prefill
             # which kernels it runs, not how often: an eager MoE step runs its experts' kernels more or fewer times
             kinds = set(mix)
             alike = len(kinds & set(reference)) / max(len(kinds | set(reference)), 1)
