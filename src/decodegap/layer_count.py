@@ -23,8 +23,10 @@ import numpy as np
 
 MIN_BACKERS = 2  # names that must agree on a layer count (then the count that explains the most kernels wins)
 EDGE_FUSED_NAMES = 2  # names an edge layer may differ by from its neighbour and still be of its kind
+MAX_COUNTS_PER_NAME = 2  # distinct runs per layer a name may have across layer kinds
 GLUE_RUNS = 2  # runs of a per-layer kernel's name outside the layers (the final norm; an lm_head on a projection tile)
-NEAR_EXPLAINED = 0.9  # partitions explaining this share of the most-explaining one's kernels compete on common work
+NEAR_EXPLAINED = 0.9  # a finer partition explaining this share of a coarser one's kernels may be its layers
+OUTSIDE_NAMES = 1 / 3  # share of per-layer names with a layer's worth of runs outside the blocks: a layer left out
 FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
 KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
 
@@ -96,16 +98,18 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
         if len(backers) >= MIN_BACKERS:
             cuts = np.array([positions[n] for n in backers]).min(axis=0)  # each block from its earliest backer
             periodic = _periodic(positions, cuts, len(ids))
-            candidates[c] = _Blocks(c, cuts, backers, periodic, sum(k * m for k, m, _ in periodic.values()),
-                                    sum(k * m for k, m, _ in periodic.values() if m == c))
+            fixed = {n: (k, r) for n, (k, _, _, r) in periodic.items() if k}
+            outside = sum(len(positions[n]) - r >= k for n, (k, r) in fixed.items())
+            if outside > OUTSIDE_NAMES * len(fixed):  # the runs outside the blocks are a layer the cut left out
+                continue
+            candidates[c] = _Blocks(c, cuts, backers, periodic, sum(r for *_, r in periodic.values()),
+                                    sum(r for _, m, _, r in periodic.values() if m == c))
     if not candidates:
         return NO_LAYERS
-    # The layers explain the most kernels (a count that leaves a layer out, as the MoE layers' own count leaves the
-    # dense one, explains less); of the partitions that explain about as many, the layers are the one whose blocks
-    # run the most work in common: the blocks between one layer's norms (its attention part, its MLP part) do not.
-    most = max(b.explained for b in candidates.values())
-    near = [b for b in candidates.values() if b.explained >= NEAR_EXPLAINED * most]
-    best = max(near, key=lambda b: (b.common / max(b.explained, 1), b.count))
+    # The layers are the partition whose blocks run the most work in common: the blocks between one layer's norms
+    # (its attention part, its MLP part) share little, and a count that leaves a layer out (the MoE layers' own count
+    # leaves the dense one) is no partition (_periodic: too many names run outside its blocks).
+    best = max(candidates.values(), key=lambda b: (b.common, b.count))
     best = _finer(best, candidates)
     return _layers(best, ids, positions, names)
 
@@ -115,19 +119,20 @@ class _Blocks:
     count: int
     cuts: np.ndarray  # where each block begins (its earliest backer)
     backers: list[int]  # names running once per block
-    periodic: dict[int, tuple[int, int, int]]  # names running k times in each layer that runs them (_periodic)
+    periodic: dict[int, tuple[int, int, int, int]]  # the names that run a fixed number of times per layer (_periodic)
 
     explained: int = 0  # kernels of the names that run a fixed number of times per block
     common: int = 0  # of those, the kernels of names every block runs
 
 
-def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray, length: int) -> dict[int, tuple[int, int, int]]:
-    """Names that run a fixed k times in each layer that runs them, in two layers at least, with at most GLUE_RUNS
-    runs outside the layers (the final norm has the per-layer norm's name): name -> (k, layers that run it, runs
-    before the first cut). The blocks between cuts need not start where layers do: a block holds the end of one
-    layer and the start of the next, so every block but the last holds one layer's worth (k, or 0 for a layer kind
-    that does not run it), and the stretch before the first cut with the last block (as long as a typical one)
-    holds the last.  Unlike layers: a MoE layer's router runs in the MoE layers only."""
+def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray, length: int) -> dict[int, tuple[int, int, int, int]]:
+    """Names that run a fixed number of times in each layer of a kind (0 in a kind that does not run them: a MoE
+    router in dense layers; another number in another kind: an attention layer's q/k norms beside a conv layer's),
+    in two layers at least, with at most GLUE_RUNS runs outside the layers (the final norm has the per-layer norm's
+    name): name -> (k per layer where fixed else 0, layers that run it, runs before the first cut, runs in layers).
+    The blocks between cuts need not start where layers do: a block holds the end of one layer and the start of the
+    next, so every block but the last holds one layer's worth, and the stretch before the first cut with the last
+    block (as long as a typical one) holds the last."""
     c = len(cuts)
     typical = int(np.median(np.diff(cuts))) if c > 1 else length - int(cuts[0])
     bounds = np.append(cuts, int(cuts[-1]) + typical)
@@ -135,14 +140,21 @@ def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray, length: int) -
     for n, p in positions.items():
         bucket = np.bincount(np.searchsorted(bounds, p, side="right"), minlength=c + 2)  # before, blocks, after
         inner, edge = bucket[1:c], int(bucket[0] + bucket[c])
-        k = int(max(inner.max(initial=0), 0)) or edge
-        if not k:
+        values = set(inner.tolist()) - {0}
+        if len(values) > MAX_COUNTS_PER_NAME or (not values and not edge):
             continue
-        present = int((inner == k).sum()) + (edge >= k)
-        leftover = len(p) - k * present
-        if ((inner == 0) | (inner == k)).all() and (edge == 0 or edge >= k) and present >= 2 and \
-                0 <= leftover <= GLUE_RUNS:
-            out[n] = (k, present, min(int(bucket[0]), k))
+        last = max((v for v in values | {0} if 0 <= edge - v <= GLUE_RUNS), default=None)  # the last layer's runs
+        if last is None:
+            continue
+        per_layer = np.append(inner, last)
+        present = int((per_layer > 0).sum())
+        runs = int(per_layer.sum())
+        if present >= 2 and len(p) - runs <= GLUE_RUNS:
+            k = int(per_layer.max()) if len(values | ({last} - {0})) == 1 else 0
+            # Runs of layer 0 before the first cut: what the stretch before it holds, but glue before the layers
+            # (rotary tables, masks) may share the name, so no more than what the last layer's block lacks of k.
+            ahead = min(int(bucket[0]), k - min(int(bucket[c]), k))
+            out[n] = (k, present, ahead, runs)
     return out
 
 
@@ -163,8 +175,8 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     # Layer j begins where the first of its kernels runs: a name with b of its k runs per layer before the first
     # cut has, in the block before cut j, layer j's first b runs last.
     starts = blocks.cuts.copy()
-    for n, (_, m, b) in blocks.periodic.items():
-        if not b or m != c:
+    for n, (k, m, b, _) in blocks.periodic.items():
+        if not k or not b or m != c:
             continue
         p = positions[n]
         bucket = np.searchsorted(blocks.cuts, p, side="right")  # 0: before cut 0, j: block j-1

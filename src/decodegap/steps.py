@@ -205,6 +205,9 @@ def _split_multi_forward(pieces: list[_Piece], trace: Trace, links: Links) -> tu
                               host_span=(max(lo, p.mark.ts_ns), min(hi, p.mark.end_ns)))
                        for r, (lo, hi) in zip(by_anchor.pieces, by_anchor.spans, strict=True))
             continue
+        if anchors_of.times:  # the once-per-forward work is in the trace and says this step holds one forward
+            out.append(p)
+            continue
         starts = _unit_starts(graph_of[p.rows])
         tokens = _unit_tokens(names[p.rows], graph_of[p.rows], starts)
         cut = (_cut_by_repetition(tokens, gaps[p.rows][starts], names[p.rows], starts,
