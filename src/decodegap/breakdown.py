@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from decodegap import shapes as shape_info
-from decodegap.categories import CATEGORIES, categorize
+from decodegap.categories import is_backward, CATEGORIES, categorize
 from decodegap.layer_count import LayerKind, Layers, count_layers, data_dependent, data_independent
 from decodegap.repetition import name_classes
 from decodegap.steps import PHASES, Steps, idle_gaps_ns
@@ -114,7 +114,15 @@ def _busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
 SAME_PHASE_STEPS = 16  # steps of the phase compared to tell data-independent kernels from per-expert launches
 
 
-def infer_layers(trace: Trace, rows: np.ndarray, alike: list[np.ndarray] | None = None) -> Layers:
+def _forward_part(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """The rows of a training iteration before its first backward kernel."""
+    backward = [is_backward(trace.names[i]) for i in trace.gpu.name_id[rows].tolist()]
+    first = backward.index(True) if True in backward else len(rows)
+    return rows[:first]
+
+
+def infer_layers(trace: Trace, rows: np.ndarray, alike: list[np.ndarray] | None = None,
+                 training: bool = False) -> Layers:
     """The layers of one step, over kernel names normalised where compilers number them; `alike`: the rows of other
     steps of its phase, whose kernel counts tell the per-layer work from launches that depend on the data."""
     mapping, canonical = name_classes(trace.names)
@@ -122,6 +130,8 @@ def infer_layers(trace: Trace, rows: np.ndarray, alike: list[np.ndarray] | None 
     def seq(r: np.ndarray) -> np.ndarray:
         return mapping[trace.gpu.name_id[r].astype(np.int64)]
 
+    if training:  # a training iteration runs every layer forward, then backward: count the forward's
+        rows, alike = _forward_part(trace, rows), [_forward_part(trace, r) for r in alike or []]
     stable = data_independent([seq(r) for r in alike]) if alike and len(alike) > 1 else None
     found = count_layers(seq(rows), canonical, stable)
     if found.count is None and stable is not None:  # too few names run alike in every step: leave out the varying
@@ -183,7 +193,8 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
 
     typical = decode[len(decode) // 2] if decode else None
     spread = [decode[i].rows for i in np.linspace(0, len(decode) - 1, min(SAME_PHASE_STEPS, len(decode))).astype(int)]
-    found = infer_layers(trace, typical.rows, spread) if typical is not None else Layers(None, "no step")
+    found = (infer_layers(trace, typical.rows, spread, training=steps.workload == "training") if typical is not None
+             else Layers(None, "no step"))
     return Breakdown(
         decode_count=len(steps.decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
         prefill_ms_each=[s.wall_ns / 1e6 for s in steps.prefill],

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-MIN_BACKERS = 2  # names that must agree on a layer count (then the count that explains the most kernels wins)
+MIN_BACKERS = 1  # names whose occurrences propose a layer count (the partition then has to prove itself)
 EDGE_FUSED_NAMES = 2  # names an edge layer may differ by from its neighbour and still be of its kind
 MAX_COUNTS_PER_NAME = 2  # distinct runs per layer a name may have across layer kinds
 GLUE_RUNS = 2  # runs of a per-layer kernel's name outside the layers (the final norm; an lm_head on a projection tile)
@@ -228,6 +228,12 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
         closest = min(others, key=lambda sig: len(sig ^ signatures[edge]), default=None)
         if closest is not None and len(closest ^ signatures[edge]) <= EDGE_FUSED_NAMES:
             signatures[edge] = closest
+    # The last layer's block runs into the once-per-forward tail; when it is shorter than every other layer it was
+    # cut off there (the cuts sit inside the layers) and shows only part of its kind: a kind that runs all it runs.
+    lengths = ends - starts
+    wider = [sig for sig in signatures[:-1] if sig > signatures[-1]]
+    if n_layers >= 3 and lengths[-1] < lengths[:-1].min() and signatures.count(signatures[-1]) == 1 and wider:
+        signatures[-1] = min(wider, key=len)
     index: dict[frozenset, int] = {}
     kind_of = [index.setdefault(sig, len(index)) for sig in signatures]
     kinds = []

@@ -354,6 +354,8 @@ def _from_launches_or_repetition(trace: Trace, links: Links, training: bool = Fa
         if by_anchor is not None:
             return by_anchor
         cut = _cut_by_repetition(tokens, gaps, seq_rows, unit_start, widest_gemm_rows(trace, links))
+    if cut is None and trace.truncated:  # a cut file with no evidence of a whole step in what it kept
+        return [], "none", "no whole step before the cut", []
     if cut is None:
         piece = _Piece(int(gpu.ts_ns[0]), int(end.max()), np.arange(n_rows))
         return [piece], "whole_trace", "no repeating kernel sequence: the whole trace is one step", [
