@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from decodegap.errors import UserError
+from decodegap.errors import NAME_ONLY, ParameterError, UserError
 
 # Floor components (model/floor.py) -> the ledger component that carries them.
 COMPONENT_OF = {"attention_weights": "attention_projections", "indexer_weights": "attention_projections",
@@ -30,6 +30,7 @@ MAX_PER_LAYER = 8  # GEMM launches of one kind per layer that a decomposition of
 # The measured time of a row may fall short of its floor by this much before it counts as beating it (the
 # floor's datasheet bandwidth vs rounding of per-call times).
 BEAT_TOLERANCE = 0.02
+DEFAULT_CONTEXT = 4096  # KV tokens per sequence for the floor when the caller gives none
 
 
 @dataclass(frozen=True)
@@ -50,21 +51,23 @@ def prepare_model_options(options, model_path, quant_path, weights, kv, gpu, tp,
                           allreduce_us) -> FloorRequest | None:
     """Fill AnalysisOptions with the model geometry (for findings) and, with --gpu, the floor. Without --gpu the
     floor waits for the trace's GPU: the request is returned for `attach_floor_from_trace`."""
-    from decodegap.model import compute_floor, load_model, resolve_gpu, resolve_quant
-    from decodegap.model.floor import check_tp
+    from decodegap.model import compute_floor, get_gpu, load_model, resolve_quant
+    from decodegap.model.floor import check_counts, check_tp
 
     if model_path is None:
-        raise UserError("--gpu needs --model (the floor is computed from the model's config.json)")
+        raise ParameterError("{gpu} needs {model} (the floor is computed from the model's config.json)", gpu=gpu,
+                             model=NAME_ONLY)
+    check_counts(tp=tp, batch=batch, context=context)
     options.model = load_model(model_path)
     check_tp(options.model, tp)
     if context is not None:
         options.active_tokens = batch * context
     request = FloorRequest(model_path, quant_path, weights, kv, tp, batch,
-                           context if context is not None else 4096, allreduce_us)
+                           context if context is not None else DEFAULT_CONTEXT, allreduce_us)
     scheme = resolve_quant(model_path, quant_path, weights, kv)  # a bad quant config fails before the trace
     if gpu is None:
         return request
-    options.floor = compute_floor(options.model, scheme, resolve_gpu(gpu), tp=tp, batch=batch,
+    options.floor = compute_floor(options.model, scheme, get_gpu(gpu), tp=tp, batch=batch,
                                   context=request.context, allreduce_us=allreduce_us)
     return None
 
