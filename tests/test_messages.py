@@ -139,3 +139,47 @@ def test_every_parameter_an_error_names_is_a_flag_of_the_command_line():
     missing = {n: FLAGS.get(n, "--" + n.replace("_", "-")) for n in names - python_only}
     missing = {n: f for n, f in missing.items() if f not in options}
     assert not missing, f"parameters whose flag does not exist (add them to decodegap.commands.FLAGS): {missing}"
+
+
+# --- what the run assumed, in the report ------------------------------------------------------------------------
+
+def _assumed(a) -> dict:
+    return {x.name: (x.value, x.reason) for x in a.assumed}
+
+
+def test_a_copy_of_the_bundled_example_is_recognised_by_its_content(tmp_path):
+    copy = tmp_path / "renamed.json.gz"
+    shutil.copy(decodegap.EXAMPLE_TRACE, copy)
+    original, copied = decodegap.analyze(decodegap.EXAMPLE_TRACE), decodegap.analyze(copy)
+    assert _assumed(copied) == _assumed(original)
+    assert _assumed(copied)["model"][0] == "example_model_config.json"
+    assert _assumed(copied)["context"][0] == 2048
+    assert copied.findings[0].evidence.as_dict() == \
+        original.findings[0].evidence.as_dict()
+    assert copied.findings[0].evidence["matches_model_kv_width"] is True
+    # a file of the same size but other bytes is not the example
+    other = tmp_path / "other.json.gz"
+    data = bytearray(decodegap.EXAMPLE_TRACE.read_bytes())
+    data[-9] ^= 1  # inside the gzip trailer's CRC: same size, other bytes
+    other.write_bytes(bytes(data))
+    assert not decodegap.api.is_example(other)
+
+
+def test_model_keeps_the_examples_context_and_the_report_says_which_context(capsys):
+    with_model = decodegap.analyze(decodegap.EXAMPLE_TRACE, model=DEMO_RANK, gpu="h200")
+    assert with_model.floor.context == 2048  # --model does not move the context to the floor's default
+    assert set(_assumed(with_model)) == {"context", "batch"}
+    assert _assumed(with_model)["context"] == (2048, "the bundled example's active KV tokens per sequence")
+    given = decodegap.analyze(decodegap.EXAMPLE_TRACE, model=DEMO_RANK, gpu="h200", context=4096, batch=1)
+    assert given.floor.context == 4096 and given.assumed == []
+    code, out, _ = run_cli(["analyze", "--example", "--model", str(DEMO_RANK), "--gpu", "h200"], capsys)
+    assert code == 0
+    assert ("assumed (not given): context 2048, the bundled example's active KV tokens per sequence; batch 1, "
+            "the floor's default") in out
+
+
+def test_the_floors_default_context_is_stated(tmp_path):
+    a = decodegap.analyze(FIXTURE, model=DEMO_RANK, gpu="h200")
+    assert a.floor.context == 4096
+    assert _assumed(a)["context"][0] == 4096 and "default" in _assumed(a)["context"][1]
+    assert decodegap.analyze(FIXTURE).assumed == []  # nothing taken, nothing said

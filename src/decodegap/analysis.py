@@ -401,6 +401,15 @@ class GapLedger(Struct):
     warnings: list[str]
 
 
+class Assumed(Struct):
+    """A value the run took where the caller gave none (the model config of the bundled example, the floor's
+    context or batch), and why."""
+
+    name: str  # model | context | batch
+    value: int | str
+    reason: str
+
+
 class Analysis(Struct):
     schema: str
     tool: Tool
@@ -428,6 +437,7 @@ class Analysis(Struct):
     gap: GapLedger | None
     step_rows: list[StepRow] = []
     layer_rows: list[LayerRow] = []
+    assumed: list[Assumed] = []
 
     # --- views -------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -549,6 +559,7 @@ def _plain(report) -> dict:
         "gap": report.gap,
         "step_rows": main.step_rows,  # computed next to the rank's trace (decodegap.pipeline.step_rows)
         "layer_rows": main.layer_rows,
+        "assumed": list(report.assumed),
     }
     return out
 

@@ -6,6 +6,7 @@ names the parameter as Python spells it (`tp=3`; the CLI words the same line wit
 
 from __future__ import annotations
 
+import filecmp
 import math
 import numbers
 import os
@@ -22,6 +23,15 @@ EXAMPLE_TRACE = Path(str(resources.files("decodegap") / "data" / "example_trace.
 EXAMPLE_MODEL = Path(str(resources.files("decodegap") / "data" / "example_model_config.json"))
 EXAMPLE_CONTEXT = 2048
 DEFAULT_BATCH = 1
+
+
+def is_example(path: Path) -> bool:
+    """Whether `path` is the bundled example trace: the file itself, or a copy of it (the same bytes)."""
+    try:
+        return path.is_file() and (path.resolve() == EXAMPLE_TRACE.resolve() or (
+            path.stat().st_size == EXAMPLE_TRACE.stat().st_size and filecmp.cmp(path, EXAMPLE_TRACE, shallow=False)))
+    except OSError:
+        return False
 
 
 def _ray_address(ray) -> str | None:
@@ -60,6 +70,7 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
         context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None,
         jobs: int | None = None, ray=None):
     """The pipeline's own report (decodegap.pipeline.Report): what the views and detectors read."""
+    from decodegap.floor_ledger import DEFAULT_CONTEXT
     from decodegap.model.floor import check_counts
     from decodegap.pipeline import AnalysisOptions, analyze_path
 
@@ -69,8 +80,18 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
     _check_parameters(model, quant, weights, kv, gpu, tpot_ms, allreduce_us, jobs)
     check_counts(tp=tp, batch=1 if batch is None else batch, context=context)
     model_given = model is not None  # the example's own config does not switch the floor on by itself
-    if model is None and path.resolve() == EXAMPLE_TRACE.resolve():
-        model, context = EXAMPLE_MODEL, context or EXAMPLE_CONTEXT
+    assumed = []  # what was taken where the caller gave nothing, and why: stated in the report
+    if is_example(path):
+        if model is None:
+            model = EXAMPLE_MODEL
+            assumed.append({"name": "model", "value": EXAMPLE_MODEL.name,
+                            "reason": "the bundled example's own config (this trace is that example, recognised by "
+                                      "its content)"})
+        if context is None:
+            context = EXAMPLE_CONTEXT
+            assumed.append({"name": "context", "value": EXAMPLE_CONTEXT,
+                            "reason": "the bundled example's active KV tokens per sequence"})
+    batch_given = batch is not None
     batch = DEFAULT_BATCH if batch is None else batch
     options = AnalysisOptions(tpot_ms=tpot_ms)
     floor_request = None
@@ -85,6 +106,14 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
         from decodegap.floor_ledger import attach_floor_from_trace
 
         attach_floor_from_trace(report, floor_request)
+    if report.options.floor is not None:
+        if context is None:
+            assumed.append({"name": "context", "value": DEFAULT_CONTEXT,
+                            "reason": "the floor's default (the trace does not say how many KV tokens a sequence "
+                                      "holds)"})
+        if not batch_given:
+            assumed.append({"name": "batch", "value": DEFAULT_BATCH, "reason": "the floor's default"})
+    report.assumed = assumed
     return report
 
 
@@ -101,7 +130,8 @@ def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp
         quant, weights, kv: the quantization (hf_quant_config.json; or weight / KV formats such as nvfp4, fp8).
         gpu: h100, h200, b200, a100, l40s, rtx-pro-6000, mi300x.
         tp, batch, context: tensor-parallel ranks, sequences per step (default 1), tokens of KV per sequence
-            (default for the floor: 4096).
+            (default for the floor: 4096; the bundled example's own 2048 for it). What was assumed is the
+            report's `assumed`.
         tpot_ms: time per output token measured without the profiler, to cross-check the profiled step.
         allreduce_us: all-reduce latency for the floor.
         jobs: for a folder, ranks analyzed in parallel processes (default: the cores, capped by memory); 1 analyzes

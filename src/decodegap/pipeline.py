@@ -81,6 +81,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     floor_dict: dict | None = None  # the floor (JSON form) when --model and --gpu were given
     gap: dict | None = None  # the gap ledger, likewise
+    assumed: list[dict] = field(default_factory=list)  # {name, value, reason}: what the run took where none was given
 
     @property
     def workload(self) -> str:
