@@ -541,7 +541,7 @@ def _plain(report) -> dict:
         "layer_kinds": [{"count": k.count, "markers": list(k.markers)} for k in b.layer_kinds],
         "gpu_busy_fraction": _r(b.gpu_busy_fraction),
         "gpu_ms_per_step": _r(b.gpu_ms_per_step),
-        "idle_ms_per_step": _r(max(b.step_ms.median - b.busy_ms_per_step, 0.0)),
+        "idle_ms_per_step": _r(max(b.step_ms.median - b.busy_ms_per_step, 0.0)) if main.trace.has_gpu else None,
         "kernels_per_step": _r(b.kernels_per_step, 2),
         "launch_us_per_kernel": _r(b.launch_us_per_kernel, 3),
         "categories": [{"name": c.name, "ms_per_step": _r(c.ms_per_step), "share": _r(c.share),
