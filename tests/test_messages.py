@@ -183,3 +183,47 @@ def test_the_floors_default_context_is_stated(tmp_path):
     assert a.floor.context == 4096
     assert _assumed(a)["context"][0] == 4096 and "default" in _assumed(a)["context"][1]
     assert decodegap.analyze(FIXTURE).assumed == []  # nothing taken, nothing said
+
+
+# --- a file named for one thing and holding another ------------------------------------------------------------
+
+def test_floor_of_a_trace_says_it_is_a_trace_not_a_config(tmp_path, capsys):
+    line = one_line(["floor", "--model", str(FIXTURE), "--gpu", "h200"], capsys)
+    assert "cast_eager.json.gz: a gzipped profiler trace, not a model config (config.json); give the config.json " \
+           "file (or its folder); traces are for decodegap analyze" in line
+    plain = write(decode_loop(steps=2, layers=2), tmp_path / "trace.json")
+    assert "trace.json: a profiler trace, not a model config" in one_line(
+        ["floor", "--model", str(plain), "--gpu", "h200"], capsys)
+    gz = tmp_path / "data.json.gz"
+    import gzip
+
+    gz.write_bytes(gzip.compress(b'{"a": '))
+    assert "data.json.gz: a gzip file, not a model config" in one_line(["floor", "--model", str(gz)], capsys)
+    binary = tmp_path / "config.json"
+    binary.write_bytes(bytes(range(256)) * 4)
+    assert "config.json: a binary file, not a model config" in one_line(["floor", "--model", str(binary)], capsys)
+
+
+def test_a_text_file_named_gz_is_said_to_be_not_gzip(tmp_path, capsys):
+    text = tmp_path / "t.json.gz"
+    text.write_text("hello\n")
+    line = one_line(["analyze", str(text)], capsys)
+    assert "t.json.gz: not a JSON trace" in line
+    assert line.endswith("the file is plain text, not gzip despite its .gz name")
+    line = one_line(["floor", "--model", str(text), "--gpu", "h200"], capsys)
+    assert "t.json.gz: plain text, not gzip despite its .gz name, and malformed JSON (Expecting value at line 1 " \
+           "column 1), not a model config" in line
+    assert "plain text, not gzip" in one_line(["diff", str(text), str(FIXTURE)], capsys)
+
+
+def test_malformed_json_is_called_malformed(tmp_path, capsys):
+    import gzip
+
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}, oops]}'))
+    line = one_line(["analyze", str(bad)], capsys)
+    assert "bad.json.gz: not a JSON trace (JSON is malformed" in line and "not gzip" not in line
+    config = tmp_path / "config.json"
+    config.write_text('{"hidden_size": 8,}')
+    assert "config.json: malformed JSON (Expecting property name enclosed in double quotes at line 1 column 19), " \
+           "not a model config" in one_line(["floor", "--model", str(config)], capsys)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from decodegap.analysis import Analysis, build
 from decodegap.analysis import load as load  # noqa: PLC0414  (re-exported: decodegap.load)
-from decodegap.errors import ParameterError
+from decodegap.errors import ParameterError, UserError
 
 # The bundled example: the demo's GLM-5-shaped rank (decodegap.demo) replayed from a CUDA graph on an H200, with
 # the config of the model it ran; the demo keeps 2,048 active tokens in the pool.
@@ -101,7 +101,14 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
         floor_request = prepare_model_options(options, Path(model) if model is not None else None,
                                               Path(quant) if quant is not None else None, weights, kv, gpu, tp,
                                               batch, context, allreduce_us)
-    report = analyze_path(path, options, jobs=jobs, ray=_ray_address(ray))
+    try:
+        report = analyze_path(path, options, jobs=jobs, ray=_ray_address(ray))
+    except ParameterError:
+        raise
+    except UserError as exc:
+        from decodegap.model.config import named_for_what_it_is
+
+        raise named_for_what_it_is(path, exc) from None
     if floor_request is not None and model_given:  # a model but no GPU: the GPU the trace names
         from decodegap.floor_ledger import attach_floor_from_trace
 

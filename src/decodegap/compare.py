@@ -24,10 +24,14 @@ def load_report(path: Path, tpot_ms: float | None = None) -> dict:
         saved = _saved_report(path)
         if saved is not None:
             return saved
+    from decodegap.model.config import named_for_what_it_is
     from decodegap.pipeline import AnalysisOptions, analyze_path
     from decodegap.report.json import report_dict
 
-    return report_dict(analyze_path(path, AnalysisOptions(tpot_ms=tpot_ms)))
+    try:
+        return report_dict(analyze_path(path, AnalysisOptions(tpot_ms=tpot_ms)))
+    except UserError as exc:
+        raise named_for_what_it_is(path, exc) from None
 
 
 class _Ms(msgspec.Struct):
