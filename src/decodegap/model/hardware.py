@@ -251,9 +251,9 @@ def custom_gpu(
     interconnect_gbps: float | None = None,
 ) -> GpuSpec:
     """A GPU not in the table: its memory bandwidth (GB/s) and dense BF16 TFLOPS (used for every dtype)."""
-    for name, value, what in (("bandwidth_gbps", bandwidth_gbps, "GB/s"), ("tflops", tflops, "TFLOPS")):
+    for param, value, unit in (("bandwidth_gbps", bandwidth_gbps, "GB/s"), ("tflops", tflops, "TFLOPS")):
         if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ParameterError(f"{{{name}}}: not a number of {what} (a finite number above 0)", **{name: value})
+            raise ParameterError(f"{{{param}}}: not a number of {unit} (a finite number above 0)", **{param: value})
     if interconnect not in DEFAULT_ALLREDUCE_US:
         raise UserError(f"unknown interconnect '{interconnect}'; known: {', '.join(DEFAULT_ALLREDUCE_US)}")
     link = (
