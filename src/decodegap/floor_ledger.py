@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from decodegap.errors import NAME_ONLY, ParameterError, UserError
+from decodegap.model.floor import MS_DIGITS
 
 # Floor components (model/floor.py) -> the ledger component that carries them.
 COMPONENT_OF = {"attention_weights": "attention_projections", "indexer_weights": "attention_projections",
@@ -276,7 +277,7 @@ def _component_rows(report, floor) -> tuple[list[_Row], dict[str, float], list[s
     floor_of: dict[str, float] = {}
     for c in floor.components:
         name = COMPONENT_OF.get(c.name, c.name)
-        floor_of[name] = floor_of.get(name, 0.0) + c.ms
+        floor_of[name] = round(floor_of.get(name, 0.0) + c.ms, MS_DIGITS)
     rows_by_set, (links, unmapped) = _assign(report, floor)
     rows = _merge_overlapping(rows_by_set)
     # floor components nothing mapped to get a row of their own (measured 0)
@@ -284,7 +285,7 @@ def _component_rows(report, floor) -> tuple[list[_Row], dict[str, float], list[s
     rows += [_Row({name}) for name in floor_of if name not in covered and floor_of[name] > 0]
 
     def floor_ms(row: _Row) -> float:
-        return sum(floor_of.get(c, 0.0) for c in row.components)
+        return _floor_of_row(row, floor_of)
 
     def linked(row: _Row) -> list[_Row]:
         out = []
@@ -355,6 +356,11 @@ def _mapping(row: _Row) -> str:
     return "none (no kernel maps to it)"
 
 
+def _floor_of_row(row: _Row, floor_of: dict[str, float]) -> float:
+    """The floor of a row's components, rounded as the floor rounds its own times (one value everywhere)."""
+    return round(sum(floor_of.get(c, 0.0) for c in row.components), MS_DIGITS)
+
+
 def gap_ledger(report) -> dict | None:
     floor = report.options.floor
     if floor is None:
@@ -368,11 +374,11 @@ def gap_ledger(report) -> dict | None:
     rows_out = []
     comp_rows, floor_of, warnings = _component_rows(report, floor)
     for row in comp_rows:
-        least = sum(floor_of.get(c, 0.0) for c in row.components)
+        least = _floor_of_row(row, floor_of)
         got = row.measured_ms
         rows_out.append({
             "category": _row_name(row.components), "components": [c for c in ORDER if c in row.components],
-            "measured_ms": round(got, 4), "floor_ms": round(least, 4), "excess_ms": round(max(got - least, 0.0), 4),
+            "measured_ms": round(got, 4), "floor_ms": least, "excess_ms": round(max(got - least, 0.0), 4),
             "efficiency": round(least / got, 4) if got > 0 and least > 0 else None,
             "mapping": _mapping(row), "kernel_groups": row.groups, "beats_floor": _beats(row, least)})
     for c in b.categories:
@@ -394,7 +400,7 @@ def gap_ledger(report) -> dict | None:
     for w in all_warnings:
         if w not in report.warnings:
             report.warnings.append(w)
-    return {"step_ms": round(step, 4), "floor_ms": round(floor.floor_ms, 4), "excess_ms": round(excess, 4),
+    return {"step_ms": round(step, 4), "floor_ms": floor.floor_ms, "excess_ms": round(excess, 4),
             "efficiency": round(floor.floor_ms / step, 4) if step else None,
             "explained_by_findings_ms": round(explained, 4), "unexplained_ms": round(excess - explained, 4),
             "gpu": floor.gpu_id, "tp": floor.tp, "rows": rows_out, "warnings": all_warnings}

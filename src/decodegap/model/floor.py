@@ -17,6 +17,9 @@ from decodegap.model.hardware import GpuSpec
 from decodegap.model.quant import QuantScheme, WeightFormat
 
 ACTIVATION_BYTES = 2  # bf16 hidden states crossing the all-reduce
+# Floor times are rounded once, here, to this many decimals of a millisecond: the floor's own report, its JSON and
+# the gap ledger then show one value (rounding again at another precision would move a figure like 2.9145).
+MS_DIGITS = 6
 INDEXER_SCALE_BYTES = 4  # one fp32 scale per FP8 indexer key (DeepSeek-V3.2 cache layout)
 
 
@@ -182,7 +185,7 @@ class _Accumulator:
             self.flops,
             memory_ms,
             self.compute_ms,
-            max(memory_ms, self.compute_ms),
+            round(max(memory_ms, self.compute_ms), MS_DIGITS),
             bound,
             "+".join(self.formats),
             detail,
@@ -354,14 +357,14 @@ def compute_floor(
                 0.0,
                 0.0,
                 0.0,
-                ms,
+                round(ms, MS_DIGITS),
                 "latency" if latency_us >= wire_us else "interconnect",
                 gpu.interconnect,
                 f"{calls} calls x ({latency_us:g} us + {wire_us:.2f} us for {message} B)",
             )
         )
 
-    floor_ms = sum(c.ms for c in comps)
+    floor_ms = round(sum(c.ms for c in comps), MS_DIGITS)
     by_bound: dict[str, float] = {}
     for c in comps:
         key = "collective" if c.category == "collective" else c.bound
