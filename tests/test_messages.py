@@ -227,3 +227,25 @@ def test_malformed_json_is_called_malformed(tmp_path, capsys):
     config.write_text('{"hidden_size": 8,}')
     assert "config.json: malformed JSON (Expecting property name enclosed in double quotes at line 1 column 19), " \
            "not a model config" in one_line(["floor", "--model", str(config)], capsys)
+
+
+def test_a_cpu_only_trace_without_shapes_says_what_it_loses(tmp_path):
+    # issue 24: `record` of a CPU-only program without --record-shapes (its default) counts the demo's ops by name
+    # alone: 8 layers for its 4, and no kv_pool_cast. The report says so and names the flag.
+    from decodegap.profiler_check import NO_SHAPES_WARNING
+
+    doc = decode_loop(steps=3, layers=2)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e["cat"] in ("cpu_op", "user_annotation")]
+    with_shapes = decodegap.analyze(write(doc, tmp_path / "shapes.json"))
+    assert NO_SHAPES_WARNING not in with_shapes.warnings
+    for e in doc["traceEvents"]:
+        for key in ("Input Dims", "Input type"):
+            e.get("args", {}).pop(key, None)
+    without = decodegap.analyze(write(doc, tmp_path / "no_shapes.json"))
+    assert NO_SHAPES_WARNING in without.warnings
+    assert "--record-shapes" in NO_SHAPES_WARNING and "record_shapes=True" in NO_SHAPES_WARNING
+    # GPU traces keep their launch shapes: no such warning
+    gpu = decode_loop(steps=3, layers=2)
+    for e in gpu["traceEvents"]:
+        e.get("args", {}).pop("Input Dims", None)
+    assert NO_SHAPES_WARNING not in decodegap.analyze(write(gpu, tmp_path / "gpu.json")).warnings

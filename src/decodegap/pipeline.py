@@ -22,6 +22,7 @@ from decodegap.trace import Trace, load_trace
 from decodegap.trace.link import link
 from decodegap.trace.load import find_trace_files, rank_from_filename
 from decodegap.trace.read import NotATrace, available_memory_bytes
+from decodegap.profiler_check import recording_warnings
 from decodegap.rounding import rounded as _r
 
 # What a worker's peak memory is per byte of trace text (measured: benchmarks/bench_scale.py), plus the interpreter
@@ -217,7 +218,8 @@ def summarize(trace: Trace, options: AnalysisOptions) -> RankSummary:
                      has_gpu=trace.has_gpu, record_meta=trace.record_meta, warnings=list(trace.warnings))
     return RankSummary(
         trace=meta, steps=replace(steps, steps=[replace(s, rows=_NO_ROWS) for s in steps.steps]), breakdown=b,
-        findings=run_rank_detectors(rank_input), warnings=steps.warnings + sanity_warnings(trace, steps, b, options),
+        findings=run_rank_detectors(rank_input),
+        warnings=steps.warnings + sanity_warnings(trace, steps, b, options) + recording_warnings(trace.has_gpu, b),
         step_rows=step_rows(trace, steps), layer_rows=layer_rows(trace, steps, b))
 
 
