@@ -32,6 +32,11 @@ MAX_PER_LAYER = 8  # GEMM launches of one kind per layer that a decomposition of
 # floor's datasheet bandwidth vs rounding of per-call times).
 BEAT_TOLERANCE = 0.02
 DEFAULT_CONTEXT = 4096  # KV tokens per sequence for the floor when the caller gives none
+# How a ledger row's measured time was found (its `mapping`), every value the ledger writes: the weight rows by
+# their kernels' evidence (strongest first), then the categories without a floor and the step's GPU idle time.
+KERNEL_FAMILY, OP, SHAPE, COARSE = "kernel family", "op", "shape", "coarse"
+NO_KERNEL, NO_FLOOR, IDLE = "none (no kernel maps to it)", "category (no floor)", "step wall time"
+MAPPINGS = (KERNEL_FAMILY, OP, SHAPE, COARSE, NO_KERNEL, NO_FLOOR, IDLE)
 
 
 @dataclass(frozen=True)
@@ -116,10 +121,10 @@ def _gemm_candidates(k, g, tp: int) -> tuple[list[tuple[float, frozenset[str]]],
     """Shares of a GEMM group's time per candidate component set, and how they were found."""
     for pattern, component in _OP_COMPONENTS:
         if k.op and pattern.search(k.op):
-            return [(1.0, frozenset({component}))], "op"
+            return [(1.0, frozenset({component}))], OP
     by_shape = _by_shape(k, g, tp)
     if by_shape is not None:
-        return [(1.0, by_shape)], "shape"
+        return [(1.0, by_shape)], SHAPE
     calls = round(k.calls_per_step)
     if calls < 1 or abs(k.calls_per_step - calls) > 0.05:
         return None
@@ -137,7 +142,7 @@ def _gemm_candidates(k, g, tp: int) -> tuple[list[tuple[float, frozenset[str]]],
     split = _decompose(calls, sorted(by_count.items(), reverse=True))
     if split is None:
         return None
-    return [(n / calls, comps) for n, comps in split], "coarse"
+    return [(n / calls, comps) for n, comps in split], COARSE
 
 
 def _decompose(calls: int, periods: list[tuple[int, frozenset]]) -> list[tuple[int, frozenset]] | None:
@@ -223,11 +228,11 @@ def _assign(report, floor) -> tuple[dict[frozenset, _Row], list]:
     unmapped = _Row(set())
     for k in b.kernels:
         if k.category == "collective":
-            shares, note = [(1.0, frozenset({"allreduce"}))], "kernel family"
+            shares, note = [(1.0, frozenset({"allreduce"}))], KERNEL_FAMILY
         elif k.category == "attention":
-            shares, note = [(1.0, frozenset({"attention_kv_read"}))], "kernel family"
+            shares, note = [(1.0, frozenset({"attention_kv_read"}))], KERNEL_FAMILY
         elif k.category == "moe":
-            shares, note = [(1.0, frozenset({"experts"}))], "kernel family"
+            shares, note = [(1.0, frozenset({"experts"}))], KERNEL_FAMILY
         elif k.category == "gemm":
             found = _gemm_candidates(k, g, floor.tp) if g is not None else None
             if found is None:
@@ -236,7 +241,7 @@ def _assign(report, floor) -> tuple[dict[frozenset, _Row], list]:
                 continue
             shares, note = found
             if len(shares) > 1:
-                note = "coarse"
+                note = COARSE
                 links.append({comps for _, comps in shares})
         else:
             continue
@@ -266,7 +271,7 @@ def _merge_overlapping(rows: dict[frozenset, _Row]) -> list[_Row]:
 
 def _merge(a: _Row, b: _Row) -> _Row:
     return _Row(a.components | b.components, a.measured_ms + b.measured_ms, a.groups + b.groups,
-                a.notes | b.notes | {"coarse"})
+                a.notes | b.notes | {COARSE})
 
 
 def _beats(row: _Row, floor_ms: float) -> bool:
@@ -323,7 +328,7 @@ def _component_rows(report, floor) -> tuple[list[_Row], dict[str, float], list[s
                 changed = True
                 break
     if unmapped.groups:
-        rows.append(_Row(set(), unmapped.measured_ms, unmapped.groups, {"coarse"}))
+        rows.append(_Row(set(), unmapped.measured_ms, unmapped.groups, {COARSE}))
     warnings = []
     for row in rows:
         least = floor_ms(row)
@@ -350,10 +355,10 @@ def _row_name(components: set[str]) -> str:
 
 
 def _mapping(row: _Row) -> str:
-    for note in ("coarse", "shape", "op", "kernel family"):
+    for note in (COARSE, SHAPE, OP, KERNEL_FAMILY):
         if note in row.notes:
             return note
-    return "none (no kernel maps to it)"
+    return NO_KERNEL
 
 
 def _floor_of_row(row: _Row, floor_of: dict[str, float]) -> float:
@@ -386,11 +391,11 @@ def gap_ledger(report) -> dict | None:
             continue
         rows_out.append({"category": c.name, "components": [], "measured_ms": round(c.ms_per_step, 4),
                          "floor_ms": 0.0, "excess_ms": round(c.ms_per_step, 4), "efficiency": None,
-                         "mapping": "category (no floor)", "kernel_groups": None, "beats_floor": False})
+                         "mapping": NO_FLOOR, "kernel_groups": None, "beats_floor": False})
     rows_out.sort(key=lambda r: (-r["floor_ms"], -r["measured_ms"]))
     idle = max(b.step_ms.median - b.busy_ms_per_step, 0.0)
     rows_out.append({"category": "gpu_idle", "components": [], "measured_ms": round(idle, 4), "floor_ms": 0.0,
-                     "excess_ms": round(idle, 4), "efficiency": None, "mapping": "step wall time",
+                     "excess_ms": round(idle, 4), "efficiency": None, "mapping": IDLE,
                      "kernel_groups": None, "beats_floor": False})
     step = b.step_ms.median
     excess = max(step - floor.floor_ms, 0.0)
