@@ -194,7 +194,7 @@ def test_folder_gives_a_folder(tmp_path):
         _check_layers_in_steps(new, 4)
     file_out = tmp_path / "a-file.json"
     file_out.write_text("{}")
-    with pytest.raises(Exception, match="needs a folder"):
+    with pytest.raises(Exception, match="give a folder"):
         annotate(folder, file_out)
 
 

@@ -193,3 +193,42 @@ def test_gate_refuses_a_bad_percentage(tmp_path, capsys):
         assert code == 2, bad
         assert err.startswith("decodegap: error:") and len(err.strip().splitlines()) == 1
         assert out == ""
+
+
+def test_a_report_against_itself_is_no_change(tmp_path, capsys):
+    # issue 24: no "1.00x faster", no "-0.0% faster", no empty table under "changed"
+    saved = tmp_path / "report.json"
+    saved.write_text(render_json(analyze_path(CAST)))
+    for fmt in ("text", "md"):
+        try:
+            main(["diff", str(saved), str(CAST), "--fail-if-slower", "5", "--format", fmt])
+        except SystemExit as exc:
+            assert exc.code in (0, None)
+        out = capsys.readouterr().out
+        assert "(no change)" in out.splitlines()[2]
+        assert "x faster" not in out and "0.0%" not in out and "status" not in out
+        assert "kernel groups: none changed (" in out
+        assert out.rstrip().endswith("(no change; limit 5% slower)")
+
+
+def test_slower_and_faster_are_worded_as_such():
+    def side(ms):
+        return {"path": "x", "step_ms": ms}
+
+    d = {"before": side(10.0), "after": side(12.5), "speedup": 0.8, "step_delta_ms": 2.5, "categories": [],
+         "kernels": [], "unchanged_kernel_groups": 0}
+    assert "(+2.500 ms, 1.25x slower)" in render_diff(d)
+    d.update(after=side(8.0), speedup=1.25, step_delta_ms=-2.0)
+    assert "(-2.000 ms, 1.25x faster)" in render_diff(d)
+
+
+def test_cpu_only_traces_have_no_gpu_idle_row(tmp_path):
+    doc = decode_loop(steps=3, layers=2)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e["cat"] in ("cpu_op", "user_annotation")]
+    report = load_report(write(doc, tmp_path / "cpu.json"))
+    assert report["idle_ms_per_step"] is None  # no GPU, no GPU idle time
+    d = diff_reports(report, report)
+    assert d["gpu_idle"] is None and "(GPU idle)" not in render_diff(d)
+    # an older saved report of a CPU-only trace still carries a number: it is not shown either
+    old = {**report, "idle_ms_per_step": 0.129}
+    assert diff_reports(old, old)["gpu_idle"] is None

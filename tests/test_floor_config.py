@@ -147,5 +147,5 @@ def test_bad_paths_and_json(tmp_path):
         load_model(tmp_path / "nope.json")
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
-    with pytest.raises(UserError, match="cannot read"):
+    with pytest.raises(UserError, match="malformed JSON"):
         load_model(tmp_path)

@@ -58,5 +58,6 @@ def test_custom_gpu():
     assert (gpu.id, gpu.bandwidth_gbps, gpu.tflops_for(("fp8",))) == ("my-gpu", 1000, ("bf16", 100))
     with pytest.raises(UserError, match="both"):
         resolve_gpu(None, bandwidth_gbps=1000)
-    with pytest.raises(UserError, match="--gpu"):
+    with pytest.raises(UserError, match="give gpu= ") as exc:
         resolve_gpu(None)
+    assert "give --gpu (one of" in exc.value.as_flags()  # as the floor command words it

@@ -134,8 +134,9 @@ def test_gptq_and_awq_configs():
 
 def test_unsupported_quant_method_says_what_to_do(tmp_path):
     (tmp_path / "q.json").write_text(json.dumps({"quantization_config": {"quant_method": "bitsandbytes"}}))
-    with pytest.raises(UserError, match="--weights"):
+    with pytest.raises(UserError, match=r"give weights= \(and kv=\) instead") as exc:
         load_quant(tmp_path / "q.json")
+    assert exc.value.as_flags().endswith("give --weights (and --kv) instead")  # on the command line
     (tmp_path / "empty.json").write_text("{}")
     with pytest.raises(UserError, match="no 'quantization'"):
         load_quant(tmp_path / "empty.json")

@@ -153,3 +153,24 @@ def test_bundled_example_config_is_the_rank_it_ran():
     assert ex == json.loads(DEMO_RANK.read_text())
     report = _report(example_path(), example_path("example_model_config.json"), tp=1)
     assert not [r for r in report.gap["rows"] if r["beats_floor"]]
+
+
+def test_the_floor_and_the_ledger_show_one_value(capsys):
+    # issue 24: the floor was rounded to 6 decimals and the ledger to 4, so 4.7855467 showed as 4.786 and 4.785
+    import re
+
+    from clitool import run_cli
+
+    import decodegap
+
+    config = Path(__file__).parent / "fixtures" / "configs" / "deepseek-r1.json"
+    a = decodegap.analyze(decodegap.EXAMPLE_TRACE, model=config, gpu="h100", tp=4, context=4096)
+    assert a.floor.floor_ms == a.gap.floor_ms == pytest.approx(4.7855, abs=1e-4)
+    code, out, _ = run_cli(["analyze", "--example", "--model", str(config), "--gpu", "h100", "--tp", "4",
+                            "--context", "4096"], capsys)
+    assert code == 0
+    shown = set(re.findall(r"floor (\d+\.\d+) ms", out))
+    assert shown == {"4.786"}, shown
+    code, out, _ = run_cli(["floor", "--model", str(config), "--gpu", "h100", "--tp", "4", "--context", "4096"],
+                           capsys)
+    assert "floor 4.786 ms/step" in out

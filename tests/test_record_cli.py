@@ -16,6 +16,7 @@ from decodegap.report.json import report_dict
 from _record_helpers import TRACE_GLOB, all_files, load_trace, step_names, warning_lines
 
 from decodegap import cli
+from decodegap.commands.record import NO_TRACE_EXIT
 
 pytestmark = pytest.mark.slow  # subprocesses; a few seconds each
 
@@ -127,7 +128,7 @@ def test_two_processes_each_write_n_steps(tmp_path: Path, method: str) -> None:
 NO_TORCH_PROGRAM = """
 import os, sys
 print("ran", os.environ.get("CHAINED_SITECUSTOMIZE"))
-sys.exit(3)
+sys.exit(5)
 """
 
 
@@ -144,12 +145,40 @@ def test_never_called_exit_code_and_existing_sitecustomize(tmp_path: Path) -> No
         [sys.executable, "prog.py"],
         env=env,
     )
-    assert (rec.returncode, rec.stdout) == (3, "ran yes\n")
+    assert (rec.returncode, rec.stdout) == (5, "ran yes\n")  # the program's own failure passes through
     assert warning_lines(rec.stderr) == [
         "decodegap: warning: nowhere.mod:f was never called by any process of the program: "
         "no process imported module 'nowhere.mod'; no trace written"
     ]
     assert all_files(tmp_path / "t") == []
+
+
+SHORT_PROGRAM = """
+import sys
+def step():
+    return 1
+for _ in range(int(sys.argv[1])):
+    step()
+print("done")
+"""
+
+
+def test_a_run_without_a_trace_exits_non_zero(tmp_path: Path) -> None:
+    # 4 calls where warmup + timed + steps need 30: the program succeeds, record says so in its exit status
+    (tmp_path / "short.py").write_text(SHORT_PROGRAM)
+    rec = _record(tmp_path, ["--target", "short:step", "--out", str(tmp_path / "t")], [sys.executable, "short.py", "4"])
+    assert (rec.returncode, rec.stdout) == (NO_TRACE_EXIT, "done\n")
+    assert warning_lines(rec.stderr) == [
+        "decodegap: warning: short:step: called 4 times, fewer than warmup 10 + timed 10 + steps 10 = 30; "
+        "no trace written"
+    ]
+    assert f"no trace written: exit code {NO_TRACE_EXIT}" in rec.stderr
+    assert all_files(tmp_path / "t") == []
+    # an unwritable --out: the program runs unprofiled, and the exit status says that no trace came of it
+    (tmp_path / "blocker").write_text("")
+    rec = _record(tmp_path, ["--target", "short:step", "--out", str(tmp_path / "blocker" / "t")],
+                  [sys.executable, "short.py", "4"])
+    assert rec.returncode == NO_TRACE_EXIT
 
 
 def test_unwritable_out_runs_program_unchanged(tmp_path: Path) -> None:
@@ -158,7 +187,7 @@ def test_unwritable_out_runs_program_unchanged(tmp_path: Path) -> None:
     rec = _record(
         tmp_path, ["--target", "m:f", "--out", str(tmp_path / "blocker" / "t")], [sys.executable, "prog.py"]
     )
-    assert (rec.returncode, rec.stdout) == (3, "ran None\n")
+    assert (rec.returncode, rec.stdout) == (5, "ran None\n")
     (line,) = warning_lines(rec.stderr)
     assert "cannot write traces" in line
 

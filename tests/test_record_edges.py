@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from _record_helpers import TRACE_GLOB, all_files, load_trace, step_names, warning_lines
 
+from decodegap.commands.record import NO_TRACE_EXIT
+
 pytestmark = pytest.mark.slow  # subprocesses; a few seconds each
 
 RUN_CLI = (
@@ -166,7 +168,7 @@ def test_main_script_typo_names_the_script(tmp_path: Path) -> None:
     single = textwrap.dedent(TOY_DECODE).split("def worker")[0] + "print(decode(12))\n"
     (tmp_path / "single.py").write_text(single)
     rec = _record(tmp_path, "single:ToyRunnr.forward_decode", [sys.executable, "single.py"])
-    assert rec.returncode == 0
+    assert rec.returncode == NO_TRACE_EXIT  # the program exited 0, but no trace was written
     assert warning_lines(rec.stderr) == [
         "decodegap: warning: single:ToyRunnr.forward_decode was never wrapped: the main script single.py never "
         "defines 'ToyRunnr' (did you mean 'ToyRunner'?); no trace written"
@@ -184,7 +186,7 @@ def _write_toymodel(folder: Path) -> None:
 def test_module_typo_says_the_module_was_never_imported(tmp_path: Path) -> None:
     _write_toymodel(tmp_path)
     rec = _record(tmp_path, "toymodl:Runner.decode_step", [sys.executable, "prog.py"])
-    assert rec.returncode == 0
+    assert rec.returncode == NO_TRACE_EXIT  # the program exited 0, but no trace was written
     assert warning_lines(rec.stderr) == [
         "decodegap: warning: toymodl:Runner.decode_step was never called by any process of the program: no process "
         "imported module 'toymodl' (did you mean 'toymodel'?); no trace written"
@@ -201,7 +203,7 @@ def test_module_typo_says_the_module_was_never_imported(tmp_path: Path) -> None:
 def test_attribute_typo_names_the_attribute(tmp_path: Path, target: str, why: str) -> None:
     _write_toymodel(tmp_path)
     rec = _record(tmp_path, target, [sys.executable, "prog.py"])
-    assert rec.returncode == 0
+    assert rec.returncode == NO_TRACE_EXIT  # the program exited 0, but no trace was written
     assert warning_lines(rec.stderr) == [
         f"decodegap: warning: {target}: cannot wrap the target (AttributeError: {why}); "
         "the program continues without profiling"

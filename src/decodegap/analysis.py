@@ -401,6 +401,15 @@ class GapLedger(Struct):
     warnings: list[str]
 
 
+class Assumed(Struct):
+    """A value the run took where the caller gave none (the model config of the bundled example, the floor's
+    context or batch), and why."""
+
+    name: str  # model | context | batch
+    value: int | str
+    reason: str
+
+
 class Analysis(Struct):
     schema: str
     tool: Tool
@@ -428,6 +437,7 @@ class Analysis(Struct):
     gap: GapLedger | None
     step_rows: list[StepRow] = []
     layer_rows: list[LayerRow] = []
+    assumed: list[Assumed] = []
 
     # --- views -------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -531,7 +541,7 @@ def _plain(report) -> dict:
         "layer_kinds": [{"count": k.count, "markers": list(k.markers)} for k in b.layer_kinds],
         "gpu_busy_fraction": _r(b.gpu_busy_fraction),
         "gpu_ms_per_step": _r(b.gpu_ms_per_step),
-        "idle_ms_per_step": _r(max(b.step_ms.median - b.busy_ms_per_step, 0.0)),
+        "idle_ms_per_step": _r(max(b.step_ms.median - b.busy_ms_per_step, 0.0)) if main.trace.has_gpu else None,
         "kernels_per_step": _r(b.kernels_per_step, 2),
         "launch_us_per_kernel": _r(b.launch_us_per_kernel, 3),
         "categories": [{"name": c.name, "ms_per_step": _r(c.ms_per_step), "share": _r(c.share),
@@ -549,6 +559,7 @@ def _plain(report) -> dict:
         "gap": report.gap,
         "step_rows": main.step_rows,  # computed next to the rank's trace (decodegap.pipeline.step_rows)
         "layer_rows": main.layer_rows,
+        "assumed": list(report.assumed),
     }
     return out
 

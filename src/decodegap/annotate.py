@@ -25,7 +25,7 @@ import numpy as np
 
 from decodegap import shapes as shape_info
 from decodegap.breakdown import infer_layers
-from decodegap.errors import UserError
+from decodegap.errors import ParameterError, UserError
 from decodegap.kernel_names import short_kernel_name
 from decodegap.repetition import name_classes
 from decodegap.trace.json_events import EVENTS_KEY, HEADER_MAX_BYTES, Unreadable, loads
@@ -385,24 +385,54 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+TRACE_SUFFIXES = (".json", ".gz")  # an OUT named like this is a file, never the folder a folder input needs
+
+
+def _folder_name(out: Path) -> str:
+    name = out.name
+    for suffix in (".gz", ".json"):
+        name = name[: -len(suffix)] if name.lower().endswith(suffix) else name
+    return str(out.with_name(name or "annotated"))
+
+
+def check_target(src: str | Path, out: str | Path) -> None:
+    """Refuse an OUT that cannot receive the overlay of `src` (a folder for a file, a file for a folder, the
+    input itself), before any analysis. Raises ParameterError naming `out`."""
+    src, out = Path(src), Path(out)
+    if src.is_dir():
+        if out.exists() and not out.is_dir():
+            raise ParameterError("{out}: is a file, but the input is a folder of traces: give a folder for the "
+                                 "annotated traces", out=str(out))
+        if not out.exists() and out.name.lower().endswith(TRACE_SUFFIXES):
+            raise ParameterError(f"{{out}}: names a file, but the input is a folder of traces: give a folder for "
+                                 f"the annotated traces (e.g. {_folder_name(out)})", out=str(out))
+        if _same_file(src, out):
+            raise ParameterError("{out}: is the input folder; the annotated traces go to a new folder (the input "
+                                 "is never changed)", out=str(out))
+    elif out.is_dir():
+        raise ParameterError("{out}: is a folder; give the annotated trace's file name (e.g. out.json.gz)",
+                             out=str(out))
+    elif _same_file(src, out):
+        raise ParameterError("{out}: is the input trace; the annotated trace goes to a new file (the input is "
+                             "never changed)", out=str(out))
+
+
 def write_overlay(report, out: str | Path) -> list[Path]:
     """Annotate every trace file of a pipeline Report: a file input gives the file `out`; a folder input gives a
     folder `out` holding each rank's file under its path relative to the input folder. Returns what was written."""
     out = Path(out)
+    check_target(report.path, out)
     for r in report.ranks:
         if any(w.startswith("the trace is truncated") for w in r.trace.warnings):
             raise UserError(f"{r.trace.path}: cannot annotate a truncated trace (its events would not close)")
     if report.path.is_dir():
-        if out.exists() and not out.is_dir():
-            raise UserError(f"{out}: the input is a folder, so --annotate needs a folder (this is a file)")
         targets = [(r, out / r.trace.path.relative_to(report.path)) for r in report.ranks]
     else:
-        if out.is_dir():
-            raise UserError(f"{out}: is a folder; give the annotated trace's file name (e.g. out.json.gz)")
         targets = [(report.ranks[0], out)] if report.ranks else []
     for r, dst in targets:
         if _same_file(r.trace.path, dst):
-            raise UserError(f"{dst}: is the input trace; --annotate writes a new file and never changes the input")
+            raise ParameterError(f"{{out}}: {dst} is the input trace; the annotated trace goes to a new file (the "
+                                 "input is never changed)", out=str(out))
     written = []
     for r, dst in targets:
         try:

@@ -2,22 +2,36 @@
 `decodegap.api.annotate(path, out)` (the Perfetto overlay).
 
 The command line is a thin client of these functions. Errors are `decodegap.errors.UserError` with one line that
-names the parameter (the CLI prints it and exits 2)."""
+names the parameter as Python spells it (`tp=3`; the CLI words the same line with its flag, `--tp 3`, and exits 2)."""
 
 from __future__ import annotations
 
+import filecmp
+import math
+import numbers
+import os
 from importlib import resources
 from pathlib import Path
 
 from decodegap.analysis import Analysis, build
 from decodegap.analysis import load as load  # noqa: PLC0414  (re-exported: decodegap.load)
-from decodegap.errors import UserError
+from decodegap.errors import ParameterError, UserError
 
 # The bundled example: the demo's GLM-5-shaped rank (decodegap.demo) replayed from a CUDA graph on an H200, with
 # the config of the model it ran; the demo keeps 2,048 active tokens in the pool.
 EXAMPLE_TRACE = Path(str(resources.files("decodegap") / "data" / "example_trace.json.gz"))
 EXAMPLE_MODEL = Path(str(resources.files("decodegap") / "data" / "example_model_config.json"))
 EXAMPLE_CONTEXT = 2048
+DEFAULT_BATCH = 1
+
+
+def is_example(path: Path) -> bool:
+    """Whether `path` is the bundled example trace: the file itself, or a copy of it (the same bytes)."""
+    try:
+        return path.is_file() and (path.resolve() == EXAMPLE_TRACE.resolve() or (
+            path.stat().st_size == EXAMPLE_TRACE.stat().st_size and filecmp.cmp(path, EXAMPLE_TRACE, shallow=False)))
+    except OSError:
+        return False
 
 
 def _ray_address(ray) -> str | None:
@@ -27,21 +41,58 @@ def _ray_address(ray) -> str | None:
     if ray is True:
         return ""
     if not isinstance(ray, str):
-        raise UserError(f"ray={ray!r}: give True (a local Ray) or a cluster address such as 'auto' or "
-                        "'ray://head:10001'")
+        raise ParameterError("{ray}: give True (a local Ray) or a cluster address such as 'auto' or "
+                             "'ray://head:10001'", ray=ray)
     return ray
 
 
-def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1, batch: int = 1,
+def _check_parameters(model, quant, weights, kv, gpu, tpot_ms, allreduce_us, jobs) -> None:
+    """Each parameter of the right kind, before any work: one line naming the one that is not."""
+    for name, value in (("model", model), ("quant", quant)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ParameterError(f"{{{name}}}: give a path (a str or pathlib.Path)", **{name: value})
+    for name, value in (("weights", weights), ("kv", kv), ("gpu", gpu)):
+        if value is not None and not isinstance(value, str):
+            raise ParameterError(f"{{{name}}}: give a name (a str)", **{name: value})
+    for name, value, least, what in (("tpot_ms", tpot_ms, None, "a time in ms (a finite number above 0)"),
+                                     ("allreduce_us", allreduce_us, 0, "a latency in us (a finite number, at "
+                                                                       "least 0)")):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or (
+                value <= 0 if least is None else value < least):
+            raise ParameterError(f"{{{name}}}: not {what}", **{name: value})
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, numbers.Integral) or jobs < 1):
+        raise ParameterError("{jobs}: give a number of parallel workers of at least 1", jobs=jobs)
+
+
+def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1, batch: int | None = None,
         context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None,
         jobs: int | None = None, ray=None):
     """The pipeline's own report (decodegap.pipeline.Report): what the views and detectors read."""
+    from decodegap.floor_ledger import DEFAULT_CONTEXT
+    from decodegap.model.floor import check_counts
     from decodegap.pipeline import AnalysisOptions, analyze_path
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise ParameterError("{path}: give the trace's path (a str or pathlib.Path)", path=path)
     path = Path(path)
+    _check_parameters(model, quant, weights, kv, gpu, tpot_ms, allreduce_us, jobs)
+    check_counts(tp=tp, batch=1 if batch is None else batch, context=context)
     model_given = model is not None  # the example's own config does not switch the floor on by itself
-    if model is None and path.resolve() == EXAMPLE_TRACE.resolve():
-        model, context = EXAMPLE_MODEL, context or EXAMPLE_CONTEXT
+    assumed = []  # what was taken where the caller gave nothing, and why: stated in the report
+    if is_example(path):
+        if model is None:
+            model = EXAMPLE_MODEL
+            assumed.append({"name": "model", "value": EXAMPLE_MODEL.name,
+                            "reason": "the bundled example's own config (this trace is that example, recognised by "
+                                      "its content)"})
+        if context is None:
+            context = EXAMPLE_CONTEXT
+            assumed.append({"name": "context", "value": EXAMPLE_CONTEXT,
+                            "reason": "the bundled example's active KV tokens per sequence"})
+    batch_given = batch is not None
+    batch = DEFAULT_BATCH if batch is None else batch
     options = AnalysisOptions(tpot_ms=tpot_ms)
     floor_request = None
     if model is not None or gpu is not None:
@@ -50,17 +101,31 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
         floor_request = prepare_model_options(options, Path(model) if model is not None else None,
                                               Path(quant) if quant is not None else None, weights, kv, gpu, tp,
                                               batch, context, allreduce_us)
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise UserError(f"jobs={jobs!r}: give a number of parallel workers of at least 1")
-    report = analyze_path(path, options, jobs=jobs, ray=_ray_address(ray))
+    try:
+        report = analyze_path(path, options, jobs=jobs, ray=_ray_address(ray))
+    except ParameterError:
+        raise
+    except UserError as exc:
+        from decodegap.model.config import named_for_what_it_is
+
+        raise named_for_what_it_is(path, exc) from None
     if floor_request is not None and model_given:  # a model but no GPU: the GPU the trace names
         from decodegap.floor_ledger import attach_floor_from_trace
 
         attach_floor_from_trace(report, floor_request)
+    if report.options.floor is not None:
+        if context is None:
+            assumed.append({"name": "context", "value": DEFAULT_CONTEXT,
+                            "reason": "the floor's default (the trace does not say how many KV tokens a sequence "
+                                      "holds)"})
+        if not batch_given:
+            assumed.append({"name": "batch", "value": DEFAULT_BATCH, "reason": "the floor's default"})
+    report.assumed = assumed
     return report
 
 
-def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1, batch: int = 1,
+def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1,
+            batch: int | None = None,
             context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None,
             jobs: int | None = None, ray=None) -> Analysis:
     """Analyze a torch.profiler trace (.json / .json.gz) or a folder of per-rank traces.
@@ -71,7 +136,9 @@ def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp
             GPU (given, or named by the trace), adds the floor and the gap ledger.
         quant, weights, kv: the quantization (hf_quant_config.json; or weight / KV formats such as nvfp4, fp8).
         gpu: h100, h200, b200, a100, l40s, rtx-pro-6000, mi300x.
-        tp, batch, context: tensor-parallel ranks, sequences per step, tokens of KV per sequence.
+        tp, batch, context: tensor-parallel ranks, sequences per step (default 1), tokens of KV per sequence
+            (default for the floor: 4096; the bundled example's own 2048 for it). What was assumed is the
+            report's `assumed`.
         tpot_ms: time per output token measured without the profiler, to cross-check the profiled step.
         allreduce_us: all-reduce latency for the floor.
         jobs: for a folder, ranks analyzed in parallel processes (default: the cores, capped by memory); 1 analyzes
@@ -97,14 +164,19 @@ def diff(before, after) -> dict:
     return diff_reports(as_dict(before), as_dict(after))
 
 
-def annotate(path, out, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1, batch: int = 1,
+def annotate(path, out, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1,
+             batch: int | None = None,
              context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None) -> list[Path]:
     """Analyze `path` and write the trace with decodegap's events added to `out` (the Perfetto overlay: a span per
     step, per layer inside it, and per kernel a finding blames, on a `decodegap` process track; gzip when `out`
     ends in .gz). A folder of traces gives a folder `out` with each rank's file. Returns the files written; the
     input is never modified. Arguments as for `analyze`."""
-    from decodegap.annotate import write_overlay
+    from decodegap.annotate import check_target, write_overlay
 
+    if not isinstance(out, (str, os.PathLike)):
+        raise ParameterError("{out}: give the annotated trace's path (a str or pathlib.Path)", out=out)
+    if Path(path).exists():
+        check_target(path, out)
     report = run(path, model=model, quant=quant, weights=weights, kv=kv, gpu=gpu, tp=tp, batch=batch,
                  context=context, tpot_ms=tpot_ms, allreduce_us=allreduce_us)
     return write_overlay(report, out)

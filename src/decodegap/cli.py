@@ -8,7 +8,8 @@ import sys
 import click
 
 from decodegap import __version__
-from decodegap.errors import UserError
+from decodegap.commands import FLAGS
+from decodegap.errors import ParameterError, UserError
 
 # One module per command, each exposing `command` (a click.Command). Imported lazily so that
 # `decodegap analyze` never pays for torch-backed commands.
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except click.UsageError as exc:
         _fail(exc.format_message())
+    except ParameterError as exc:  # the library names Python parameters (tp=3); the command line, flags (--tp 3)
+        _fail(exc.as_flags(FLAGS))
     except UserError as exc:
         _fail(str(exc))
     except click.exceptions.Abort:

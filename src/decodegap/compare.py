@@ -24,10 +24,14 @@ def load_report(path: Path, tpot_ms: float | None = None) -> dict:
         saved = _saved_report(path)
         if saved is not None:
             return saved
+    from decodegap.model.config import named_for_what_it_is
     from decodegap.pipeline import AnalysisOptions, analyze_path
     from decodegap.report.json import report_dict
 
-    return report_dict(analyze_path(path, AnalysisOptions(tpot_ms=tpot_ms)))
+    try:
+        return report_dict(analyze_path(path, AnalysisOptions(tpot_ms=tpot_ms)))
+    except UserError as exc:
+        raise named_for_what_it_is(path, exc) from None
 
 
 class _Ms(msgspec.Struct):
@@ -218,13 +222,21 @@ def _finding_rows(before: dict, after: dict) -> list[dict]:
     return sorted(rows, key=lambda r: (order[r["status"]], r["id"]))
 
 
+def _has_gpu(report: dict) -> bool:
+    """Whether the report's trace has GPU activity (a CPU-only trace has no busy GPU time in any step)."""
+    rows = report.get("step_rows") or []
+    return bool(report.get("gpu_busy_fraction")) or any(
+        isinstance(r, dict) and isinstance(r.get("gpu_busy_ms"), (int, float)) and r["gpu_busy_ms"] > 0 for r in rows)
+
+
 def _idle_ms(report: dict) -> float | None:
     value = report.get("idle_ms_per_step")
-    return value if isinstance(value, (int, float)) else None
+    return value if isinstance(value, (int, float)) and _has_gpu(report) else None
 
 
 def _gpu_idle(before: dict, after: dict) -> dict | None:
-    """The GPU-idle row (the step's time with no GPU activity): None when a side (an old saved report) lacks it."""
+    """The GPU-idle row (the step's time with no GPU activity): None when a side lacks it (an old saved report, a
+    CPU-only trace)."""
     b, a = _idle_ms(before), _idle_ms(after)
     if b is None or a is None:
         return None
@@ -299,7 +311,8 @@ def gate(d: dict, pct: float) -> dict:
             raise UserError(f"--fail-if-slower: {d[side]['path']} has no step time to compare (no steps found)")
     slower_pct = (a_ms / b_ms - 1.0) * 100.0
     failed = slower_pct > pct
-    change = f"{slower_pct:.1f}% slower" if slower_pct > 0 else f"{-slower_pct:.1f}% faster"
+    change = ("no change" if round(slower_pct, 1) == 0 else
+              f"{slower_pct:.1f}% slower" if slower_pct > 0 else f"{-slower_pct:.1f}% faster")
     verdict = (f"decodegap gate: {'FAIL' if failed else 'PASS'}: median step {b_ms:.3f} -> {a_ms:.3f} ms "
                f"({change}; limit {pct:g}% slower)")
     return {"limit_pct": pct, "slower_pct": round(slower_pct, 3), "failed": failed, "verdict": verdict}
@@ -309,12 +322,8 @@ def render_diff(d: dict, fmt: str = "text", top: int = 15) -> str:
     if fmt == "json":
         return json.dumps(d, indent=2) + "\n"
     md = fmt == "md"
-    speed = f"{d['speedup']:.2f}x" if d["speedup"] else "n/a"
     lines = [("## " if md else "") + f"decodegap diff: {d['before']['path']} -> {d['after']['path']}", "",
-             f"step time: {d['before']['step_ms']:.3f} ms -> {d['after']['step_ms']:.3f} ms "
-             f"({d['step_delta_ms']:+.3f} ms, {speed} faster)" if d["speedup"] and d["speedup"] >= 1 else
-             f"step time: {d['before']['step_ms']:.3f} ms -> {d['after']['step_ms']:.3f} ms "
-             f"({d['step_delta_ms']:+.3f} ms, {speed})"]
+             f"step time: {d['before']['step_ms']:.3f} ms -> {d['after']['step_ms']:.3f} ms ({_step_change(d)})"]
     findings = d.get("findings") or []
     if findings:
         def listed(status: str) -> str:
@@ -329,6 +338,9 @@ def render_diff(d: dict, fmt: str = "text", top: int = 15) -> str:
         idle = d["gpu_idle"]
         rows.append(["(GPU idle)", f"{idle['before_ms']:.3f}", f"{idle['after_ms']:.3f}", f"{idle['delta_ms']:+.3f}"])
     lines += _table(header, rows, md)
+    if not d["kernels"]:
+        lines += ["", f"kernel groups: none changed ({d['unchanged_kernel_groups']} unchanged)"]
+        return "\n".join(lines) + "\n"
     lines += ["", f"kernel groups that changed ({d['unchanged_kernel_groups']} unchanged)"]
     header = ["status", "kernel", "category", "calls before", "calls after", "before ms", "after ms", "delta ms"]
     rows = [[k["status"], k["short_name"], k["category"], f"{k['before_calls']:g}", f"{k['after_calls']:g}",
@@ -336,6 +348,17 @@ def render_diff(d: dict, fmt: str = "text", top: int = 15) -> str:
             for k in sorted(d["kernels"], key=lambda k: -abs(k["delta_ms"]))[:top]]
     lines += _table(header, rows, md)
     return "\n".join(lines) + "\n"
+
+
+def _step_change(d: dict) -> str:
+    """"+1.234 ms, 1.05x slower"; "no change" when the two medians agree to the microsecond shown."""
+    delta = d["step_delta_ms"]
+    if f"{d['before']['step_ms']:.3f}" == f"{d['after']['step_ms']:.3f}":
+        return "no change"
+    speedup = d["speedup"]
+    if not speedup:
+        return f"{delta:+.3f} ms"
+    return f"{delta:+.3f} ms, " + (f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower")
 
 
 def _finding_label(f: dict) -> str:

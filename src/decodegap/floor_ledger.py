@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from decodegap.errors import UserError
+from decodegap.errors import NAME_ONLY, ParameterError, UserError
+from decodegap.model.floor import MS_DIGITS
 
 # Floor components (model/floor.py) -> the ledger component that carries them.
 COMPONENT_OF = {"attention_weights": "attention_projections", "indexer_weights": "attention_projections",
@@ -30,6 +31,12 @@ MAX_PER_LAYER = 8  # GEMM launches of one kind per layer that a decomposition of
 # The measured time of a row may fall short of its floor by this much before it counts as beating it (the
 # floor's datasheet bandwidth vs rounding of per-call times).
 BEAT_TOLERANCE = 0.02
+DEFAULT_CONTEXT = 4096  # KV tokens per sequence for the floor when the caller gives none
+# How a ledger row's measured time was found (its `mapping`), every value the ledger writes: the weight rows by
+# their kernels' evidence (strongest first), then the categories without a floor and the step's GPU idle time.
+KERNEL_FAMILY, OP, SHAPE, COARSE = "kernel family", "op", "shape", "coarse"
+NO_KERNEL, NO_FLOOR, IDLE = "none (no kernel maps to it)", "category (no floor)", "step wall time"
+MAPPINGS = (KERNEL_FAMILY, OP, SHAPE, COARSE, NO_KERNEL, NO_FLOOR, IDLE)
 
 
 @dataclass(frozen=True)
@@ -50,21 +57,23 @@ def prepare_model_options(options, model_path, quant_path, weights, kv, gpu, tp,
                           allreduce_us) -> FloorRequest | None:
     """Fill AnalysisOptions with the model geometry (for findings) and, with --gpu, the floor. Without --gpu the
     floor waits for the trace's GPU: the request is returned for `attach_floor_from_trace`."""
-    from decodegap.model import compute_floor, load_model, resolve_gpu, resolve_quant
-    from decodegap.model.floor import check_tp
+    from decodegap.model import compute_floor, get_gpu, load_model, resolve_quant
+    from decodegap.model.floor import check_counts, check_tp
 
     if model_path is None:
-        raise UserError("--gpu needs --model (the floor is computed from the model's config.json)")
+        raise ParameterError("{gpu} needs {model} (the floor is computed from the model's config.json)", gpu=gpu,
+                             model=NAME_ONLY)
+    check_counts(tp=tp, batch=batch, context=context)
     options.model = load_model(model_path)
     check_tp(options.model, tp)
     if context is not None:
         options.active_tokens = batch * context
     request = FloorRequest(model_path, quant_path, weights, kv, tp, batch,
-                           context if context is not None else 4096, allreduce_us)
+                           context if context is not None else DEFAULT_CONTEXT, allreduce_us)
     scheme = resolve_quant(model_path, quant_path, weights, kv)  # a bad quant config fails before the trace
     if gpu is None:
         return request
-    options.floor = compute_floor(options.model, scheme, resolve_gpu(gpu), tp=tp, batch=batch,
+    options.floor = compute_floor(options.model, scheme, get_gpu(gpu), tp=tp, batch=batch,
                                   context=request.context, allreduce_us=allreduce_us)
     return None
 
@@ -112,10 +121,10 @@ def _gemm_candidates(k, g, tp: int) -> tuple[list[tuple[float, frozenset[str]]],
     """Shares of a GEMM group's time per candidate component set, and how they were found."""
     for pattern, component in _OP_COMPONENTS:
         if k.op and pattern.search(k.op):
-            return [(1.0, frozenset({component}))], "op"
+            return [(1.0, frozenset({component}))], OP
     by_shape = _by_shape(k, g, tp)
     if by_shape is not None:
-        return [(1.0, by_shape)], "shape"
+        return [(1.0, by_shape)], SHAPE
     calls = round(k.calls_per_step)
     if calls < 1 or abs(k.calls_per_step - calls) > 0.05:
         return None
@@ -133,7 +142,7 @@ def _gemm_candidates(k, g, tp: int) -> tuple[list[tuple[float, frozenset[str]]],
     split = _decompose(calls, sorted(by_count.items(), reverse=True))
     if split is None:
         return None
-    return [(n / calls, comps) for n, comps in split], "coarse"
+    return [(n / calls, comps) for n, comps in split], COARSE
 
 
 def _decompose(calls: int, periods: list[tuple[int, frozenset]]) -> list[tuple[int, frozenset]] | None:
@@ -219,11 +228,11 @@ def _assign(report, floor) -> tuple[dict[frozenset, _Row], list]:
     unmapped = _Row(set())
     for k in b.kernels:
         if k.category == "collective":
-            shares, note = [(1.0, frozenset({"allreduce"}))], "kernel family"
+            shares, note = [(1.0, frozenset({"allreduce"}))], KERNEL_FAMILY
         elif k.category == "attention":
-            shares, note = [(1.0, frozenset({"attention_kv_read"}))], "kernel family"
+            shares, note = [(1.0, frozenset({"attention_kv_read"}))], KERNEL_FAMILY
         elif k.category == "moe":
-            shares, note = [(1.0, frozenset({"experts"}))], "kernel family"
+            shares, note = [(1.0, frozenset({"experts"}))], KERNEL_FAMILY
         elif k.category == "gemm":
             found = _gemm_candidates(k, g, floor.tp) if g is not None else None
             if found is None:
@@ -232,7 +241,7 @@ def _assign(report, floor) -> tuple[dict[frozenset, _Row], list]:
                 continue
             shares, note = found
             if len(shares) > 1:
-                note = "coarse"
+                note = COARSE
                 links.append({comps for _, comps in shares})
         else:
             continue
@@ -262,7 +271,7 @@ def _merge_overlapping(rows: dict[frozenset, _Row]) -> list[_Row]:
 
 def _merge(a: _Row, b: _Row) -> _Row:
     return _Row(a.components | b.components, a.measured_ms + b.measured_ms, a.groups + b.groups,
-                a.notes | b.notes | {"coarse"})
+                a.notes | b.notes | {COARSE})
 
 
 def _beats(row: _Row, floor_ms: float) -> bool:
@@ -273,7 +282,7 @@ def _component_rows(report, floor) -> tuple[list[_Row], dict[str, float], list[s
     floor_of: dict[str, float] = {}
     for c in floor.components:
         name = COMPONENT_OF.get(c.name, c.name)
-        floor_of[name] = floor_of.get(name, 0.0) + c.ms
+        floor_of[name] = round(floor_of.get(name, 0.0) + c.ms, MS_DIGITS)
     rows_by_set, (links, unmapped) = _assign(report, floor)
     rows = _merge_overlapping(rows_by_set)
     # floor components nothing mapped to get a row of their own (measured 0)
@@ -281,7 +290,7 @@ def _component_rows(report, floor) -> tuple[list[_Row], dict[str, float], list[s
     rows += [_Row({name}) for name in floor_of if name not in covered and floor_of[name] > 0]
 
     def floor_ms(row: _Row) -> float:
-        return sum(floor_of.get(c, 0.0) for c in row.components)
+        return _floor_of_row(row, floor_of)
 
     def linked(row: _Row) -> list[_Row]:
         out = []
@@ -319,7 +328,7 @@ def _component_rows(report, floor) -> tuple[list[_Row], dict[str, float], list[s
                 changed = True
                 break
     if unmapped.groups:
-        rows.append(_Row(set(), unmapped.measured_ms, unmapped.groups, {"coarse"}))
+        rows.append(_Row(set(), unmapped.measured_ms, unmapped.groups, {COARSE}))
     warnings = []
     for row in rows:
         least = floor_ms(row)
@@ -346,10 +355,15 @@ def _row_name(components: set[str]) -> str:
 
 
 def _mapping(row: _Row) -> str:
-    for note in ("coarse", "shape", "op", "kernel family"):
+    for note in (COARSE, SHAPE, OP, KERNEL_FAMILY):
         if note in row.notes:
             return note
-    return "none (no kernel maps to it)"
+    return NO_KERNEL
+
+
+def _floor_of_row(row: _Row, floor_of: dict[str, float]) -> float:
+    """The floor of a row's components, rounded as the floor rounds its own times (one value everywhere)."""
+    return round(sum(floor_of.get(c, 0.0) for c in row.components), MS_DIGITS)
 
 
 def gap_ledger(report) -> dict | None:
@@ -365,11 +379,11 @@ def gap_ledger(report) -> dict | None:
     rows_out = []
     comp_rows, floor_of, warnings = _component_rows(report, floor)
     for row in comp_rows:
-        least = sum(floor_of.get(c, 0.0) for c in row.components)
+        least = _floor_of_row(row, floor_of)
         got = row.measured_ms
         rows_out.append({
             "category": _row_name(row.components), "components": [c for c in ORDER if c in row.components],
-            "measured_ms": round(got, 4), "floor_ms": round(least, 4), "excess_ms": round(max(got - least, 0.0), 4),
+            "measured_ms": round(got, 4), "floor_ms": least, "excess_ms": round(max(got - least, 0.0), 4),
             "efficiency": round(least / got, 4) if got > 0 and least > 0 else None,
             "mapping": _mapping(row), "kernel_groups": row.groups, "beats_floor": _beats(row, least)})
     for c in b.categories:
@@ -377,11 +391,11 @@ def gap_ledger(report) -> dict | None:
             continue
         rows_out.append({"category": c.name, "components": [], "measured_ms": round(c.ms_per_step, 4),
                          "floor_ms": 0.0, "excess_ms": round(c.ms_per_step, 4), "efficiency": None,
-                         "mapping": "category (no floor)", "kernel_groups": None, "beats_floor": False})
+                         "mapping": NO_FLOOR, "kernel_groups": None, "beats_floor": False})
     rows_out.sort(key=lambda r: (-r["floor_ms"], -r["measured_ms"]))
     idle = max(b.step_ms.median - b.busy_ms_per_step, 0.0)
     rows_out.append({"category": "gpu_idle", "components": [], "measured_ms": round(idle, 4), "floor_ms": 0.0,
-                     "excess_ms": round(idle, 4), "efficiency": None, "mapping": "step wall time",
+                     "excess_ms": round(idle, 4), "efficiency": None, "mapping": IDLE,
                      "kernel_groups": None, "beats_floor": False})
     step = b.step_ms.median
     excess = max(step - floor.floor_ms, 0.0)
@@ -391,7 +405,7 @@ def gap_ledger(report) -> dict | None:
     for w in all_warnings:
         if w not in report.warnings:
             report.warnings.append(w)
-    return {"step_ms": round(step, 4), "floor_ms": round(floor.floor_ms, 4), "excess_ms": round(excess, 4),
+    return {"step_ms": round(step, 4), "floor_ms": floor.floor_ms, "excess_ms": round(excess, 4),
             "efficiency": round(floor.floor_ms / step, 4) if step else None,
             "explained_by_findings_ms": round(explained, 4), "unexplained_ms": round(excess - explained, 4),
             "gpu": floor.gpu_id, "tp": floor.tp, "rows": rows_out, "warnings": all_warnings}

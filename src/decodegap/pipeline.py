@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from decodegap.breakdown import Breakdown, compute_breakdown
-from decodegap.errors import UserError
+from decodegap.errors import ParameterError, UserError
 from decodegap.findings.base import Finding
 from decodegap.steps import Steps, find_steps
 from decodegap.trace import Trace, load_trace
 from decodegap.trace.link import link
 from decodegap.trace.load import find_trace_files, rank_from_filename
 from decodegap.trace.read import NotATrace, available_memory_bytes
+from decodegap.profiler_check import recording_warnings
 from decodegap.rounding import rounded as _r
 
 # What a worker's peak memory is per byte of trace text (measured: benchmarks/bench_scale.py), plus the interpreter
@@ -81,6 +82,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     floor_dict: dict | None = None  # the floor (JSON form) when --model and --gpu were given
     gap: dict | None = None  # the gap ledger, likewise
+    assumed: list[dict] = field(default_factory=list)  # {name, value, reason}: what the run took where none was given
 
     @property
     def workload(self) -> str:
@@ -217,7 +219,8 @@ def summarize(trace: Trace, options: AnalysisOptions) -> RankSummary:
                      has_gpu=trace.has_gpu, record_meta=trace.record_meta, warnings=list(trace.warnings))
     return RankSummary(
         trace=meta, steps=replace(steps, steps=[replace(s, rows=_NO_ROWS) for s in steps.steps]), breakdown=b,
-        findings=run_rank_detectors(rank_input), warnings=steps.warnings + sanity_warnings(trace, steps, b, options),
+        findings=run_rank_detectors(rank_input),
+        warnings=steps.warnings + sanity_warnings(trace, steps, b, options) + recording_warnings(trace.has_gpu, b),
         step_rows=step_rows(trace, steps), layer_rows=layer_rows(trace, steps, b))
 
 
@@ -296,8 +299,8 @@ def _in_processes(files: list[Path], options: AnalysisOptions, jobs: int) -> lis
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
             return list(pool.map(analyze_file, files, repeat(options)))
     except BrokenProcessPool:
-        raise UserError(f"a worker process died while analyzing {len(files)} traces with --jobs {jobs} (out of "
-                        "memory?); try fewer --jobs") from None
+        raise ParameterError(f"a worker process died while analyzing {len(files)} traces with {{jobs}} (out of "
+                             "memory?); give fewer, down to {jobs__one}", jobs=jobs, jobs__one=1) from None
 
 
 def _start_method() -> str:
@@ -329,7 +332,7 @@ def _on_ray(files: list[Path], options: AnalysisOptions, address: str, num_cpus:
     try:
         import ray
     except ImportError:
-        raise UserError("--ray needs Ray: pip install 'decodegap[ray]'") from None
+        raise ParameterError("{ray} needs Ray: pip install 'decodegap[ray]'", ray=address or True) from None
     started = not ray.is_initialized()
     if started:
         _check_reachable(address)
@@ -341,15 +344,22 @@ def _on_ray(files: list[Path], options: AnalysisOptions, address: str, num_cpus:
                 ray.init(address="local", num_cpus=num_cpus or cpu_count(), include_dashboard=False,
                          logging_level="ERROR", log_to_driver=False)
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError... for a bad address
-            raise UserError(f"--ray {address or '(local)'}: cannot start or reach Ray "
-                            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+            if address and "could not find any running ray instance" in str(exc).lower():
+                # Ray's own text names its CLI's --address flag, which decodegap does not have
+                raise ParameterError("{ray}: found no running Ray cluster to join; start one (ray start --head), "
+                                     "or give {ray__local} (no address) for a local Ray for this run", ray=address,
+                                     ray__local=True) from None
+            raise ParameterError(f"{{ray}}: cannot start or reach Ray "
+                                 f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+                                 ray=address or True) from None
     try:
         task = ray.remote(num_cpus=1)(analyze_file)
         try:
             return ray.get([task.remote(str(f.resolve()), options, str(f)) for f in files])
         except ray.exceptions.RayError as exc:  # a worker died (out of memory, killed) or the cluster went away
-            raise UserError(f"--ray: a task failed ({(str(exc).strip().splitlines() or [type(exc).__name__])[-1]})"
-                            ) from None
+            raise ParameterError(f"{{ray}}: a task failed "
+                                 f"({(str(exc).strip().splitlines() or [type(exc).__name__])[-1]})",
+                                 ray=address or True) from None
     finally:
         if started:
             ray.shutdown()
@@ -370,8 +380,9 @@ def _check_reachable(address: str) -> None:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S):
             pass
     except OSError as exc:
-        raise UserError(f"--ray {address}: nothing answers at that address ({exc.strerror or exc}); start the "
-                        "cluster (ray start --head) or give --ray alone for a local Ray") from None
+        raise ParameterError(f"{{ray}}: nothing answers at that address ({exc.strerror or exc}); start the "
+                             "cluster (ray start --head) or give {ray__local} (no address) for a local Ray",
+                             ray=address, ray__local=True) from None
 
 
 def _folder_summaries(path: Path, files: list[Path], outcomes: list[Outcome]) -> tuple[list[RankSummary], list[str]]:

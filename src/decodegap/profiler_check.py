@@ -8,7 +8,19 @@ import math
 from decodegap.samples import spread
 from decodegap.rounding import rounded as _r
 
+NO_SHAPES_WARNING = (
+    "the trace has no GPU events and its ops no shapes (recorded without record_shapes): the layer count comes from "
+    "op names alone, so ops that run twice per layer can double it, and casts cannot be sized, so kv_pool_cast cannot "
+    "fire; record with shapes (decodegap record --record-shapes, StepProfiler(record_shapes=True), "
+    "torch.profiler.profile(record_shapes=True))")
 
+
+def recording_warnings(has_gpu: bool, breakdown) -> list[str]:
+    """What the profiler's settings took from the analysis: a CPU-only trace without op shapes groups its ops by name
+    alone (the layer count and the cast detector need the shapes)."""
+    if has_gpu or not breakdown.kernels or any(k.input_shapes for k in breakdown.kernels):
+        return []
+    return [NO_SHAPES_WARNING]
 
 
 def profiler_check(report) -> dict | None:

@@ -58,7 +58,7 @@ def render(analysis, fmt: str, top: int = 15, full_names: bool = False) -> str:
 @click.option("--gpu", help="GPU for the floor and gap ledger (h100, h200, b200, a100, l40s, rtx-pro-6000, mi300x); "
                             "default with --model: the GPU the trace names.")
 @click.option("--tp", type=click.IntRange(1, 1024), default=1, show_default=True, help="Tensor-parallel ranks.")
-@click.option("--batch", type=click.IntRange(1, 1_000_000), default=1, show_default=True)
+@click.option("--batch", type=click.IntRange(1, 1_000_000), help="Sequences per step, for the floor (default: 1).")
 @click.option("--context", type=click.IntRange(1, 100_000_000),
               help="KV tokens per sequence (default for the floor: 4096); also sizes the active KV for findings.")
 @click.option("--allreduce-us", type=click.FloatRange(min=0), help="All-reduce latency for the floor, in us.")
@@ -85,15 +85,20 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
         raise UserError("give a TRACE or --example, not both")
     if not example and trace is None:
         raise UserError("missing TRACE (a .json/.json.gz trace or a folder of them); try --example")
+    source = EXAMPLE_TRACE if example else trace
+    if annotate_out is not None:  # before the analysis: a wrong OUT is refused at once
+        from decodegap.annotate import check_target
+
+        if output is not None and output.resolve() == annotate_out.resolve():
+            raise UserError(f"{output}: -o and --annotate name the same file")
+        if source.exists():
+            check_target(source, annotate_out)
     with load_progress():
-        report = run(EXAMPLE_TRACE if example else trace, model=model_path, quant=quant_path, weights=weights,
+        report = run(source, model=model_path, quant=quant_path, weights=weights,
                      kv=kv_format, gpu=gpu, tp=tp, batch=batch, context=context, tpot_ms=tpot_ms,
                      allreduce_us=allreduce_us, jobs=jobs, ray=ray_address)
     if annotate_out is not None:
         from decodegap.annotate import write_overlay
-
-        if output is not None and output.resolve() == annotate_out.resolve():
-            raise UserError(f"{output}: -o and --annotate name the same file")
 
         for written in write_overlay(report, annotate_out):
             click.echo(f"decodegap: annotated trace written to {written}", err=True)

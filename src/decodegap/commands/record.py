@@ -14,6 +14,10 @@ import click
 
 from decodegap.errors import UserError
 
+# The exit code of a run whose program succeeded but in which no process wrote a trace (a CI job must notice);
+# a program that fails passes its own exit code (or signal) through instead.
+NO_TRACE_EXIT = 3
+
 
 @click.command(
     name="record",
@@ -89,7 +93,7 @@ def command(
     if why is not None:
         # Point of the tool: never stop the program. Run it unprofiled, and say so once.
         output.warn(f"cannot write traces: {why}; running the program without profiling")
-        launch.exit_like(launch.run_forwarding_signals(program, os.environ))
+        _exit(launch.run_forwarding_signals(program, os.environ), wrote=False)
 
     before = set(_traces(out_dir))
     status_dir = tempfile.mkdtemp(prefix="decodegap-record-")
@@ -107,15 +111,21 @@ def command(
             returncode = launch.run_forwarding_signals(program, launch.child_env(os.environ, settings))
         except OSError as exc:
             raise UserError(f"cannot run {program[0]}: {exc.strerror or exc}") from None
-        _summarize(
-            str(parsed),
-            sorted(set(_traces(out_dir)) - before),
-            status_dir,
-            out_dir,
-            warmup + timed_steps + steps,
-        )
+        new = sorted(set(_traces(out_dir)) - before)
+        _summarize(str(parsed), new, status_dir, out_dir, warmup + timed_steps + steps)
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
+    _exit(returncode, wrote=bool(new))
+
+
+def _exit(returncode: int, wrote: bool) -> None:
+    """Exit as the program did; a program that succeeded without any trace written exits NO_TRACE_EXIT."""
+    from decodegap.capture import launch
+
+    if returncode == 0 and not wrote:
+        click.echo(f"decodegap: record: no trace written: exit code {NO_TRACE_EXIT} (the program itself exited 0)",
+                   err=True)
+        raise SystemExit(NO_TRACE_EXIT)
     launch.exit_like(returncode)
 
 

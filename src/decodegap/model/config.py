@@ -6,6 +6,7 @@ No download and no transformers import: the config is plain JSON and the familie
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -408,23 +409,90 @@ def _check_dtype(cfg: dict[str, Any], source: str) -> None:
                             f"{', '.join(sorted(KNOWN_DTYPES))})")
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+CONFIG_MAX_BYTES = 64 << 20  # a config.json is kilobytes; a larger file is something else (a trace, weights)
+# Keys that only a profiler trace (or a decodegap report) has at its top level.
+_TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')
+
+
+def file_kind(path: Path, head: bytes) -> str | None:
+    """What a file that is not JSON text is, from its first bytes: "a gzipped profiler trace", "a gzip file",
+    "a damaged gzip file", "a binary file"; None for text."""
+    if head[:2] == GZIP_MAGIC:
+        try:
+            text = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 1 << 20)
+        except zlib.error:
+            return "a damaged gzip file"
+        return "a gzipped profiler trace" if any(key in text for key in _TRACE_KEYS) else "a gzip file"
+    try:
+        head[:4096].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head[:4096]) - 4:  # not a character cut at the end of the sample
+            return "a binary file"
+    return None
+
+
+def not_gzip(path: Path, head: bytes) -> bool:
+    """Whether a file named .gz is not gzip (plain text under a gzip name)."""
+    return path.name.lower().endswith(".gz") and head[:2] != GZIP_MAGIC
+
+
+def named_for_what_it_is(path: Path, exc: UserError) -> UserError:
+    """A trace file the reader refused, with what it is where its name says otherwise (plain text named .gz)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return exc
+    if not_gzip(Path(path), head):
+        return UserError(f"{exc}; the file is plain text, not gzip despite its .gz name")
+    return exc
+
+
 def read_json_file(path: str | Path, default_name: str, what: str) -> tuple[Any, Path]:
-    """Parse a JSON file given as itself or as the folder holding `default_name`; (value, file)."""
+    """Parse a JSON file given as itself or as the folder holding `default_name`; (value, file). A file that is not
+    JSON text (a gzipped trace, a binary) is named for what it is."""
     path = Path(path)
     file = path / default_name if path.is_dir() else path
     if not file.is_file():
         raise UserError(f"no {what} at {path} (give a {default_name} or a folder holding one)")
+    fix = f"give the {default_name} file (or its folder)"
     try:
-        return json.loads(file.read_text()), file
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {file} as JSON: {exc}") from None
+        with open(file, "rb") as f:
+            raw = f.read(CONFIG_MAX_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"{file}: cannot read ({exc.strerror or exc})") from None
+    kind = file_kind(file, raw[: 1 << 20])
+    if kind is not None:
+        raise UserError(f"{file}: {kind}, not a {what} ({default_name}); {fix}"
+                        + ("; traces are for decodegap analyze" if "trace" in kind else ""))
+    if len(raw) > CONFIG_MAX_BYTES:
+        raise UserError(f"{file}: over {CONFIG_MAX_BYTES >> 20} MB, too large for a {what}; {fix}")
+    try:
+        return json.loads(raw.decode("utf-8")), file
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{file}: not UTF-8 text (byte {exc.start}), not a {what}; {fix}") from None
+    except json.JSONDecodeError as exc:
+        what_it_is = "plain text, not gzip despite its .gz name, and malformed JSON" if not_gzip(file, raw) else \
+            "malformed JSON"
+        raise UserError(f"{file}: {what_it_is} ({exc.msg} at line {exc.lineno} column {exc.colno}), not a {what}; "
+                        f"{fix}") from None
+    except RecursionError:
+        raise UserError(f"{file}: JSON nested too deeply for a {what}; {fix}") from None
 
 
 def read_config_json(path: str | Path) -> tuple[dict[str, Any], Path]:
     """Parse config.json from a file or a model folder; returns the dict and the folder it lives in."""
     cfg, file = read_json_file(path, "config.json", "model config")
     if not isinstance(cfg, dict):
-        raise UserError(f"{file}: expected a JSON object")
+        raise UserError(f"{file}: a JSON {type(cfg).__name__}, not a model config (config.json is a JSON object); "
+                        "give the config.json file (or its folder)")
+    if "traceEvents" in cfg:
+        raise UserError(f"{file}: a profiler trace, not a model config (config.json); give the config.json file (or "
+                        "its folder); traces are for decodegap analyze")
+    if str(cfg.get("schema", "")).startswith("decodegap."):
+        raise UserError(f"{file}: a decodegap report, not a model config (config.json); give the config.json file "
+                        "(or its folder)")
     return cfg, file.parent
 
 

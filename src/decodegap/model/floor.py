@@ -7,15 +7,19 @@ latency + bytes / link bandwidth. Everything favours the hardware, so the result
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from decodegap.errors import UserError
+from decodegap.errors import ParameterError
 from decodegap.model.config import ModelGeometry
 from decodegap.model.hardware import GpuSpec
 from decodegap.model.quant import QuantScheme, WeightFormat
 
 ACTIVATION_BYTES = 2  # bf16 hidden states crossing the all-reduce
+# Floor times are rounded once, here, to this many decimals of a millisecond: the floor's own report, its JSON and
+# the gap ledger then show one value (rounding again at another precision would move a figure like 2.9145).
+MS_DIGITS = 6
 INDEXER_SCALE_BYTES = 4  # one fp32 scale per FP8 indexer key (DeepSeek-V3.2 cache layout)
 
 
@@ -181,7 +185,7 @@ class _Accumulator:
             self.flops,
             memory_ms,
             self.compute_ms,
-            max(memory_ms, self.compute_ms),
+            round(max(memory_ms, self.compute_ms), MS_DIGITS),
             bound,
             "+".join(self.formats),
             detail,
@@ -214,10 +218,11 @@ def compute_floor(
     sparse_attention=False runs a DSA model's attention densely over the whole context, as engines without a
     sparse-MLA kernel do (and skips the indexer).
     """
-    if tp < 1 or batch < 1 or context < 0:
-        raise UserError("--tp and --batch must be at least 1 and --context at least 0")
-    if allreduce_us is not None and not (math.isfinite(allreduce_us) and allreduce_us >= 0):
-        raise UserError(f"--allreduce-us must be a finite number of us, at least 0; got {allreduce_us}")
+    check_counts(tp=tp, batch=batch, context=context)
+    if allreduce_us is not None and (isinstance(allreduce_us, bool) or not isinstance(allreduce_us, numbers.Real)
+                                     or not (math.isfinite(allreduce_us) and allreduce_us >= 0)):
+        raise ParameterError("{allreduce_us}: not an all-reduce latency (a finite number of us, at least 0)",
+                             allreduce_us=allreduce_us)
     check_tp(geometry, tp)
     g = geometry
     use_indexer = g.has_indexer and sparse_attention
@@ -352,14 +357,14 @@ def compute_floor(
                 0.0,
                 0.0,
                 0.0,
-                ms,
+                round(ms, MS_DIGITS),
                 "latency" if latency_us >= wire_us else "interconnect",
                 gpu.interconnect,
                 f"{calls} calls x ({latency_us:g} us + {wire_us:.2f} us for {message} B)",
             )
         )
 
-    floor_ms = sum(c.ms for c in comps)
+    floor_ms = round(sum(c.ms for c in comps), MS_DIGITS)
     by_bound: dict[str, float] = {}
     for c in comps:
         key = "collective" if c.category == "collective" else c.bound
@@ -402,16 +407,39 @@ def compute_floor(
     )
 
 
+# What each count means, for its error line; the least value it may take.
+COUNTS = {"tp": ("tensor-parallel ranks", 1), "batch": ("sequences per step", 1),
+          "context": ("KV tokens per sequence", 0)}
+
+
+def check_counts(**values) -> None:
+    """tp, batch, context: whole numbers, at least 1 (context: 0); else one line naming the parameter."""
+    for name, value in values.items():
+        what, least = COUNTS[name]
+        if value is None and name == "context":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            kind = "" if isinstance(value, numbers.Real) else f", not a {type(value).__name__}"
+            raise ParameterError(f"{{{name}}}: the {what} must be a whole number of at least {least}{kind}",
+                                 **{name: value})
+
+
+def _valid_tps(g: ModelGeometry) -> list[int]:
+    return [t for t in range(1, g.num_heads + 1) if not g.num_heads % t
+            and (g.is_mla or not g.num_kv_heads % t or not t % g.num_kv_heads)]
+
+
 def check_tp(g: ModelGeometry, tp: int) -> None:
     """The engines' rule (vLLM, SGLang): query heads split evenly over the ranks; KV heads too, or each KV head
     replicated on tp / kv_heads ranks. MLA's latent is shared by all heads, so only the query heads count."""
+    valid = ", ".join(str(t) for t in _valid_tps(g))
     if g.num_heads % tp:
-        raise UserError(f"--tp {tp} cannot shard {g.num_heads} attention heads (num_attention_heads must be "
-                        f"divisible by tp)")
+        raise ParameterError(f"{{tp}} cannot shard {g.num_heads} attention heads (num_attention_heads must be "
+                             f"divisible by the tensor-parallel ranks): give one of {valid}", tp=tp)
     kv = g.num_kv_heads
     if not g.is_mla and kv % tp and tp % kv:
-        raise UserError(f"--tp {tp} cannot shard {kv} KV heads (num_key_value_heads must be divisible by tp, or "
-                        "tp by them)")
+        raise ParameterError(f"{{tp}} cannot shard {kv} KV heads (num_key_value_heads must be divisible by the "
+                             f"tensor-parallel ranks, or they by it): give one of {valid}", tp=tp)
 
 
 def stored_weight_bytes(g: ModelGeometry, quant: QuantScheme) -> float:

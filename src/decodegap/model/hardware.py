@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from decodegap.errors import UserError
+from decodegap.errors import NAME_ONLY, ParameterError, UserError
 
 # Small-message all-reduce latency per call (8 GPUs), the default the floor charges per collective.
 # PCIe: NCCL on 8x RTX PRO 6000, 1K-16K fp16 elements, ~25-30 us (measured by others; the low end).
@@ -239,9 +239,7 @@ def get_gpu(name: str) -> GpuSpec:
         bare = _normalise(re.sub(r"\b(\d+gb|hbm3e?|sxm\d?)\b", " ", name.lower().replace("_", " ")))
         gpu_id = by_plain_id.get(bare) or _ALIASES.get(bare)
     if gpu_id is None:
-        raise UserError(
-            f"unknown GPU '{name}'; known: {', '.join(GPUS)} (or give --bandwidth GBPS --tflops T)"
-        )
+        raise ParameterError(f"{{gpu}}: unknown GPU; known: {', '.join(GPUS)}", gpu=name)
     return GPUS[gpu_id]
 
 
@@ -253,9 +251,9 @@ def custom_gpu(
     interconnect_gbps: float | None = None,
 ) -> GpuSpec:
     """A GPU not in the table: its memory bandwidth (GB/s) and dense BF16 TFLOPS (used for every dtype)."""
-    for flag, value in (("--bandwidth", bandwidth_gbps), ("--tflops", tflops)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise UserError(f"{flag} must be a positive finite number; got {value}")
+    for param, value, unit in (("bandwidth_gbps", bandwidth_gbps, "GB/s"), ("tflops", tflops, "TFLOPS")):
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ParameterError(f"{{{param}}}: not a number of {unit} (a finite number above 0)", **{param: value})
     if interconnect not in DEFAULT_ALLREDUCE_US:
         raise UserError(f"unknown interconnect '{interconnect}'; known: {', '.join(DEFAULT_ALLREDUCE_US)}")
     link = (
@@ -274,8 +272,15 @@ def resolve_gpu(
     """--gpu NAME, or --bandwidth/--tflops for a GPU not in the table (NAME then only labels it)."""
     if bandwidth_gbps is not None or tflops is not None:
         if bandwidth_gbps is None or tflops is None:
-            raise UserError("give both --bandwidth and --tflops for a custom GPU")
+            raise ParameterError("a GPU not in the table needs both {bandwidth_gbps} and {tflops}",
+                                 bandwidth_gbps=NAME_ONLY, tflops=NAME_ONLY)
         return custom_gpu(bandwidth_gbps, tflops, name=name or "custom")
     if not name:
-        raise UserError(f"give --gpu NAME (one of: {', '.join(GPUS)}) or --bandwidth GBPS --tflops T")
-    return get_gpu(name)
+        raise ParameterError(f"no GPU: give {{gpu}} (one of: {', '.join(GPUS)}), or {{bandwidth_gbps}} and "
+                             "{tflops} for a GPU not in the table", gpu=NAME_ONLY, bandwidth_gbps=NAME_ONLY,
+                             tflops=NAME_ONLY)
+    try:
+        return get_gpu(name)
+    except ParameterError as exc:
+        raise ParameterError(exc.template + ", or {bandwidth_gbps} and {tflops} for a GPU not in the table",
+                             **exc.values, bandwidth_gbps=NAME_ONLY, tflops=NAME_ONLY) from None

@@ -13,7 +13,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-from decodegap.errors import UserError
+from decodegap.errors import NAME_ONLY, ParameterError, UserError
 from decodegap.model.config import ModelGeometry
 
 
@@ -203,7 +203,8 @@ def _from_modelopt(q: dict[str, Any], source: str) -> QuantScheme:
         "NVFP4_AWQ": "nvfp4",
     }
     if algo not in formats:
-        raise UserError(f"{source}: unsupported ModelOpt quant_algo '{algo}'; pass --weights instead")
+        raise ParameterError(f"{source}: unsupported ModelOpt quant_algo '{algo}'; give {{weights}} instead",
+                             weights=NAME_ONLY)
     kv_algo = str(q.get("kv_cache_quant_algo") or "").upper()
     return QuantScheme(
         weights=WEIGHT_FORMATS[formats[algo]],
@@ -245,7 +246,8 @@ def scheme_from_quantization_config(qc: dict[str, Any], source: str) -> QuantSch
             f"{bits} bits + fp16 scale and {bits}-bit zero per {group}",
         )
         return QuantScheme(fmt, exclude=exclude, source=source)
-    raise UserError(f"{source}: unsupported quant_method '{method}'; pass --weights (and --kv) instead")
+    raise ParameterError(f"{source}: unsupported quant_method '{method}'; give {{weights}} (and {{kv}}) instead",
+                         weights=NAME_ONLY, kv=NAME_ONLY)
 
 
 def load_quant(path: str | Path | None, model_config: dict[str, Any] | None = None) -> QuantScheme:
@@ -271,9 +273,18 @@ def with_overrides(scheme: QuantScheme, weights: str | None = None, kv: str | No
     """Apply --weights / --kv. An explicit --weights format applies to every linear layer (lm_head included);
     the checkpoint's exclude list no longer applies."""
     if weights is not None:
-        scheme = QuantScheme(weight_format(weights), kv_dtype=scheme.kv_dtype, source=f"--weights {weights}")
+        try:
+            fmt = weight_format(weights)
+        except (UserError, AttributeError):
+            raise ParameterError(f"{{weights}}: unknown weight format; known: {', '.join(WEIGHT_FORMATS)}",
+                                 weights=weights) from None
+        scheme = QuantScheme(fmt, kv_dtype=scheme.kv_dtype, source=f"--weights {weights}")
     if kv is not None:
-        kv_bytes(kv)  # validate
+        try:
+            kv_bytes(kv)
+        except (UserError, AttributeError):
+            raise ParameterError(f"{{kv}}: unknown KV-cache dtype; known: {', '.join(KV_BYTES_PER_ELEMENT)}",
+                                 kv=kv) from None
         scheme = QuantScheme(
             scheme.weights,
             scheme.unquantized,

@@ -155,6 +155,8 @@ def summary_lines(a: Analysis) -> list[str]:
         else:
             lines.append(f"no GPU events: {a.gpu_ms_per_step or 0:.3f} ms of CPU op self time and "
                          f"{a.kernels_per_step or 0:.0f} CPU ops per step" + layers)
+    if a.assumed:
+        lines.append("assumed (not given): " + "; ".join(f"{x.name} {x.value}, {x.reason}" for x in a.assumed))
     check = a.profiler_check
     if check:
         band = (f" (p10-p90 {check.unprofiled_p10_ms:.3f}-{check.unprofiled_p90_ms:.3f} ms over "
