@@ -345,7 +345,9 @@ def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
                                _share_of_step(by_category[c] / 1e6 / n, step_ms))
                   for c in CATEGORIES if by_category[c]]
     categories.sort(key=lambda c: -c.ms_per_step)
-    layers, evidence = _layers_from_calls(kernels)
+    layers, evidence = _cpu_layers(trace, decode) if decode else (None, "no step")
+    if layers is None:
+        layers, evidence = _layers_from_calls(kernels)
     return Breakdown(
         decode_count=len(steps.decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
         prefill_ms_each=[s.wall_ns / 1e6 for s in steps.prefill], gpu_ms_per_step=total_ns / 1e6 / n,
@@ -354,6 +356,23 @@ def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
         categories=categories, kernels=kernels, layers=layers, layers_evidence=evidence,
         phase=phase, counts=_counts(steps), ms_each=_ms_each(steps),
     )
+
+
+def _cpu_layers(trace: Trace, steps: list) -> tuple[int | None, str]:
+    """Layers of a CPU-only trace from its op sequence, as count_layers reads kernels: the ops that run equally often
+    in every step and once per layer."""
+    ops = trace.cpu_ops
+    order = np.argsort(ops.ts_ns, kind="stable")
+    ts = ops.ts_ns[order]
+
+    def seq(step) -> np.ndarray:
+        lo, hi = np.searchsorted(ts, [step.start_ns, step.end_ns], side="left")
+        return ops.name_id[order[lo:hi]].astype(np.int64)
+
+    picks = [steps[i] for i in np.linspace(0, len(steps) - 1, min(SAME_PHASE_STEPS, len(steps))).astype(int)]
+    stable = data_independent([seq(s) for s in picks]) if len(picks) > 1 else None
+    found = count_layers(seq(steps[len(steps) // 2]), trace.names, stable)
+    return found.count, found.evidence.replace("kernels run", "CPU ops run")
 
 
 def _layers_from_calls(kernels: list[KernelGroup]) -> tuple[int | None, str]:
