@@ -221,10 +221,12 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
     signatures = [s & telling for s in present]
     # The first and last layer border the once-per-forward work, which compilers and engines fuse into them (the
     # embedding with the first norm): a lone edge layer a name or two off its neighbour is that neighbour's kind.
-    for edge in (0, n_layers - 1):
-        if n_layers < 3 or signatures.count(signatures[edge]) > 1:
+    edges = (0, n_layers - 1)
+    for edge in edges:
+        # a kind only the edge layers have (both edges fused alike counts too)
+        if n_layers < 3 or any(sig == signatures[edge] for i, sig in enumerate(signatures) if i not in edges):
             continue
-        others = [sig for i, sig in enumerate(signatures) if sig != signatures[edge] and i not in (0, n_layers - 1)]
+        others = [sig for i, sig in enumerate(signatures) if sig != signatures[edge] and i not in edges]
         closest = min(others, key=lambda sig: len(sig ^ signatures[edge]), default=None)
         if closest is not None and len(closest ^ signatures[edge]) <= EDGE_FUSED_NAMES:
             signatures[edge] = closest
