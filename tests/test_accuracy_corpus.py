@@ -27,8 +27,7 @@ TRUTHS = sorted(CORPUS.glob("*.truth.json"))
 KNOWN_WRONG = {
     "deepseek_v3_compiled_generate": "kinds 1+1+6 for 1+7: the compiled first MoE layer fuses kernels of its own",
     "deepseek_v3_train_profstep": "a training iteration's MoE forward counts 3 layers (its dense layer is left out)",
-    "gemma3_profstep_hand": "kinds 6 for 5+1: the one full-attention layer runs no per-layer kernel of its own twice",
-    "gemma3_sample_padded": "kinds 6 for 5+1 (as gemma3_profstep_hand)",
+    "gemma3_sample_padded": "kinds 6 for 5+1: the one full-attention layer is taken for the sliding layers' kind",
     "jamba_eager_generate": "3 layers for 4 (mamba, MoE and attention layers in one stack)",
     "lfm2_eager_generate": "3 layers for 6: conv and attention layers counted as pairs",
     "mixtral_train_nomarkers": "31 layers for 4: identical iterations make the per-expert launches look per-layer",
