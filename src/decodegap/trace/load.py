@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from operator import attrgetter
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from decodegap.errors import UserError
@@ -96,6 +97,36 @@ class _Interner:
         return np.fromiter(map(ids.__getitem__, values), np.int32, len(values))
 
 
+def _kineto_text(raw: bytes) -> bytes:
+    """A JSON text (a launch shape, op shapes or dtypes) written the one way Kineto writes it (`[128, 1, 1]`),
+    whatever the layout it was read in: the same value is the same text, and so one kernel group."""
+    if not raw:
+        return raw
+    try:
+        return msgspec.json.format(msgspec.json.encode(msgspec.json.decode(raw)), indent=0)
+    except (msgspec.DecodeError, msgspec.EncodeError, UnicodeDecodeError, RecursionError, OverflowError):
+        return raw
+
+
+class _TextInterner(_Interner):
+    """JSON texts -> ids by their value: each new text is rewritten by `_kineto_text`, once per distinct text."""
+
+    def __init__(self, first=None) -> None:
+        super().__init__(first)
+        self.seen: dict = {first: 0}  # each text as read -> its id
+
+    def many(self, values: list) -> np.ndarray:
+        seen, ids = self.seen, self.ids
+        for value in dict.fromkeys(values):
+            if value not in seen:
+                text = _kineto_text(value) if value else value
+                if text not in ids:
+                    ids[text] = len(self.values)
+                    self.values.append(text)
+                seen[value] = ids[text]
+        return np.fromiter(map(seen.__getitem__, values), np.int32, len(values))
+
+
 def _column(events: list, attribute: str, dtype) -> np.ndarray:
     """One field of every record as an array; attrgetter + map keep the loop in C. An integer the column's type
     cannot hold (a correlation of 2**64) becomes -1, unknown."""
@@ -145,10 +176,10 @@ class TableBuilder:
 
     def __init__(self) -> None:
         self.names = _Interner()
-        self.shapes = _Interner()
+        self.shapes = _TextInterner(first="")
         self.gpu: list[tuple[np.ndarray, ...]] = []
         self.ops: list[tuple[np.ndarray, ...]] = []
-        self.op_args = _Interner(first=None)  # the distinct Input Dims / Input type texts
+        self.op_args = _TextInterner()  # the distinct Input Dims / Input type texts
         self.op_dims: list[np.ndarray] = []  # ids into op_args, a chunk per batch
         self.op_types: list[np.ndarray] = []
         self.op_collective: dict[int, dict] = {}  # op row -> collective metadata, for the few ops that have it
