@@ -288,6 +288,7 @@ class TableBuilder:
              for name, ts, dur, on_gpu in self.annotations),
             key=lambda a: a.ts_ns,
         )
+        base_ns = _as_int(header.baseTimeNanoseconds, 0)
         info = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
         rank, world = _as_int(info.get("rank"), -1), _as_int(info.get("world_size"), -1)
         device_name = next((p["name"] for p in header.deviceProperties or []
@@ -297,7 +298,7 @@ class TableBuilder:
             device_name=device_name, names=self.names.values,
             shapes=[s.decode("utf-8", "replace") if isinstance(s, bytes) else s for s in self.shapes.values],
             gpu=gpu, cpu_ops=cpu_ops, runtime=runtime, annotations=annotations,
-            origin_ns=_as_int(header.baseTimeNanoseconds, 0) + int(round(origin_us * 1000)),
+            origin_ns=base_ns + int(round(origin_us * 1000)), base_ns=base_ns,
             record_meta=header.decodegap_record if isinstance(header.decodegap_record, dict) else None,
             warnings=warnings,
         )
@@ -386,7 +387,7 @@ def load_trace(path: str | Path) -> Trace:
         with _no_gc():
             header, warnings, truncated = decode_trace(path, builder.add)
             trace = builder.finish(path, header, warnings)
-    except MemoryError:  # e.g. a small text of millions of tiny events in a layout that is decoded whole
+    except MemoryError:  # e.g. one event of gigabytes, or damaged text held whole
         raise UserError(f"{path}: the trace does not fit in this machine's memory (capture fewer steps, or set "
                         "DECODEGAP_MAX_TRACE_BYTES lower to be refused earlier)") from None
     if not len(trace.gpu) and not len(trace.cpu_ops.ts_ns) and not trace.annotations:

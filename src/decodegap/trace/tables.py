@@ -136,6 +136,7 @@ class Trace:
     origin_ns: int  # absolute time of t=0 (baseTimeNanoseconds-relative when the trace had it)
     record_meta: dict | None = None  # what `decodegap record` stored (unprofiled step time, ...)
     warnings: list[str] = field(default_factory=list)
+    base_ns: int = 0  # the trace's baseTimeNanoseconds (part of origin_ns), 0 when it had none
 
     @property
     def has_gpu(self) -> bool:
