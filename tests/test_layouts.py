@@ -88,3 +88,12 @@ def test_memory_grows_with_the_columns_not_the_text_in_a_minified_trace(tmp_path
     grow, grow_kineto = (tables(layout, 240) - tables(layout, 60) for layout in ("minified", "kineto"))
     assert grow < 1.1 * grow_kineto + (1 << 16), (grow, grow_kineto)
     assert tables("minified", 240) < 0.75 * large.stat().st_size
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path):
+    """Windows editors may start a UTF-8 file with a byte order mark: the same trace."""
+    doc = decode_loop(steps=3, layers=2)
+    plain = write_layout(doc, "indent2_crlf", tmp_path / "t.json")
+    marked = tmp_path / "bom.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert _report(marked) == _report(plain)

@@ -8,8 +8,8 @@ the events, and are decoded at the end; the others are skipped. Inside `traceEve
 after its last whole element and that batch is decoded (typed, only the needed fields) and turned into columns
 before the next chunk is read, so memory holds one batch of records, never the file.
 
-Where to cut: the scan finds the commas between elements. Cheaper first, at no cost to exactness: every layout
-writers use puts `}`, a comma and `{` (with any whitespace) between events, so the last such separator in the
+Where to cut: the scan finds the commas between elements. Cheaper first, at no cost to exactness: the layouts
+writers use all put `}`, a comma and `{` (with any whitespace) between events, so the last such separator in the
 chunk is tried, and decoding the batch proves it. `[` + text + `]` parses as an array only when the text is a run
 of whole elements (a separator inside a string or a nested list leaves a string or bracket open, one past the end
 of the list leaves text after it), so a batch that decodes was cut right; one that does not is cut by the scan
@@ -208,6 +208,7 @@ class _Batches:
 START, OBJECT, EVENTS, DONE = range(4)  # where a Reader is: before the text, in the top-level object, in a list
 MEMBER, KEY, COLON, VALUE, SKIP, AFTER = range(6)  # what the top-level object expects next
 _QUOTE, _COLON, _COMMA, _OPEN, _END = b'"'[0], b":"[0], b","[0], b"["[0], b"}"[0]
+_BOM = b"\xef\xbb\xbf"
 
 
 class Reader:
@@ -255,6 +256,10 @@ class Reader:
             return self._events()
         if self.mode == OBJECT:
             return self._object()
+        if self.base == 0 and self.buf.startswith(_BOM[:len(self.buf)]):
+            if len(self.buf) < len(_BOM):
+                return False
+            self._trim(len(_BOM))  # a byte order mark, as Windows editors write
         p = _BLANK.match(self.buf).end()
         if p == len(self.buf):
             self._trim(p)
