@@ -17,9 +17,12 @@ instead, and after a few such misses the file is cut by the scan alone.
 
 Odd text degrades step by step instead of failing the file: a batch msgspec refuses is read untyped (by Python's
 json when msgspec refuses NaN, Infinity or 1e999), and failing that element by element, skipping what cannot be
-read. Text that is not valid JSON can mislead the scan (a stray quote or bracket); then the next separator found
-by the fast path puts it back on track. A cut file keeps every element before the cut (the caller decides whether
-what came before the cut can be trusted)."""
+read. Text that is not valid JSON can mislead the scan (a stray quote or bracket). It tells: a line feed inside a
+string, a brace closing the list, a batch cut by the scan that does not decode, or a separator the scan saw inside
+one element where the pieces between separators decode as events. Then the elements are read both by the scan and
+at each `}, {` (whichever reads more), and the next separator puts the scan back on track, so damage costs the
+events it touches and memory stays flat. A cut file keeps every element before the cut (the caller decides
+whether what came before the cut can be trusted)."""
 
 from __future__ import annotations
 
@@ -47,9 +50,8 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 # What comes before the `{` of an element in every layout: `}`, a comma, whitespace (a blank flood is not tried)
 _SEPARATOR_BEFORE = re.compile(rb"\}[ \t\r\n]{0,64},[ \t\r\n]{0,64}\Z")
 _SEPARATOR_LOOKBACK = 132
-# Elements a line feed separates: a raw line feed is never inside a JSON string, so these split even text the
-# scan cannot follow (it is damaged) into elements that mostly still decode
-_LINE_SEPARATOR = re.compile(rb"(?<=\})(?:[ \t\r]*,[ \t\r]*\n[ \t\r\n]*|[ \t\r]*\n[ \t\r\n]*,[ \t\r\n]*)(?=\{)")
+# Every `}, {` (any whitespace): in text the scan cannot follow (damaged), where most elements still end
+_SEPARATORS = re.compile(rb"(?<=\})[ \t\r\n]*,[ \t\r\n]*(?=\{)")
 
 Consume = Callable[[list], None]
 # What a decoder raises on text it cannot read: msgspec reports bad UTF-8 inside strings as UnicodeDecodeError, a
@@ -141,36 +143,57 @@ class _Batches:
         """Decode a `[...]` batch, element by element where it is not valid JSON. True when it was."""
         if self.whole(text):
             return True
-        self.elements_of(text[1:-1])
+        self.damaged_elements(text[1:-1])
         return False
 
-    def elements_of(self, inside, damaged: bool = True, cut_last: bool = False) -> None:
-        """Each element of an array's inside on its own; those no decoder reads are counted and skipped. In
-        `damaged` text (not valid JSON) the scan may have misread where elements end: a stretch of them that does
-        not decode is split again where a line feed separates two objects. With `cut_last` the text ends at a cut:
-        its last element is kept when it is whole, and never counted."""
-        events: list = []
-        bad: list[tuple[int, int]] = []  # the stretch of elements that did not decode, so far
-        bounds = [(a, b) for a, b in element_bounds(inside) if bytes(inside[a:b]).strip()]
-        for a, b in bounds:
-            if self._read(bytes(inside[a:b]), events):
-                if bad:
-                    self._stretch(bytes(inside[bad[0][0]:bad[-1][1]]), len(bad), damaged, events, False)
-                    bad = []
-            else:
-                bad.append((a, b))
-        if bad:
-            self._stretch(bytes(inside[bad[0][0]:bad[-1][1]]), len(bad), damaged, events, cut_last)
+    def damaged_elements(self, inside) -> None:
+        """Each element of text that is not valid JSON on its own, skipping (and counting) those no decoder reads.
+        Where elements end is read two ways, and the one that reads more elements is kept: by the scan (right when
+        the structure is whole, e.g. a bad UTF-8 byte inside a string) or at each `}, {` (right when a stray quote
+        or bracket misleads the scan)."""
+        inside = bytes(inside)
+        by_scan = self._pieces([inside[a:b] for a, b in element_bounds(inside)])
+        by_separator = self._pieces(_SEPARATORS.split(inside))
+        events, unreadable, skipped = min(by_scan, by_separator, key=lambda r: (-len(r[0]), r[1]))
+        self.unreadable += unreadable
+        self.skipped += skipped
         self._take(events)
 
-    def _stretch(self, text: bytes, pieces: int, damaged: bool, events: list, cut_last: bool) -> None:
-        parts = _LINE_SEPARATOR.split(text) if damaged else []
-        if len(parts) < 2:
-            self.unreadable += pieces - cut_last
-            return
-        for j, part in enumerate(parts):
-            if not self._read(part, events) and not (cut_last and j == len(parts) - 1):
+    def _pieces(self, pieces: list[bytes]) -> tuple[list, int, int]:
+        """(events, pieces no decoder reads, events skipped for their field types) of pieces of text, each read
+        as one element; the counters are left as they were."""
+        skipped, events, unreadable = self.skipped, [], 0
+        for piece in pieces:
+            if piece.strip() and not self._read(piece, events):
+                unreadable += 1
+        skipped, self.skipped = self.skipped - skipped, skipped
+        return events, unreadable, skipped
+
+    def elements_of(self, inside, cut_last: bool = False) -> None:
+        """Each element of an array's inside whose structure is whole (it was cut, not damaged) on its own; with
+        `cut_last` the last one is kept when it is whole (the cut went after it), and never counted."""
+        bounds = [(a, b) for a, b in element_bounds(inside) if bytes(inside[a:b]).strip()]
+        events: list = []
+        for i, (a, b) in enumerate(bounds):
+            if not self._read(bytes(inside[a:b]), events) and not (cut_last and i == len(bounds) - 1):
                 self.unreadable += 1
+        self._take(events)
+
+    @staticmethod
+    def looks_damaged(inside) -> bool:
+        """Whether text the scan reads as (part of) one element is rather several events with damage the scan
+        cannot see (a stray bracket shifts its depth): split at each `}, {`, most pieces decode as events."""
+        pieces = _SEPARATORS.split(bytes(inside))
+        if len(pieces) < 3:
+            return False
+        events = 0
+        for piece in pieces[1:-1]:  # the first and last may be cut
+            try:
+                event = _one_event.decode(piece)
+            except DECODE_ERRORS:
+                continue
+            events += type(event) is schema.Event and bool(event.ph)
+        return events * 2 > len(pieces) - 2
 
     def _read(self, piece: bytes, events: list) -> bool:
         try:
@@ -412,19 +435,16 @@ class Reader:
             if self.lost:  # back on track after text the scan could not follow
                 batches(text)
                 self._cut(cut + 1, reset=True)
-                self.lost = False
+                self.lost, cut = False, -1
             elif batches.whole(text):
                 self._cut(cut + 1, reset=True)
-            else:
-                self.misses += 1
+                cut = -1
             del text
         if self.lost:
             return False
         commas, close = self.scan.scan(buf, self.scanned, len(buf))
         if self.scan.damaged or close >= 0 and buf[close] != b"]"[0]:
-            self.lost = True  # a line feed inside a string, or a brace closing the list: not valid JSON
-            self.scanned = len(buf)
-            return False
+            return self._damaged()  # a line feed inside a string, or a brace closing the list: not valid JSON
         if close >= 0:
             batches(_as_array(buf, 0, close))
             self._cut(close + 1, reset=True)
@@ -436,10 +456,24 @@ class Reader:
         self.scanned = len(buf)
         if len(commas):
             end = int(commas[-1])
-            if not batches(_as_array(buf, 0, end)):
-                self.lost = True
+            valid = batches(_as_array(buf, 0, end))
             self._cut(end + 1, reset=False)
+            cut -= end + 1
+            if not valid:
+                return self._damaged()
+        if cut > 0:  # the separator did not cut whole elements: nested in one, or damage the scan cannot see?
+            if batches.looks_damaged(buf[:cut]):
+                return self._damaged()
+            self.misses += 1
         return False
+
+    def _damaged(self) -> bool:
+        """Text that is not valid JSON: the scan's reading of it cannot be trusted until the next separator, which
+        may already be in the text not yet decoded (so read on at once)."""
+        self.lost = True
+        self.scanned = len(self.buf)
+        self.searched = 0
+        return True
 
     # --- the end ---------------------------------------------------------------------------------------------
 
@@ -461,8 +495,9 @@ class Reader:
                     loads(b'{"":0' + tail)
                 except Unreadable:
                     continue
-            self.batches.elements_of(buf[:close])
+            self.batches.damaged_elements(buf[:close])
             self._cut(close + 1, reset=True)
+            self.lost = False
             if self.bare:
                 self.mode = DONE
                 return
@@ -478,11 +513,13 @@ class Reader:
             if truncated:
                 raise UserError(f"{path}: {truncated}")
             raise NotATrace(f"{path}: the file is empty")
-        if self.mode == EVENTS and self.lost and not truncated:
+        if self.mode == EVENTS and not truncated and (self.lost or self.batches.looks_damaged(self.buf)):
             self._close_misread_list()
         if self.mode == EVENTS:
-            if bytes(self.buf).strip():
-                self.batches.elements_of(self.buf, damaged=self.lost, cut_last=True)
+            if self.lost:  # damaged text, then the cut
+                self.batches.damaged_elements(self.buf)
+            elif bytes(self.buf).strip():
+                self.batches.elements_of(self.buf, cut_last=True)
             truncated = truncated or "the JSON ends early"
             if not self.batches.elements + self.batches.skipped + self.batches.unreadable:
                 raise UserError(f"{path}: the JSON is truncated before its first whole event ({truncated})")
