@@ -97,3 +97,22 @@ def test_a_byte_order_mark_is_skipped(tmp_path):
     marked = tmp_path / "bom.json"
     marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
     assert _report(marked) == _report(plain)
+
+
+@pytest.mark.parametrize("layout", ["kineto", "minified", "lines", "indent2_crlf"])
+@pytest.mark.parametrize("stray", [b'"', b"{", b"}", b"["])
+def test_damage_costs_only_the_events_it_touches(tmp_path, layout, stray):
+    """Stray quotes and brackets mislead the scan (the text is no longer JSON): the reader gets back on track at
+    the next separator, so only the events they land in are lost, and the file is not taken for a cut one."""
+    doc = _doc(FIXTURES / "cast_graph.json.gz")
+    text = bytearray(LAYOUTS[layout](doc).encode())
+    start = text.index(b"traceEvents")
+    for i in range(1, 4):  # the colon after "ph" in three events, a quarter, half and three quarters in
+        at = text.index(b'"ph"', start + (len(text) - start) * i // 4) + 4
+        text[at:at + 1] = stray
+    path = tmp_path / "damaged.json"
+    path.write_bytes(bytes(text))
+    events: list = []
+    _, warnings, truncated = decode_trace(path, events.extend)
+    assert truncated is None
+    assert len(doc["traceEvents"]) - 3 <= len(events) <= len(doc["traceEvents"]), (len(events), warnings)
