@@ -633,13 +633,14 @@ def test_the_same_benchmark_gives_the_same_figures_everywhere():
     # docs/ARCHITECTURE.md quotes bench_scale's figures that the README's table holds: they must agree
     readme = _text(ROOT / "README.md")
     arch = " ".join(_text(ROOT / "docs" / "ARCHITECTURE.md").split())
-    rows = {cells[1].strip(): cells for line in readme.splitlines()
-            if line.startswith(("| 1x", "| 4x", "| 8x")) for cells in [line.split("|")]}
-    one, eight = rows["1x (the shared trace)"], rows["8x"]
+    # bench_scale's table: | layout | trace | text MB | json.load s | json.load MB | analyze s | analyze MB | ...
+    rows = {cells[2].strip(): cells for line in readme.splitlines()
+            if line.startswith("| kineto |") for cells in [line.split("|")]}
+    one, eight = rows["1x"], rows["8x"]
     quoted = re.search(r"json\.load` builds a dict per event \(([\d.]+) s, ([\d,]+) MB", arch)
-    assert quoted and quoted.groups() == (one[3].strip(), one[4].strip()), quoted and quoted.groups()
+    assert quoted and quoted.groups() == (one[4].strip(), one[5].strip()), quoted and quoted.groups()
     peak = re.search(r"peaks at ([\d,]+) MB instead of ([\d,]+) MB", arch)
-    assert peak and peak.groups() == (eight[6].strip(), one[6].strip()), peak and peak.groups()
+    assert peak and peak.groups() == (eight[7].strip(), one[7].strip()), peak and peak.groups()
 
 
 def test_the_findings_table_states_the_detectors_thresholds():
