@@ -114,7 +114,8 @@ def _as_array(text, start: int, end: int) -> bytes:
 
 
 class _Batches:
-    """Decodes event batches, falling back to event-by-event conversion for batches with odd field types."""
+    """Decodes event batches: typed, else untyped (odd field types, NaN) and converted, else (text that is not
+    JSON) element by element."""
 
     def __init__(self, consume: Consume) -> None:
         self.consume = consume
