@@ -262,6 +262,24 @@ class ProfilerEvidence(Loose):
     samples_ms: list[Num] | None | UnsetType = UNSET
 
 
+class AfterFix(Struct):
+    """The step a finding leaves once fixed, from the trace's own numbers; `assumes` what that takes for granted."""
+
+    step_ms: float
+    tokens_per_s: float  # per sequence, as the report's: 1000 / step_ms
+    assumes: str
+
+
+class BestCase(Struct):
+    """The step once the findings with an estimate are fixed, those whose fixes overlap a costlier one's left out:
+    their savings added."""
+
+    step_ms: float
+    tokens_per_s: float
+    findings: list[str]  # the findings whose savings were added
+    assumes: str
+
+
 class Finding(Struct, tag_field="id"):
     """A root cause; `id` (the tag) says which detector found it and so which evidence type it carries."""
 
@@ -270,37 +288,38 @@ class Finding(Struct, tag_field="id"):
     share: float
     share_of: str
     fix: str
+    after_fix: AfterFix | None = None  # None: no estimate (or a report from before there were any)
 
     @property
     def id(self) -> str:
         return type(self).__struct_config__.tag
 
 
-class KvPoolCast(Finding, tag="kv_pool_cast"):
+class KvPoolCast(Finding, tag="kv_pool_cast", kw_only=True):
     evidence: KvPoolCastEvidence
 
 
-class HostBound(Finding, tag="host_bound"):
+class HostBound(Finding, tag="host_bound", kw_only=True):
     evidence: HostBoundEvidence
 
 
-class CollectiveBound(Finding, tag="collective_bound"):
+class CollectiveBound(Finding, tag="collective_bound", kw_only=True):
     evidence: CollectiveEvidence
 
 
-class StragglerRank(Finding, tag="straggler_rank"):
+class StragglerRank(Finding, tag="straggler_rank", kw_only=True):
     evidence: StragglerEvidence
 
 
-class WeightCopy(Finding, tag="weight_copy"):
+class WeightCopy(Finding, tag="weight_copy", kw_only=True):
     evidence: WeightCopyEvidence
 
 
-class ProfilerOverhead(Finding, tag="profiler_overhead"):
+class ProfilerOverhead(Finding, tag="profiler_overhead", kw_only=True):
     evidence: ProfilerEvidence
 
 
-class OutsideStep(Finding, tag="outside_step"):
+class OutsideStep(Finding, tag="outside_step", kw_only=True):
     evidence: ProfilerEvidence
 
 
@@ -410,7 +429,7 @@ class Assumed(Struct):
     reason: str
 
 
-class Analysis(Struct):
+class Analysis(Struct, kw_only=True):
     schema: str
     tool: Tool
     trace: TraceInfo
@@ -431,6 +450,7 @@ class Analysis(Struct):
     ranks: list[RankRow]
     slowest_rank: int | None
     findings: list[AnyFinding]
+    best_case: BestCase | None = None
     profiler_check: ProfilerCheck | None
     warnings: list[str]
     floor: Floor | None
@@ -553,6 +573,7 @@ def _plain(report) -> dict:
                    "collective_ms_per_step": _r(r.collective_ms_per_step())} for r in report.ranks],
         "slowest_rank": main.rank if len(report.ranks) > 1 else None,
         "findings": [f.to_dict() for f in report.findings],
+        "best_case": report.best_case.to_dict() if report.best_case is not None else None,
         "profiler_check": profiler_check(report),
         "warnings": list(report.warnings),
         "floor": report.floor_dict,

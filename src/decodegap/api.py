@@ -153,13 +153,17 @@ def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp
                      context=context, tpot_ms=tpot_ms, allreduce_us=allreduce_us, jobs=jobs, ray=ray))
 
 
-def diff(before, after) -> dict:
+def diff(before, after, *, model=None, batch: int | None = None, context: int | None = None) -> dict:
     """Two profiles side by side (each an Analysis, a saved report, a trace or a folder): step time, categories,
-    kernel groups new/gone/faster/slower, findings gone/kept/new. Returns the `decodegap.diff/1` dict."""
+    kernel groups new/gone/faster/slower, findings gone/kept/new, and the step BEFORE's findings predict once those
+    gone are fixed beside the one AFTER measured (`predicted`). `model`, `batch`, `context`: as for `analyze`, for
+    the sides that are traces. Returns the `decodegap.diff/1` dict."""
     from decodegap.compare import diff_reports, load_report
 
     def as_dict(side) -> dict:
-        return side.to_dict() if isinstance(side, Analysis) else load_report(Path(side))
+        if isinstance(side, Analysis):
+            return side.to_dict()
+        return load_report(Path(side), model=model, batch=batch, context=context)
 
     return diff_reports(as_dict(before), as_dict(after))
 

@@ -83,6 +83,7 @@ class Report:
     floor_dict: dict | None = None  # the floor (JSON form) when --model and --gpu were given
     gap: dict | None = None  # the gap ledger, likewise
     assumed: list[dict] = field(default_factory=list)  # {name, value, reason}: what the run took where none was given
+    best_case: object | None = None  # decodegap.findings.BestCase: the step once the findings are fixed
 
     @property
     def workload(self) -> str:
@@ -152,6 +153,17 @@ def _row_categories(trace: Trace) -> np.ndarray:
     return names[inverse]
 
 
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
+
+
+def _graph_launch_us(trace: Trace) -> float | None:
+    """The median host time of one graph launch in the trace (for host_bound's estimate); None without any."""
+    ids = [i for i, n in enumerate(trace.names) if n in GRAPH_LAUNCHES]
+    if not ids:
+        return None
+    durations = trace.runtime.dur_ns[np.isin(trace.runtime.name_id, ids)]
+    return float(np.median(durations)) / 1e3 if len(durations) else None
+
 
 
 def step_rows(trace: Trace, steps: Steps) -> list[dict]:
@@ -214,7 +226,8 @@ def summarize(trace: Trace, options: AnalysisOptions) -> RankSummary:
     steps = find_steps(trace, links)
     b = compute_breakdown(trace, links, steps)
     rank_input = RankInput(breakdown=b, has_gpu=trace.has_gpu, geometry=options.model,
-                           active_tokens=options.active_tokens, calls_in_each_step=_calls_in_each_step(trace, steps))
+                           active_tokens=options.active_tokens, calls_in_each_step=_calls_in_each_step(trace, steps),
+                           graph_launch_us=_graph_launch_us(trace))
     meta = TraceMeta(path=trace.path, rank=trace.rank, world_size=trace.world_size, device_name=trace.device_name,
                      has_gpu=trace.has_gpu, record_meta=trace.record_meta, warnings=list(trace.warnings))
     return RankSummary(
@@ -422,7 +435,7 @@ def _order_ranks(summaries: list[RankSummary]) -> list[RankSummary]:
 
 
 def _cross_rank(report: Report) -> None:
-    from decodegap.findings import RanksInput, order_findings, run_cross_rank_detectors
+    from decodegap.findings import RanksInput, best_case, order_findings, run_cross_rank_detectors
     from decodegap.profiler_check import profiler_check
 
     main = report.main
@@ -432,6 +445,7 @@ def _cross_rank(report: Report) -> None:
     report.findings = order_findings(main.findings | run_cross_rank_detectors(ranks, profiler_check(report)))
     if report.workload == "training":  # decode advice does not apply to a training job
         report.findings = [f for f in report.findings if f.id in TRAINING_FINDINGS]
+    report.best_case = best_case(report.findings, main.breakdown.step_ms.median)
 
 
 def analyze_path(path: str | Path, options: AnalysisOptions | None = None, *, jobs: int | None = None,

@@ -6,9 +6,13 @@ profiler check, on the driver. `order_findings` puts them together in one stable
 
 from __future__ import annotations
 
-from decodegap.findings.base import Finding, RankInput, RanksInput
+from dataclasses import dataclass
 
-__all__ = ["Finding", "RankInput", "RanksInput", "order_findings", "run_rank_detectors", "run_cross_rank_detectors"]
+from decodegap.findings.base import AfterFix, Finding, RankInput, RanksInput
+from decodegap.kernel_names import short_kernel_name
+
+__all__ = ["AfterFix", "BestCase", "Finding", "RankInput", "RanksInput", "best_case", "order_findings",
+           "run_rank_detectors", "run_cross_rank_detectors"]
 
 # The order findings of equal cost are listed in (the sort by cost is stable).
 DETECTOR_ORDER = ("kv_pool_cast", "host_bound", "collective_bound", "weight_copy", "profiler_overhead")
@@ -35,3 +39,60 @@ def order_findings(by_detector: dict[str, list[Finding]]) -> list[Finding]:
     found = [f for name in DETECTOR_ORDER for f in by_detector.get(name, [])]
     found.sort(key=lambda f: -f.ms_per_step)
     return found
+
+
+# --- what the fixes would buy together ----------------------------------------------------------------------------
+
+def fixed_parts(f) -> frozenset[str]:
+    """The part of the step a finding's fix takes its time from (GPU idle, the collectives, kernel groups by name):
+    two fixes that take from the same part do not add up. `f`: a Finding (its evidence a dict or typed)."""
+    ev = f.evidence
+    if f.id == "host_bound":
+        return frozenset({"gpu idle"})
+    if f.id in ("collective_bound", "straggler_rank"):
+        return frozenset({"collectives"})
+    if f.id == "kv_pool_cast" and ev.get("kernel"):
+        return frozenset({"kernel " + short_kernel_name(ev["kernel"])})
+    if f.id == "weight_copy":
+        return frozenset("kernel " + g["kernel"] for g in ev.get("groups") or [] if g.get("kernel"))
+    return frozenset({f.id})
+
+
+@dataclass(frozen=True)
+class BestCase:
+    """The step once every finding with an estimate whose fix does not overlap a costlier one's is fixed: their
+    savings (step - after_fix.step_ms) added."""
+
+    step_ms: float
+    findings: tuple[str, ...]  # the findings whose savings were added, costliest first
+    assumes: str
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1e3 / self.step_ms if self.step_ms > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"step_ms": round(self.step_ms, 4), "tokens_per_s": round(self.tokens_per_s, 3),
+                "findings": list(self.findings), "assumes": self.assumes}
+
+
+def best_case(findings: list, step_ms: float) -> BestCase | None:
+    """The findings' estimates combined (findings costliest first, as ordered); None when none has an estimate."""
+    taken, parts, saved, left_out = [], set(), 0.0, []
+    for f in findings:
+        if f.after_fix is None:
+            continue
+        mine = fixed_parts(f)
+        if mine & parts:
+            left_out.append(f.id)
+            continue
+        taken.append(f.id)
+        parts |= mine
+        saved += max(step_ms - f.after_fix.step_ms, 0.0)
+    if not taken:
+        return None
+    assumes = ("each fix as its finding's after_fix assumes"
+               + (f"; {' + '.join(taken)} take their time from different parts of the step, so their savings add"
+                  if len(taken) > 1 else "")
+               + (f"; left out (their fix overlaps one above): {', '.join(left_out)}" if left_out else ""))
+    return BestCase(max(step_ms - saved, 0.0), tuple(taken), assumes)

@@ -7,6 +7,24 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class AfterFix:
+    """The step a finding leaves once fixed, estimated from the trace's own numbers, and what that takes for granted
+    (one line, with the figures)."""
+
+    step_ms: float
+    assumes: str
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Per sequence, as the report's tok/s: one token per step."""
+        return 1e3 / self.step_ms if self.step_ms > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"step_ms": round(self.step_ms, 4), "tokens_per_s": round(self.tokens_per_s, 3),
+                "assumes": self.assumes}
+
+
+@dataclass(frozen=True)
 class Finding:
     id: str  # stable snake_case word: kv_pool_cast, host_bound, ...
     title: str  # one sentence a user can act on
@@ -14,6 +32,7 @@ class Finding:
     share: float  # of the decode step's GPU time (host_bound, profiler_overhead: of its wall time)
     evidence: dict = field(default_factory=dict)  # numbers that back the title
     fix: str = ""
+    after_fix: AfterFix | None = None  # the step once fixed; None where the evidence supports no estimate
 
     @property
     def share_of(self) -> str:
@@ -23,7 +42,7 @@ class Finding:
     def to_dict(self) -> dict:
         return {"id": self.id, "title": self.title, "ms_per_step": round(self.ms_per_step, 4),
                 "share": round(self.share, 4), "share_of": self.share_of, "evidence": self.evidence,
-                "fix": self.fix}
+                "fix": self.fix, "after_fix": self.after_fix.to_dict() if self.after_fix else None}
 
 
 WALL_TIME_FINDINGS = {"host_bound", "profiler_overhead", "outside_step", "straggler_rank"}
@@ -40,6 +59,7 @@ class RankInput:
     active_tokens: int | None = None  # batch x context, when given
     # Per decode step, how many GPU activities named like this ran; None when there are no per-step rows.
     calls_in_each_step: Callable[[str], list[int]] | None = None
+    graph_launch_us: float | None = None  # median host time of one CUDA/HIP graph launch in the trace, if any
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,17 @@ def step_context(b, active_tokens: int | None = None) -> StepContext | None:
     if not b.decode_count or b.step_ms.median <= 0:
         return None
     return StepContext(b.step_ms.median, b.gpu_ms_per_step, active_tokens)
+
+
+def rest_unchanged(b) -> str:
+    """How an estimate that takes GPU work out of the step treats the rest (`b` a Breakdown): unchanged; on a
+    host-bound step that holds only once the host keeps up (the GPU then idles instead)."""
+    from decodegap.findings.host_bound import MAX_BUSY
+
+    if b.gpu_busy_fraction and b.gpu_busy_fraction < MAX_BUSY:
+        return (f"the rest of the step unchanged, which on this host-bound step (GPU busy {b.gpu_busy_fraction:.0%}) "
+                "holds once the host keeps up (host_bound fixed too)")
+    return "the rest of the step unchanged" + (f" (GPU busy {b.gpu_busy_fraction:.0%})" if b.gpu_busy_fraction else "")
 
 
 def layer_multiple(calls_per_step: float, layers: int | None) -> int | None:

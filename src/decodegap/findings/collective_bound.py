@@ -10,7 +10,7 @@ alone is what a small, well-behaved step looks like."""
 from __future__ import annotations
 
 from decodegap.errors import UserError
-from decodegap.findings.base import Finding, RanksInput, step_context
+from decodegap.findings.base import AfterFix, Finding, RanksInput, rest_unchanged, step_context
 from decodegap.model.hardware import DEFAULT_ALLREDUCE_US, get_gpu
 from decodegap.kernel_names import short_kernel_name
 
@@ -70,7 +70,10 @@ def detect(ranks: RanksInput) -> list[Finding]:
             title = (f"Rank {low_rank} is the straggler: the other ranks spend up to {spread:.2f} ms more per step "
                      f"inside collectives waiting for it ({per_rank[low_rank]:.2f} ms on rank {low_rank} vs "
                      f"{per_rank[high_rank]:.2f} ms on rank {high_rank})")
-            found.append(Finding("straggler_rank", title, spread, spread / ctx.step_ms, ev, FIX_STRAGGLER))
+            after = AfterFix(ctx.step_ms - spread,
+                             f"rank {low_rank}'s extra work evened out: no rank waits inside collectives for it "
+                             f"(up to {spread:.3f} ms per step now); {rest_unchanged(b)}")
+            found.append(Finding("straggler_rank", title, spread, spread / ctx.step_ms, ev, FIX_STRAGGLER, after))
     if not groups or total_ms / max(ctx.gpu_ms, 1e-9) < MIN_SHARE:
         return found
     calls = sum(k.calls_per_step for k in groups)
@@ -100,5 +103,8 @@ def detect(ranks: RanksInput) -> list[Finding]:
         return found
     title = (f"Collectives take {total_ms:.2f} ms per step ({total_ms / ctx.gpu_ms:.0%} of GPU time): {calls:.0f} "
              f"calls at {ev['us_per_call']} us each, {excess_ms:.2f} ms more than their message sizes need")
-    found.append(Finding("collective_bound", title, total_ms, total_ms / ctx.gpu_ms, ev, FIX_LATENCY))
+    after = AfterFix(ctx.step_ms - excess_ms,
+                     f"each collective takes what its message needs ({ev['model']}): {expected_ms:.3f} ms per step "
+                     f"of the {total_ms:.3f} ms measured; {rest_unchanged(b)}")
+    found.append(Finding("collective_bound", title, total_ms, total_ms / ctx.gpu_ms, ev, FIX_LATENCY, after))
     return found
