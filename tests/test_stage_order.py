@@ -10,10 +10,10 @@ SRC = Path(__file__).parent.parent / "src" / "decodegap"
 
 # Stage of each module (by dotted name under decodegap; a package's entry covers its modules).
 STAGES = [
-    ("helpers", ["errors", "rounding", "samples", "kernel_names", "categories", "shapes"]),
+    ("helpers", ["errors", "rounding", "records", "samples", "kernel_names", "categories", "shapes"]),
     ("trace", ["trace"]),
     ("structure", ["step_marks", "layer_count", "repetition", "phase", "forward_anchors", "steps"]),
-    ("breakdown", ["breakdown"]),
+    ("breakdown", ["breakdown", "rows"]),
     ("verdicts", ["findings", "model", "floor_ledger", "profiler_check"]),
     ("pipeline", ["pipeline"]),
     ("analysis", ["analysis"]),

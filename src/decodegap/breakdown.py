@@ -102,7 +102,7 @@ class Breakdown:
     layer_kind_of: tuple[int, ...] = ()  # per layer of the typical step: index into layer_kinds (empty: one kind)
 
 
-def _busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
+def busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
     if not len(ts):
         return 0
     # a step's rows come in start order (the GPU table is sorted, steps are ascending row sets)
@@ -159,7 +159,7 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     dur = gpu.dur_ns
     total_gpu_ns = int(dur[rows].sum()) if len(rows) else 0
     wall = [s.wall_ns / 1e6 for s in decode]
-    busy = [_busy_ns(gpu.ts_ns[s.rows], gpu.end_ns[s.rows], s.start_ns, s.end_ns) / 1e6 for s in decode]
+    busy = [busy_ns(gpu.ts_ns[s.rows], gpu.end_ns[s.rows], s.start_ns, s.end_ns) / 1e6 for s in decode]
     busy_fraction = float(sum(busy) / sum(wall)) if sum(wall) > 0 else 0.0
     step_ms = Spread.of(wall)
 

@@ -6,12 +6,11 @@ profiler check, on the driver. `order_findings` puts them together in one stable
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from decodegap.findings.base import AfterFix, Finding, RankInput, RanksInput
+from decodegap.findings.base import RankInput, RanksInput
+from decodegap.findings.records import AfterFix, AnyFinding, BestCase, Finding, tokens_per_s
 from decodegap.kernel_names import short_kernel_name
 
-__all__ = ["AfterFix", "BestCase", "Finding", "RankInput", "RanksInput", "best_case", "order_findings",
+__all__ = ["AfterFix", "AnyFinding", "BestCase", "Finding", "RankInput", "RanksInput", "best_case", "order_findings",
            "run_rank_detectors", "run_cross_rank_detectors"]
 
 # The order findings of equal cost are listed in (the sort by cost is stable).
@@ -27,8 +26,9 @@ def run_rank_detectors(rank: RankInput) -> dict[str, list[Finding]]:
             "weight_copy": weight_copy.detect(rank)}
 
 
-def run_cross_rank_detectors(ranks: RanksInput, check: dict | None) -> dict[str, list[Finding]]:
-    """The detectors that compare ranks (collectives, stragglers) or read the profiler check, by detector."""
+def run_cross_rank_detectors(ranks: RanksInput, check) -> dict[str, list[Finding]]:
+    """The detectors that compare ranks (collectives, stragglers) or read the profiler check (a
+    decodegap.profiler_check.ProfilerCheck, None without an unprofiled time), by detector."""
     from decodegap.findings import collective_bound, profiler_overhead
 
     return {"collective_bound": collective_bound.detect(ranks), "profiler_overhead": profiler_overhead.detect(check)}
@@ -45,7 +45,8 @@ def order_findings(by_detector: dict[str, list[Finding]]) -> list[Finding]:
 
 def fixed_parts(f) -> frozenset[str]:
     """The part of the step a finding's fix takes its time from (GPU idle, the collectives, kernel groups by name):
-    two fixes that take from the same part do not add up. `f`: a Finding (its evidence a dict or typed)."""
+    two fixes that take from the same part do not add up. `f`: a Finding (its evidence typed, or a saved report's
+    dict)."""
     ev = f.evidence
     if f.id == "host_bound":
         return frozenset({"gpu idle"})
@@ -56,24 +57,6 @@ def fixed_parts(f) -> frozenset[str]:
     if f.id == "weight_copy":
         return frozenset("kernel " + g["kernel"] for g in ev.get("groups") or [] if g.get("kernel"))
     return frozenset({f.id})
-
-
-@dataclass(frozen=True)
-class BestCase:
-    """The step once every finding with an estimate whose fix does not overlap a costlier one's is fixed: their
-    savings (step - after_fix.step_ms) added."""
-
-    step_ms: float
-    findings: tuple[str, ...]  # the findings whose savings were added, costliest first
-    assumes: str
-
-    @property
-    def tokens_per_s(self) -> float:
-        return 1e3 / self.step_ms if self.step_ms > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        return {"step_ms": round(self.step_ms, 4), "tokens_per_s": round(self.tokens_per_s, 3),
-                "findings": list(self.findings), "assumes": self.assumes}
 
 
 def best_case(findings: list, step_ms: float) -> BestCase | None:
@@ -95,4 +78,5 @@ def best_case(findings: list, step_ms: float) -> BestCase | None:
                + (f"; {' + '.join(taken)} take their time from different parts of the step, so their savings add"
                   if len(taken) > 1 else "")
                + (f"; left out (their fix overlaps one above): {', '.join(left_out)}" if left_out else ""))
-    return BestCase(max(step_ms - saved, 0.0), tuple(taken), assumes)
+    best = round(max(step_ms - saved, 0.0), 4)
+    return BestCase(step_ms=best, tokens_per_s=round(tokens_per_s(best), 3), findings=taken, assumes=assumes)

@@ -1,51 +1,11 @@
-"""The Finding record every detector returns, and what detectors share."""
+"""What detectors read (one rank's input, the ranks' summaries) and the helpers they share; the records they
+return are in findings/records.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class AfterFix:
-    """The step a finding leaves once fixed, estimated from the trace's own numbers, and what that takes for granted
-    (one line, with the figures)."""
-
-    step_ms: float
-    assumes: str
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Per sequence, as the report's tok/s: one token per step."""
-        return 1e3 / self.step_ms if self.step_ms > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        return {"step_ms": round(self.step_ms, 4), "tokens_per_s": round(self.tokens_per_s, 3),
-                "assumes": self.assumes}
-
-
-@dataclass(frozen=True)
-class Finding:
-    id: str  # stable snake_case word: kv_pool_cast, host_bound, ...
-    title: str  # one sentence a user can act on
-    ms_per_step: float  # time per decode step this cause costs
-    share: float  # of the decode step's GPU time (host_bound, profiler_overhead: of its wall time)
-    evidence: dict = field(default_factory=dict)  # numbers that back the title
-    fix: str = ""
-    after_fix: AfterFix | None = None  # the step once fixed; None where the evidence supports no estimate
-
-    @property
-    def share_of(self) -> str:
-        """What `share` is a fraction of: the step's GPU time, or its wall time for host-side causes."""
-        return "step_wall" if self.id in WALL_TIME_FINDINGS else "step_gpu_time"
-
-    def to_dict(self) -> dict:
-        return {"id": self.id, "title": self.title, "ms_per_step": round(self.ms_per_step, 4),
-                "share": round(self.share, 4), "share_of": self.share_of, "evidence": self.evidence,
-                "fix": self.fix, "after_fix": self.after_fix.to_dict() if self.after_fix else None}
-
-
-WALL_TIME_FINDINGS = {"host_bound", "profiler_overhead", "outside_step", "straggler_rank"}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ alone is what a small, well-behaved step looks like."""
 from __future__ import annotations
 
 from decodegap.errors import UserError
-from decodegap.findings.base import AfterFix, Finding, RanksInput, rest_unchanged, step_context
+from decodegap.findings.base import RanksInput, rest_unchanged, step_context
+from decodegap.findings.records import Finding, after_fix, make_finding
 from decodegap.model.hardware import DEFAULT_ALLREDUCE_US, get_gpu
 from decodegap.kernel_names import short_kernel_name
 
@@ -51,6 +52,11 @@ def _message_bytes(k) -> int | None:
     return None
 
 
+def _by_rank(per_rank: dict[int, float]) -> dict[str, float]:
+    """Per-rank figures keyed as JSON keys them (the rank as a string)."""
+    return {str(rank): ms for rank, ms in per_rank.items()}
+
+
 def detect(ranks: RanksInput) -> list[Finding]:
     b = ranks.main
     ctx = step_context(b)
@@ -65,15 +71,15 @@ def detect(ranks: RanksInput) -> list[Finding]:
         high_rank = max(per_rank, key=per_rank.get)
         spread = per_rank[high_rank] - per_rank[low_rank]
         if spread >= STRAGGLER_SPREAD * ctx.step_ms:
-            ev = {"collective_ms_per_step_by_rank": per_rank, "straggler_rank": low_rank,
+            ev = {"collective_ms_per_step_by_rank": _by_rank(per_rank), "straggler_rank": low_rank,
                   "max_wait_ms_per_step": round(spread, 3)}
             title = (f"Rank {low_rank} is the straggler: the other ranks spend up to {spread:.2f} ms more per step "
                      f"inside collectives waiting for it ({per_rank[low_rank]:.2f} ms on rank {low_rank} vs "
                      f"{per_rank[high_rank]:.2f} ms on rank {high_rank})")
-            after = AfterFix(ctx.step_ms - spread,
+            after = after_fix(ctx.step_ms - spread,
                              f"rank {low_rank}'s extra work evened out: no rank waits inside collectives for it "
                              f"(up to {spread:.3f} ms per step now); {rest_unchanged(b)}")
-            found.append(Finding("straggler_rank", title, spread, spread / ctx.step_ms, ev, FIX_STRAGGLER, after))
+            found.append(make_finding("straggler_rank", title, spread, spread / ctx.step_ms, ev, FIX_STRAGGLER, after))
     if not groups or total_ms / max(ctx.gpu_ms, 1e-9) < MIN_SHARE:
         return found
     calls = sum(k.calls_per_step for k in groups)
@@ -98,13 +104,13 @@ def detect(ranks: RanksInput) -> list[Finding]:
           "rule": (f"collectives >= {MIN_SHARE:.0%} of GPU time, excess over the model >= {MIN_EXCESS_SHARE:.0%} of "
                    f"GPU time and >= {MIN_SLOWDOWN:g}x the model's time")}
     if ranks.rank_count > 1:
-        ev["collective_ms_per_step_by_rank"] = per_rank
+        ev["collective_ms_per_step_by_rank"] = _by_rank(per_rank)
     if excess_ms < MIN_EXCESS_SHARE * ctx.gpu_ms or total_ms < MIN_SLOWDOWN * expected_ms:
         return found
     title = (f"Collectives take {total_ms:.2f} ms per step ({total_ms / ctx.gpu_ms:.0%} of GPU time): {calls:.0f} "
              f"calls at {ev['us_per_call']} us each, {excess_ms:.2f} ms more than their message sizes need")
-    after = AfterFix(ctx.step_ms - excess_ms,
+    after = after_fix(ctx.step_ms - excess_ms,
                      f"each collective takes what its message needs ({ev['model']}): {expected_ms:.3f} ms per step "
                      f"of the {total_ms:.3f} ms measured; {rest_unchanged(b)}")
-    found.append(Finding("collective_bound", title, total_ms, total_ms / ctx.gpu_ms, ev, FIX_LATENCY, after))
+    found.append(make_finding("collective_bound", title, total_ms, total_ms / ctx.gpu_ms, ev, FIX_LATENCY, after))
     return found

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from decodegap.findings.base import AfterFix, Finding, RankInput, step_context
+from decodegap.findings.base import RankInput, step_context
+from decodegap.findings.records import AfterFix, Finding, after_fix, make_finding
 from decodegap.kernel_names import short_kernel_name
 
 MAX_BUSY = 0.75  # GPU busy below this fraction of the step...
@@ -43,7 +44,7 @@ def detect(rank: RankInput) -> list[Finding]:
              f"the step is host-bound{launches}")
     if graph_share < 0.5:
         title += ", no CUDA graph"
-    return [Finding("host_bound", title, idle_ms, idle_ms / ctx.step_ms, evidence, FIX, _after_fix(rank))]
+    return [make_finding("host_bound", title, idle_ms, idle_ms / ctx.step_ms, evidence, FIX, _after_fix(rank))]
 
 
 def _after_fix(rank: RankInput) -> AfterFix:
@@ -57,4 +58,4 @@ def _after_fix(rank: RankInput) -> AfterFix:
         launch_us, measured = GRAPH_LAUNCH_US, "assumed: the trace has no launch call to measure"
     assumes = (f"the step's {b.busy_ms_per_step:.3f} ms of GPU work runs back to back from one graph launch "
                f"({launch_us:.1f} us, {measured}): no host gaps, no per-kernel launches")
-    return AfterFix(b.busy_ms_per_step + launch_us / 1e3, assumes)
+    return after_fix(b.busy_ms_per_step + launch_us / 1e3, assumes)

@@ -6,7 +6,8 @@ launch shape (grid x block x elements per thread) under CUDA-graph replay."""
 
 from __future__ import annotations
 
-from decodegap.findings.base import AfterFix, Finding, RankInput, layer_multiple, rest_unchanged, step_context
+from decodegap.findings.base import RankInput, layer_multiple, rest_unchanged, step_context
+from decodegap.findings.records import AfterFix, Finding, after_fix, make_finding
 from decodegap.shapes import DTYPE_BYTES, numel
 
 MIN_BYTES_PER_CALL = 32e6  # a per-layer cast this large is pool-sized, not activation-sized
@@ -123,10 +124,10 @@ def _after_fix(k, ev: dict, ctx, b) -> AfterFix | None:
     assumes = (f"the cast reads only the {active:,} active tokens of the {slots:,}-slot pool at its own measured "
                f"{k.gbps or 0:,.0f} GB/s ({k.calls_per_step:g} x {k.bytes_per_call * fraction / 1e6:,.2f} MB: "
                f"{cast_ms:.3f} ms per step instead of {k.ms_per_step:.3f}); {rest_unchanged(b)}")
-    return AfterFix(ctx.step_ms - k.ms_per_step + cast_ms, assumes)
+    return after_fix(ctx.step_ms - k.ms_per_step + cast_ms, assumes)
 
 
-def _finding(k, ev: dict, ctx, model, after_fix: AfterFix | None) -> Finding:
+def _finding(k, ev: dict, ctx, model, after: AfterFix | None) -> Finding:
     per_call_mb = ev["bytes_per_call"] / 1e6
     per_step_gb = ev["bytes_per_step"] / 1e9
     if "shape" in ev:
@@ -147,5 +148,4 @@ def _finding(k, ev: dict, ctx, model, after_fix: AfterFix | None) -> Finding:
     if model is not None and ev.get("matches_model_kv_width"):
         title += (f"; the row width {ev['row_elements']} is the model's KV width "
                   f"({'latent kv_lora_rank + qk_rope_head_dim' if model.is_mla else 'kv heads x head_dim'})")
-    return Finding(id="kv_pool_cast", title=title, ms_per_step=k.ms_per_step, share=k.share, evidence=ev, fix=FIX,
-                   after_fix=after_fix)
+    return make_finding("kv_pool_cast", title, k.ms_per_step, k.share, ev, FIX, after)

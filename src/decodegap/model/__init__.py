@@ -2,7 +2,7 @@
 
 from decodegap.model.config import ModelGeometry, geometry_from_dict, load_model, read_config_json
 from decodegap.model.floor import (
-    Component,
+    FloorComponent,
     Floor,
     ReplicatedWeights,
     compute_floor,
@@ -22,7 +22,7 @@ from decodegap.model.quant import (
 __all__ = [
     "GPUS",
     "WEIGHT_FORMATS",
-    "Component",
+    "FloorComponent",
     "Floor",
     "GpuSpec",
     "ModelGeometry",
