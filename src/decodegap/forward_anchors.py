@@ -183,6 +183,13 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
             others = [f"{len(a)} {FAMILIES[o].words}" for o, a in found.items() if o != fid]
             result.detail = (f"{len(anchors)} {FAMILIES[fid].words} mark the forwards"
                              + (f" (also seen: {', '.join(others)})" if others else ""))
+            # Every family falls once per forward; one that falls more or less often says the forwards are unlike
+            # (a second embedding lookup in some of them) or a step holds more than it seems: a cross-check.
+            disagree = [f"{len(a)} {FAMILIES[o].words}" for o, a in found.items()
+                        if o != fid and abs(len(a) - len(anchors)) > 1]
+            if disagree:
+                result.warnings.append(f"the forwards were cut at {len(anchors)} {FAMILIES[fid].words}, but the trace "
+                                       f"holds {', '.join(disagree)}: check the step boundaries (--annotate)")
             return result
     return None
 

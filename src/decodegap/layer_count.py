@@ -28,6 +28,7 @@ GLUE_RUNS = 2  # runs of a per-layer kernel's name outside the layers (the final
 NEAR_EXPLAINED = 0.9  # a finer partition explaining this share of a coarser one's kernels may be its layers
 OUTSIDE_NAMES = 1 / 3  # share of per-layer names with a layer's worth of runs outside the blocks: a layer left out
 FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
+CUT_OFF = 0.9  # a last layer's block under this share of the shortest other layer was cut off by the forward's tail
 KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
 
 
@@ -221,10 +222,12 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
     signatures = [s & telling for s in present]
     # The first and last layer border the once-per-forward work, which compilers and engines fuse into them (the
     # embedding with the first norm): a lone edge layer a name or two off its neighbour is that neighbour's kind.
-    for edge in (0, n_layers - 1):
-        if n_layers < 3 or signatures.count(signatures[edge]) > 1:
+    edges = (0, n_layers - 1)
+    for edge in edges:
+        # a kind only the edge layers have (both edges fused alike counts too)
+        if n_layers < 3 or any(sig == signatures[edge] for i, sig in enumerate(signatures) if i not in edges):
             continue
-        others = [sig for i, sig in enumerate(signatures) if sig != signatures[edge] and i not in (0, n_layers - 1)]
+        others = [sig for i, sig in enumerate(signatures) if sig != signatures[edge] and i not in edges]
         closest = min(others, key=lambda sig: len(sig ^ signatures[edge]), default=None)
         if closest is not None and len(closest ^ signatures[edge]) <= EDGE_FUSED_NAMES:
             signatures[edge] = closest
@@ -232,7 +235,7 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
     # cut off there (the cuts sit inside the layers) and shows only part of its kind: a kind that runs all it runs.
     lengths = ends - starts
     wider = [sig for sig in signatures[:-1] if sig > signatures[-1]]
-    if n_layers >= 3 and lengths[-1] < lengths[:-1].min() and signatures.count(signatures[-1]) == 1 and wider:
+    if n_layers >= 3 and lengths[-1] < CUT_OFF * lengths[:-1].min() and signatures.count(signatures[-1]) == 1 and wider:
         signatures[-1] = min(wider, key=len)
     index: dict[frozenset, int] = {}
     kind_of = [index.setdefault(sig, len(index)) for sig in signatures]
