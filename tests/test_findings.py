@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from decodegap.pipeline import AnalysisOptions, analyze_path
-from decodegap.floor_ledger import prepare_model_options
+from decodegap.floor.ledger import prepare_model_options
 from decodegap.report.json import report_dict
 from tracegen import decode_loop, write
 
@@ -237,7 +237,7 @@ def test_detectors_silent_on_other_projects_traces():
 
 def test_training_trace_categories_and_backward_kernels():
     # over every GPU kernel of the trace (a training trace has no decode step to break down)
-    from decodegap.categories import categorize, is_backward
+    from decodegap.ops.categories import categorize, is_backward
     from decodegap.trace import load_trace
 
     trace = load_trace(OTHER_PROJECTS[2])

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from decodegap.errors import UserError
-from decodegap.model import compute_floor, expected_distinct_experts, get_gpu, load_model, resolve_quant
+from decodegap.floor import compute_floor, expected_distinct_experts, get_gpu, load_model, resolve_quant
 from decodegap.report.floor import render
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from decodegap.errors import UserError
-from decodegap.model import compute_floor, get_gpu, load_model, resolve_quant
+from decodegap.floor import compute_floor, get_gpu, load_model, resolve_quant
 from clitool import run_cli
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -123,7 +123,7 @@ def test_weights_that_fit_are_not_warned_about():
 
 def test_the_floor_never_divides_by_a_zero_geometry():
     with pytest.raises(UserError, match="num_attention_heads"):
-        from decodegap.model import geometry_from_dict
+        from decodegap.floor import geometry_from_dict
 
         geometry_from_dict({**LLAMA, "num_attention_heads": 0})
 

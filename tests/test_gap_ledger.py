@@ -12,8 +12,8 @@ from decodegap.pipeline import AnalysisOptions, analyze_path
 from decodegap.cli import main
 from decodegap.commands.analyze import example_path
 from decodegap.demo.config import FULL
-from decodegap.floor_ledger import _decompose, prepare_model_options
-from decodegap.model import load_model
+from decodegap.floor.ledger import _decompose, prepare_model_options
+from decodegap.floor import load_model
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 DEMO_RANK = CONFIGS / "glm5-demo-rank.json"  # the model the bundled example really ran: one TP-8 rank of GLM-5
@@ -43,7 +43,7 @@ def test_example_every_big_floor_component_is_matched_and_none_beats_its_floor()
     big = [c.name for c in floor.components if c.ms >= 0.5]
     assert set(big) == {"attention_weights", "experts"}
     rows = [r for r in gap.rows if r.components]
-    from decodegap.floor_ledger import COMPONENT_OF
+    from decodegap.floor.ledger import COMPONENT_OF
 
     for name in big:
         row = next(r for r in rows if COMPONENT_OF[name] in r.components)

@@ -16,7 +16,7 @@ import pytest
 from decodegap.findings.records import make_finding
 from decodegap.pipeline import AnalysisOptions, analyze_path
 from decodegap.errors import UserError
-from decodegap.kernel_names import short_kernel_name
+from decodegap.ops.kernel_names import short_kernel_name
 from decodegap.report.json import render_json, report_dict
 from decodegap.trace import load_trace
 from hostile import assert_one_line, assert_sane_report, fixture_text, run_cli_measured, strict_json
@@ -156,7 +156,7 @@ def test_short_kernel_name_results_unchanged():
 
 
 def test_categorize_is_fast_on_a_huge_name():
-    from decodegap.categories import categorize
+    from decodegap.ops.categories import categorize
 
     t0 = time.perf_counter()
     categorize("void k<" + "aiter" * 4_000 + ">")

@@ -1,4 +1,4 @@
-"""The stage order is a rule: trace < structure (steps) < breakdown < findings, floor < pipeline < analysis < views <
+"""The stage order is a rule: trace < steps < breakdown < findings, floor < pipeline < analysis < report < api <
 commands. A module may import only modules of its own stage or below; the analysis core never imports the GPU side."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ SRC = Path(__file__).parent.parent / "src" / "decodegap"
 
 # Stage of each module (by dotted name under decodegap; a package's entry covers its modules).
 STAGES = [
-    ("helpers", ["errors", "rounding", "records", "samples", "kernel_names", "categories", "shapes"]),
+    ("helpers", ["errors", "rounding", "records", "samples", "ops"]),
     ("trace", ["trace"]),
-    ("structure", ["step_marks", "layer_count", "repetition", "phase", "forward_anchors", "steps"]),
-    ("breakdown", ["breakdown", "rows"]),
-    ("verdicts", ["findings", "model", "floor_ledger", "profiler_check"]),
+    ("steps", ["steps"]),
+    ("breakdown", ["breakdown"]),
+    ("verdicts", ["findings", "floor"]),
     ("pipeline", ["pipeline"]),
     ("analysis", ["analysis"]),
-    ("views", ["api", "report", "compare", "annotate"]),
+    ("views", ["report", "api"]),
     ("gpu side", ["capture", "kernels", "demo"]),  # record, the kernels, the demo: above the views they use
     ("commands", ["commands", "cli", "__main__"]),
 ]

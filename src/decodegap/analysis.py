@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 
 from decodegap import __version__
-from decodegap.breakdown import CategoryTime, Spread
+from decodegap.breakdown.breakdown import CategoryTime, Spread
 from decodegap.errors import UserError
 from decodegap.findings.records import (  # noqa: F401  (the finding records, re-exported: decodegap.analysis.*)
     AfterFix,
@@ -38,16 +38,16 @@ from decodegap.findings.records import (  # noqa: F401  (the finding records, re
     WeightCopy,
     WeightCopyEvidence,
 )
-from decodegap.floor_ledger import GapLedger, LedgerRow  # noqa: F401
-from decodegap.kernel_names import short_kernel_name
-from decodegap.layer_count import LayerKind
-from decodegap.model.floor import Floor, FloorComponent, MemoryPerGpu, Params, ReplicatedWeights  # noqa: F401
+from decodegap.floor.ledger import GapLedger, LedgerRow  # noqa: F401
+from decodegap.ops.kernel_names import short_kernel_name
+from decodegap.steps.layers import LayerKind
+from decodegap.floor.floor import Floor, FloorComponent, MemoryPerGpu, Params, ReplicatedWeights  # noqa: F401
 from decodegap.pipeline import Assumed, Report
-from decodegap.profiler_check import ProfilerCheck
+from decodegap.findings.profiler_check import ProfilerCheck
 from decodegap.records import Struct, as_json_data
 from decodegap.rounding import rounded as _r
-from decodegap.rows import LayerRow, StepRow
-from decodegap.steps import PHASES, describe
+from decodegap.breakdown.rows import LayerRow, StepRow
+from decodegap.steps.steps import PHASES, describe
 
 SCHEMA = "decodegap.report/1"
 
@@ -246,7 +246,7 @@ def build(report: Report) -> Analysis:
         warnings=list(report.warnings),
         floor=report.floor.rounded() if report.floor is not None else None,
         gap=report.gap,
-        step_rows=list(main.step_rows),  # computed next to the rank's trace (decodegap.rows)
+        step_rows=list(main.step_rows),  # computed next to the rank's trace (decodegap.breakdown.rows)
         layer_rows=list(main.layer_rows),
         assumed=list(report.assumed),
     )

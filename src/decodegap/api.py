@@ -82,7 +82,7 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
     except ParameterError:
         raise
     except UserError as exc:
-        from decodegap.model.config import named_for_what_it_is
+        from decodegap.floor.config import named_for_what_it_is
 
         raise named_for_what_it_is(path, exc) from None
 
@@ -90,8 +90,8 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
 def _options(path: Path, model, quant, weights, kv, gpu, tp, batch, context, tpot_ms, allreduce_us, jobs):
     """The run's options, assembled once: the parameters checked, the model and floor prepared, and what is
     assumed where the caller gave nothing (the bundled example's config and context; the floor's defaults)."""
-    from decodegap.floor_ledger import DEFAULT_CONTEXT, prepare_model_options
-    from decodegap.model.floor import check_counts
+    from decodegap.floor.ledger import DEFAULT_CONTEXT, prepare_model_options
+    from decodegap.floor.floor import check_counts
     from decodegap.pipeline import AnalysisOptions, Assumed
 
     _check_parameters(model, quant, weights, kv, gpu, tpot_ms, allreduce_us, jobs)
@@ -160,7 +160,7 @@ def diff(before, after, *, model=None, batch: int | None = None, context: int | 
     kernel groups new/gone/faster/slower, findings gone/kept/new, and the step BEFORE's findings predict once those
     gone are fixed beside the one AFTER measured (`predicted`). `model`, `batch`, `context`: as for `analyze`, for
     the sides that are traces. Returns the `decodegap.diff/1` dict."""
-    from decodegap.compare import diff_reports, load_report
+    from decodegap.report.diff import diff_reports, load_report
 
     def as_dict(side) -> dict:
         if isinstance(side, Analysis):
@@ -177,7 +177,7 @@ def annotate(path, out, *, model=None, quant=None, weights=None, kv=None, gpu=No
     step, per layer inside it, and per kernel a finding blames, on a `decodegap` process track; gzip when `out`
     ends in .gz). A folder of traces gives a folder `out` with each rank's file. Returns the files written; the
     input is never modified. Arguments as for `analyze`."""
-    from decodegap.annotate import check_target, write_overlay
+    from decodegap.report.annotate import check_target, write_overlay
 
     if not isinstance(out, (str, os.PathLike)):
         raise ParameterError("{out}: give the annotated trace's path (a str or pathlib.Path)", out=out)

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
-from decodegap.breakdown import Breakdown, compute_breakdown
+from decodegap.breakdown.breakdown import Breakdown, compute_breakdown
 from decodegap.errors import ParameterError, UserError
 from decodegap.findings.records import AnyFinding, BestCase
-from decodegap.floor_ledger import FloorRequest, GapLedger
-from decodegap.model.floor import Floor
-from decodegap.profiler_check import ProfilerCheck, profiler_check, recording_warnings
+from decodegap.floor.ledger import FloorRequest, GapLedger
+from decodegap.floor.floor import Floor
+from decodegap.findings.profiler_check import ProfilerCheck, profiler_check, recording_warnings
 from decodegap.records import Struct
-from decodegap.rows import LayerRow, StepRow, layer_rows, step_rows
-from decodegap.steps import Steps, find_steps
+from decodegap.breakdown.rows import LayerRow, StepRow, layer_rows, step_rows
+from decodegap.steps.steps import Steps, find_steps
 from decodegap.trace import Trace, load_trace
 from decodegap.trace.link import link
 from decodegap.trace.load import find_trace_files, rank_from_filename
@@ -439,7 +439,7 @@ def _rank_warnings(ranks: list[RankSummary], left_out: list[str]) -> list[str]:
 def _floor_and_ledger(options: AnalysisOptions, main: RankSummary,
                       findings) -> tuple[Floor | None, GapLedger | None, list[str]]:
     """The floor (given, or for the GPU the trace names), its gap ledger, and their warnings."""
-    from decodegap.floor_ledger import floor_for_device, gap_ledger
+    from decodegap.floor.ledger import floor_for_device, gap_ledger
 
     floor, warnings = options.floor, []
     if floor is None and options.floor_request is not None:

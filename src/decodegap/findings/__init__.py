@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from decodegap.findings.base import RankInput, RanksInput
 from decodegap.findings.records import AfterFix, AnyFinding, BestCase, Finding, tokens_per_s
-from decodegap.kernel_names import short_kernel_name
+from decodegap.ops.kernel_names import short_kernel_name
 
 __all__ = ["AfterFix", "AnyFinding", "BestCase", "Finding", "RankInput", "RanksInput", "best_case", "order_findings",
            "run_rank_detectors", "run_cross_rank_detectors"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from decodegap.errors import UserError
 from decodegap.findings.base import RanksInput, rest_unchanged, step_context
 from decodegap.findings.records import Finding, after_fix, make_finding
-from decodegap.model.hardware import DEFAULT_ALLREDUCE_US, get_gpu
-from decodegap.kernel_names import short_kernel_name
+from decodegap.floor.hardware import DEFAULT_ALLREDUCE_US, get_gpu
+from decodegap.ops.kernel_names import short_kernel_name
 
 MIN_SHARE = 0.15  # of GPU time, for the latency-bound case
 MIN_EXCESS_SHARE = 0.05  # of GPU time: time the collectives take beyond what their bytes need
@@ -44,7 +44,7 @@ def _world_size(ranks: RanksInput) -> int:
 
 def _message_bytes(k) -> int | None:
     if k.input_shapes:
-        from decodegap.shapes import tensor_bytes
+        from decodegap.ops.shapes import tensor_bytes
 
         sizes = [tensor_bytes(s, d) for s, d in k.input_shapes]
         if sizes and all(v is not None for v in sizes):

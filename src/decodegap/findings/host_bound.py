@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decodegap.findings.base import RankInput, step_context
 from decodegap.findings.records import AfterFix, Finding, after_fix, make_finding
-from decodegap.kernel_names import short_kernel_name
+from decodegap.ops.kernel_names import short_kernel_name
 
 MAX_BUSY = 0.75  # GPU busy below this fraction of the step...
 MIN_IDLE_MS = 0.2  # ...and idle for at least this long per step

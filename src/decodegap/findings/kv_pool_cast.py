@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from decodegap.findings.base import RankInput, layer_multiple, rest_unchanged, step_context
 from decodegap.findings.records import AfterFix, Finding, after_fix, make_finding
-from decodegap.shapes import DTYPE_BYTES, numel
+from decodegap.ops.shapes import DTYPE_BYTES, numel
 
 MIN_BYTES_PER_CALL = 32e6  # a per-layer cast this large is pool-sized, not activation-sized
 MIN_SHARE = 0.05  # of the step's GPU time

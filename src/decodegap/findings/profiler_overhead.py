@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from decodegap.findings.records import Finding, make_finding
-from decodegap.profiler_check import ProfilerCheck
+from decodegap.findings.profiler_check import ProfilerCheck
 
 TOLERANCE = 0.15
 
@@ -33,7 +33,7 @@ def _outside_spread(check: ProfilerCheck) -> float | None:
 
 
 def detect(check: ProfilerCheck | None) -> list[Finding]:
-    """`check`: the profiler check (decodegap.profiler_check), None when no unprofiled time is known."""
+    """`check`: the profiler check (decodegap.findings.profiler_check), None when no unprofiled time is known."""
     if check is None:
         return []
     profiled, unprofiled = check.profiled_ms, check.unprofiled_ms

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from decodegap.findings.base import RankInput, rest_unchanged, step_context
 from decodegap.findings.records import Finding, after_fix, make_finding
-from decodegap.kernel_names import short_kernel_name
+from decodegap.ops.kernel_names import short_kernel_name
 
 MIN_BYTES_PER_STEP = 64e6
 MIN_SHARE = 0.03  # of GPU time, all such copies together

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from decodegap.model.floor import Floor
+from decodegap.floor.floor import Floor
 
 FORMATS = ("text", "md", "json")
 

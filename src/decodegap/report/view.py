@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from decodegap.analysis import Analysis, Finding, Kernel
-from decodegap.kernel_names import short_kernel_name
+from decodegap.ops.kernel_names import short_kernel_name
 
 # A text value of a finding's evidence longer than this is shown shortened (full on demand where the format can).
 EVIDENCE_TEXT_MAX = 60

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from decodegap import shapes as shape_info
-from decodegap.categories import is_backward, CATEGORIES, categorize
-from decodegap.layer_count import LayerKind, Layers, count_layers, data_dependent, data_independent
-from decodegap.repetition import name_classes
-from decodegap.steps import PHASES, Steps, idle_gaps_ns
+from decodegap.ops import shapes as shape_info
+from decodegap.ops.categories import is_backward, CATEGORIES, categorize
+from decodegap.steps.layers import LayerKind, Layers, count_layers, data_dependent, data_independent
+from decodegap.steps.repetition import name_classes
+from decodegap.steps.steps import PHASES, Steps, idle_gaps_ns
 from decodegap.trace.link import Links
 from decodegap.trace.tables import GPU_KIND_NAMES, Trace
 
@@ -308,7 +308,7 @@ def _self_times(trace: Trace, start_ns: int, end_ns: int) -> tuple[np.ndarray, n
 
 def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
     """For traces with no GPU activity (CPU runs, CPU-only captures): the same tables over CPU ops' self time."""
-    from decodegap.categories import categorize_cpu_op
+    from decodegap.ops.categories import categorize_cpu_op
 
     phase = steps.main_phase
     decode = steps.of(phase)

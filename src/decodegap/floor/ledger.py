@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from decodegap.errors import NAME_ONLY, ParameterError, UserError
-from decodegap.model.floor import MS_DIGITS, Floor
+from decodegap.floor.floor import MS_DIGITS, Floor
 from decodegap.records import Struct
 
 # Floor components (model/floor.py) -> the ledger component that carries them.
@@ -87,8 +87,8 @@ class GapLedger(Struct):
 def prepare_model_options(options, model_path, quant_path, weights, kv, gpu, tp, batch, context, allreduce_us):
     """`options` (a decodegap.pipeline.AnalysisOptions) with the model geometry (for findings) and, with a GPU, the
     floor; without one the floor waits for the trace's GPU (`floor_request`, which the pipeline completes)."""
-    from decodegap.model import compute_floor, get_gpu, load_model, resolve_quant
-    from decodegap.model.floor import check_counts, check_tp
+    from decodegap.floor import compute_floor, get_gpu, load_model, resolve_quant
+    from decodegap.floor.floor import check_counts, check_tp
 
     if model_path is None:
         raise ParameterError("{gpu} needs {model} (the floor is computed from the model's config.json)", gpu=gpu,
@@ -107,7 +107,7 @@ def prepare_model_options(options, model_path, quant_path, weights, kv, gpu, tp,
 
 def floor_for_device(request: FloorRequest, geometry, device: str | None) -> tuple[Floor | None, list[str]]:
     """With a model but no GPU given: the floor for the GPU the trace's deviceProperties name, or why none."""
-    from decodegap.model import compute_floor, get_gpu, resolve_quant
+    from decodegap.floor import compute_floor, get_gpu, resolve_quant
 
     if not device:
         return None, ["no floor: the trace names no GPU; give --gpu NAME for the floor and the gap ledger"]

@@ -12,9 +12,9 @@ import numbers
 import msgspec
 
 from decodegap.errors import ParameterError
-from decodegap.model.config import ModelGeometry
-from decodegap.model.hardware import GpuSpec
-from decodegap.model.quant import QuantScheme, WeightFormat
+from decodegap.floor.config import ModelGeometry
+from decodegap.floor.hardware import GpuSpec
+from decodegap.floor.quant import QuantScheme, WeightFormat
 from decodegap.records import Struct, as_json_data
 
 ACTIVATION_BYTES = 2  # bf16 hidden states crossing the all-reduce

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from decodegap import shapes as shape_info
-from decodegap.breakdown import infer_layers
+from decodegap.ops import shapes as shape_info
+from decodegap.breakdown.breakdown import infer_layers
 from decodegap.errors import ParameterError, UserError
-from decodegap.kernel_names import short_kernel_name
-from decodegap.repetition import name_classes
+from decodegap.ops.kernel_names import short_kernel_name
+from decodegap.steps.repetition import name_classes
 from decodegap.trace.json_events import EVENTS_KEY, HEADER_MAX_BYTES, Unreadable, loads
 from decodegap.trace.read import TruncatedStream, iter_text_chunks
 
@@ -460,8 +460,8 @@ class RankTrace:
 
 
 def _with_events(path: Path) -> RankTrace:
-    from decodegap.breakdown import compute_breakdown
-    from decodegap.steps import find_steps
+    from decodegap.breakdown.breakdown import compute_breakdown
+    from decodegap.steps.steps import find_steps
     from decodegap.trace import load_trace
     from decodegap.trace.link import link
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from decodegap.breakdown import Breakdown, busy_ns
+from decodegap.breakdown.breakdown import Breakdown, busy_ns
 from decodegap.records import Struct
 from decodegap.rounding import rounded as _r
-from decodegap.steps import Steps
+from decodegap.steps.steps import Steps
 from decodegap.trace import Trace
 
 
@@ -38,7 +38,7 @@ class LayerRow(Struct):
 
 def _row_categories(trace: Trace) -> np.ndarray:
     """The category of every GPU row, naming each distinct (name, kind) once."""
-    from decodegap.categories import categorize
+    from decodegap.ops.categories import categorize
     from decodegap.trace.tables import GPU_KIND_NAMES
 
     gpu = trace.gpu

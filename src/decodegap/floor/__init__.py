@@ -1,15 +1,15 @@
 """Model geometry, quantization, GPU table and the decode-step floor: pure Python, no torch."""
 
-from decodegap.model.config import ModelGeometry, geometry_from_dict, load_model, read_config_json
-from decodegap.model.floor import (
+from decodegap.floor.config import ModelGeometry, geometry_from_dict, load_model, read_config_json
+from decodegap.floor.floor import (
     FloorComponent,
     Floor,
     ReplicatedWeights,
     compute_floor,
     expected_distinct_experts,
 )
-from decodegap.model.hardware import GPUS, GpuSpec, custom_gpu, get_gpu, resolve_gpu
-from decodegap.model.quant import (
+from decodegap.floor.hardware import GPUS, GpuSpec, custom_gpu, get_gpu, resolve_gpu
+from decodegap.floor.quant import (
     WEIGHT_FORMATS,
     QuantScheme,
     WeightFormat,

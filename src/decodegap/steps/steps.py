@@ -19,10 +19,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from decodegap import forward_anchors
-from decodegap.forward_anchors import FAMILIES, lost_launches
-from decodegap.phase import is_training, phase_from_tokens, phases_from_launches, step_tokens, widest_gemm_rows
-from decodegap.repetition import (
+from decodegap.steps import anchors as forward_anchors
+from decodegap.steps.anchors import FAMILIES, lost_launches
+from decodegap.steps.phase import is_training, phase_from_tokens, phases_from_launches, step_tokens, widest_gemm_rows
+from decodegap.steps.repetition import (
     REGULAR,
     Anchor,
     backers,
@@ -34,7 +34,7 @@ from decodegap.repetition import (
     smallest_period,
 )
 from decodegap.errors import UserError
-from decodegap.step_marks import FAMILY_ORDER, StepMark, step_marks
+from decodegap.steps.marks import FAMILY_ORDER, StepMark, step_marks
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace
 
