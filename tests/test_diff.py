@@ -7,7 +7,8 @@ from pathlib import Path
 
 from decodegap.pipeline import analyze_path
 from decodegap.cli import main
-from decodegap.report.diff import diff_reports, load_report, render_diff
+from decodegap.api import load_report
+from decodegap.report.diff import diff_reports, render_diff
 from decodegap.report.json import render_json
 from tracegen import decode_loop, write
 

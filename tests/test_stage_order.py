@@ -17,7 +17,8 @@ STAGES = [
     ("verdicts", ["findings", "floor"]),
     ("pipeline", ["pipeline"]),
     ("analysis", ["analysis"]),
-    ("views", ["report", "api"]),
+    ("views", ["report"]),
+    ("api", ["api"]),
     ("gpu side", ["capture", "kernels", "demo"]),  # record, the kernels, the demo: above the views they use
     ("commands", ["commands", "cli", "__main__"]),
 ]

@@ -2,7 +2,9 @@
 
 Built once from the pipeline's stages (steps, breakdown, findings, floor); `to_dict()` is exactly what
 `analyze --format json` prints, `load()` reads a saved report back, and the JSON Schema is generated from these
-types (docs/report.schema.json). DataFrame views need pandas (the `pandas` extra)."""
+types (docs/report.schema.json). DataFrame views need pandas (the `pandas` extra).
+
+The stage after the pipeline; may import it and every stage below, never report/, api or commands/."""
 
 from __future__ import annotations
 

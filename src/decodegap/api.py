@@ -160,7 +160,7 @@ def diff(before, after, *, model=None, batch: int | None = None, context: int | 
     kernel groups new/gone/faster/slower, findings gone/kept/new, and the step BEFORE's findings predict once those
     gone are fixed beside the one AFTER measured (`predicted`). `model`, `batch`, `context`: as for `analyze`, for
     the sides that are traces. Returns the `decodegap.diff/1` dict."""
-    from decodegap.report.diff import diff_reports, load_report
+    from decodegap.report.diff import diff_reports
 
     def as_dict(side) -> dict:
         if isinstance(side, Analysis):
@@ -168,6 +168,19 @@ def diff(before, after, *, model=None, batch: int | None = None, context: int | 
         return load_report(Path(side), model=model, batch=batch, context=context)
 
     return diff_reports(as_dict(before), as_dict(after))
+
+
+def load_report(path: Path, tpot_ms: float | None = None, *, model=None, batch: int | None = None,
+                context: int | None = None) -> dict:
+    """A report dict (`decodegap.report/1`) from a trace, a folder of traces, or a saved `analyze --format json`
+    report. `model`, `batch`, `context`: as for `analyze`, for a trace (they size the active KV that the findings'
+    estimates need); a saved report keeps what it was analyzed with."""
+    from decodegap.report.diff import saved_report
+
+    saved = saved_report(path)
+    if saved is not None:
+        return saved
+    return build(run(path, model=model, batch=batch, context=context, tpot_ms=tpot_ms)).to_dict()
 
 
 def annotate(path, out, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1,

@@ -3,7 +3,9 @@ cross-rank analysis (slowest rank, stragglers, collectives) on the ranks' summar
 
 A rank is analyzed where its trace is loaded (in this process, a worker process with `jobs`, or a Ray task with
 `ray`) and comes back as a `RankSummary`: small and picklable, no event tables. Everything after that reads only
-summaries, so `jobs=1`, `jobs=N` and Ray give the same report."""
+summaries, so `jobs=1`, `jobs=N` and Ray give the same report.
+
+The stage after findings/ and floor/; may import them and every stage below, never analysis or the views."""
 
 from __future__ import annotations
 

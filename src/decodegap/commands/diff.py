@@ -28,7 +28,8 @@ def command(before: Path, after: Path, fmt: str, top: int, fail_pct: float | Non
             batch: int | None, context: int | None) -> None:
     """Compare two decode profiles: step time, categories and GPU idle, kernel groups new/gone/faster/slower,
     findings gone/kept/new."""
-    from decodegap.report.diff import check_gate_pct, check_inputs, diff_reports, gate, load_report, render_diff
+    from decodegap.api import load_report
+    from decodegap.report.diff import check_gate_pct, check_inputs, diff_reports, gate, render_diff
 
     if fail_pct is not None:
         check_gate_pct(fail_pct)  # before the (slow) analysis of two traces

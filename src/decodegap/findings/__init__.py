@@ -2,7 +2,11 @@
 
 Per-rank detectors (`RANK_DETECTORS`) read one rank's `RankInput` and run where that rank is analyzed (a worker
 process or a Ray task, next to its trace); cross-rank ones read the per-rank summaries (`RanksInput`) or the
-profiler check, on the driver. `order_findings` puts them together in one stable order."""
+profiler check, on the driver. `order_findings` puts them together in one stable order; `best_case` adds what
+fixing them would buy. The records they return (one type per detector, typed evidence, `after_fix`) are in
+`records`; the profiler check they read in `profiler_check`.
+
+May import: floor/ (the GPU table: link speeds), ops/ and the helpers; they read the breakdown handed to them."""
 
 from __future__ import annotations
 

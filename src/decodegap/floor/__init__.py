@@ -1,4 +1,9 @@
-"""Model geometry, quantization, GPU table and the decode-step floor: pure Python, no torch."""
+"""The least time a decode step can take, and the measured step set against it: model geometry from config.json
+(`config`), quantization (`quant`), the GPU table (`hardware`), the floor per component (`floor`: `Floor`), and the
+gap ledger that maps measured kernels onto the floor's components (`ledger`: `GapLedger`). Pure Python, no torch.
+
+May import: the helpers (errors, records); the ledger reads a breakdown and findings handed to it, importing
+neither."""
 
 from decodegap.floor.config import ModelGeometry, geometry_from_dict, load_model, read_config_json
 from decodegap.floor.floor import (

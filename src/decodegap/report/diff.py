@@ -1,5 +1,6 @@
-"""Two decode profiles side by side: step time, categories, kernel groups (new, gone, faster, slower) and
-findings that appeared or vanished. Works on JSON reports, so either side can be a trace or a saved report."""
+"""Two decode profiles side by side: step time, categories, kernel groups (new, gone, faster, slower), findings that
+appeared or vanished, and the step BEFORE's findings predict beside AFTER's. Works on JSON reports, so either side
+can be a trace (decodegap.api.load_report analyzes it) or a saved report."""
 
 from __future__ import annotations
 
@@ -17,21 +18,6 @@ from decodegap.analysis import SCHEMA
 CHANGE = 0.10  # relative change below which a kernel group counts as unchanged
 MIN_MS = 0.005  # and absolute change below which, too
 SAVED_REPORT_MAX_BYTES = 50_000_000  # a larger .json is read as a trace
-
-
-def load_report(path: Path, tpot_ms: float | None = None, *, model=None, batch: int | None = None,
-                context: int | None = None) -> dict:
-    """A report dict from a trace, a folder of traces, or a saved `analyze --format json` report. `model`, `batch`,
-    `context`: as for decodegap.analyze, for a trace (they size the active KV that the findings' estimates need);
-    a saved report keeps what it was analyzed with."""
-    if path.is_file() and path.suffix == ".json" and path.stat().st_size < SAVED_REPORT_MAX_BYTES:
-        saved = _saved_report(path)
-        if saved is not None:
-            return saved
-    from decodegap.analysis import build
-    from decodegap.api import run
-
-    return build(run(path, model=model, batch=batch, context=context, tpot_ms=tpot_ms)).to_dict()
 
 
 class _Ms(msgspec.Struct):
@@ -76,9 +62,11 @@ class _SavedReport(msgspec.Struct):
     findings: list[_Finding]
 
 
-def _saved_report(path: Path) -> dict | None:
-    """The saved report at `path`, checked for the fields diff reads and for finite, non-negative numbers;
-    None when the file is no decodegap report (it is then read as a trace)."""
+def saved_report(path: Path) -> dict | None:
+    """The saved report at `path` (a small .json), checked for the fields diff reads and for finite, non-negative
+    numbers; None when the file is no decodegap report (it is then read as a trace)."""
+    if not (path.is_file() and path.suffix == ".json" and path.stat().st_size < SAVED_REPORT_MAX_BYTES):
+        return None
     try:
         data = json.loads(path.read_bytes())  # Python's json reads NaN and Infinity too: refused below, by name
     except RecursionError:
