@@ -1,6 +1,11 @@
 """Time every MLA decode path on a GPU against the measured device copy bandwidth; print and write a table.
 
-    PYTHONPATH=src python3 benchmarks/bench_mla_decode.py [--sweep] [--out benchmarks/results/X.md]
+    PYTHONPATH=src python3 benchmarks/bench_mla_decode.py [--no-grid] [--sweep] [--out benchmarks/results/X.md]
+
+First the side-by-side table (issue 22's shapes, `--shapes`): decodegap's default path and its portable Triton path
+beside FlashInfer's BatchMLAPagedAttentionWrapper (fa3 and fa2, when flashinfer imports: mla_flashinfer_peer.py)
+on the same FP8 and BF16 caches, each with its error against the float32 reference; then (unless --no-grid) the
+grid of every decodegap path over batches x contexts x heads.
 
 Bytes counted per call: the KV of every active token once (576 B/token in FP8, 1152 in BF16) + q + output.
 full_cast/gather_cast/reference are credited with the same FP8 bytes, so their GB/s is what they deliver, not
@@ -283,6 +288,148 @@ def targets(rows: list[Row], copy_gbps: float) -> list[str]:
     return summary
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Side by side: decodegap beside FlashInfer on the same caches (issue 22's table).
+
+SIDE_SHAPES = "1x4096:16+128,32x4096:16+32+64+128,128x16384:16+64+128"
+PEER_BACKENDS = ("fa3", "fa2")
+PEER_VERSION: str | None = None  # set when FlashInfer imported
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, list[int]]]:
+    out = []
+    for part in text.split(","):
+        shape, _, hs = part.partition(":")
+        batch, ctx = map(int, shape.split("x"))
+        out.append((batch, ctx, [int(h) for h in hs.split("+")] if hs else list(HEADS)))
+    return out
+
+
+@dataclass
+class SideRow:
+    batch: int
+    ctx: int
+    heads: int
+    kv: str
+    path: str  # which decodegap kernel ran: mma / wgmma / triton
+    splits: int
+    ms: dict[str, float | str] = field(default_factory=dict)  # column -> ms, or why it is missing
+    err: dict[str, float] = field(default_factory=dict)  # column -> rel. error vs the fp32 reference
+
+
+def side_by_side(copy_gbps: float, shapes: list[tuple[int, int, list[int]]], page_size: int,
+                 peers: tuple[str, ...]) -> list[SideRow]:
+    from decodegap.kernels.mla_decode_triton import cuda_path
+
+    peer_error = None
+    if peers:
+        import mla_flashinfer_peer as fi
+
+        peer_error = fi.import_error()
+        if peer_error is None:
+            global PEER_VERSION
+            PEER_VERSION = fi.version()
+            print(f"flashinfer {fi.version()} importable: peer columns {', '.join(peers)}", flush=True)
+        else:
+            print(f"flashinfer not importable ({peer_error}): no peer columns", flush=True)
+    rows = []
+    for batch, ctx, heads_list in shapes:
+        p = make_pools(batch, ctx, page_size)
+        for heads in heads_list:
+            q = torch.randn(batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
+            n_ref = min(batch, 4)  # the oracle on the first sequences (the outputs are per sequence)
+            for kv_name, cache in (("fp8", p.fp8), ("bf16", p.bf16)):
+                args = (p.table, p.lens, SM_SCALE, KV_SCALE)
+                ref = reference(q[:n_ref], cache, p.table[:n_ref], p.lens[:n_ref], SM_SCALE, KV_SCALE, ctx,
+                                False)[0].float()
+                path = cuda_path(q, cache) or "triton"
+                if path == "wgmma":
+                    from decodegap.kernels.mla_decode_sm90 import default_wgmma_variant
+
+                    path += f" v{default_wgmma_variant(cache.dtype)}"
+                row = SideRow(batch, ctx, heads, kv_name, path, num_splits_for(q, cache, p.table))
+                row.ms["decodegap"], out = time_graph(lambda: mla_decode_triton(q, cache, *args))
+                row.err["decodegap"] = rel_err(out[:n_ref], ref)
+                row.ms["triton"], out = time_graph(lambda: mla_decode_triton(q, cache, *args, backend="triton"))
+                row.err["triton"] = rel_err(out[:n_ref], ref)
+                for backend in peers:
+                    if peer_error is not None:
+                        row.ms[backend] = "not importable"
+                        continue
+                    try:
+                        peer = fi.FlashInferMLA(backend, q, cache, p.table, p.lens, SM_SCALE, KV_SCALE)
+                        row.ms[backend], _ = time_graph(peer.run)
+                        row.err[backend] = rel_err(peer.result()[:n_ref], ref)
+                        del peer
+                    except Exception as e:  # noqa: BLE001 (a backend that refuses a shape is a result too)
+                        row.ms[backend] = f"failed: {type(e).__name__} {str(e)[:80]}"
+                    torch.cuda.empty_cache()
+                rows.append(row)
+                print(" | ".join(fmt_side(row, copy_gbps)), flush=True)
+            del q
+        del p
+        torch.cuda.empty_cache()
+    return rows
+
+
+def fmt_side(r: SideRow, copy_gbps: float) -> list[str]:
+    elem = 1 if r.kv == "fp8" else 2
+
+    def cell(col: str) -> str:
+        v = r.ms.get(col, "-")
+        if isinstance(v, str):
+            return v
+        pct = 100 * bytes_moved(r.batch, r.ctx, r.heads, elem) / (v * 1e-3) / 1e9 / copy_gbps
+        return f"{v * 1e3:.1f} ({pct:.0f}%)"
+
+    cols = ["decodegap", "triton", *PEER_BACKENDS]
+    errs = " / ".join(f"{r.err[c]:.1e}" if c in r.err else "-" for c in cols)
+    return [str(r.batch), str(r.ctx), str(r.heads), r.kv, f"{r.path}, {r.splits}",
+            *[cell(c) for c in cols], errs]
+
+
+SIDE_HEADER = ["B", "ctx", "H", "KV", "decodegap kernel, splits", "decodegap µs (% copy)", "Triton µs",
+               "FlashInfer fa3 µs", "FlashInfer fa2 µs", "err vs fp32 ref (decodegap / Triton / fa3 / fa2)"]
+
+
+def side_goals(rows: list[SideRow], copy_gbps: float) -> list[str]:
+    """Issue 22's goals, each met or missed by how much, from the side-by-side rows."""
+    def find(batch, ctx, heads, kv):
+        return next((r for r in rows if (r.batch, r.ctx, r.heads, r.kv) == (batch, ctx, heads, kv)), None)
+
+    def us(r, col="decodegap"):
+        v = r.ms.get(col)
+        return v * 1e3 if isinstance(v, float) else None
+
+    out = []
+    for batch, ctx, goal in ((32, 4096, 80.0), (128, 16384, 1000.0)):
+        r = find(batch, ctx, 128, "fp8")
+        if r and us(r) is not None:
+            t = us(r)
+            out.append(f"- FP8, B={batch}, ctx {ctx}, H=128: {t:.1f} µs (goal <= {goal:.0f}): "
+                       + ("met" if t <= goal else f"MISSED by {t / goal:.2f}x"))
+    for r in rows:
+        if r.heads == 128 and r.kv == "bf16" and us(r) is not None:
+            fa3 = us(r, "fa3")
+            if fa3 is None:
+                out.append(f"- BF16, B={r.batch}, ctx {r.ctx}, H=128: {us(r):.1f} µs; fa3 {r.ms.get('fa3')}")
+            else:
+                out.append(f"- BF16, B={r.batch}, ctx {r.ctx}, H=128: {us(r):.1f} µs vs FlashInfer fa3 {fa3:.1f} "
+                           f"(goal: at or under): " + ("met" if us(r) <= fa3 else f"MISSED by {us(r) / fa3:.2f}x"))
+    for r in rows:
+        if r.heads <= 16 and r.kv == "fp8" and r.batch >= 32 and r.ctx >= 4096 and us(r) is not None:
+            pct = 100 * bytes_moved(r.batch, r.ctx, r.heads, 1) / (us(r) * 1e-6) / 1e9 / copy_gbps
+            out.append(f"- FP8, B={r.batch}, ctx {r.ctx}, H={r.heads}: {pct:.0f}% of copy bandwidth (goal >= 75%): "
+                       + ("met" if pct >= 75 else f"MISSED by {75 / pct:.2f}x"))
+        if r.batch == 1 and r.ctx == 4096 and r.heads == 16 and r.kv == "fp8" and us(r) is not None:
+            out.append(f"- FP8, B=1, ctx 4096, H=16: {us(r):.1f} µs (goal <= 15): "
+                       + ("met" if us(r) <= 15 else f"MISSED by {us(r) / 15:.2f}x"))
+    worst = max((r.err.get("decodegap", 0.0) for r in rows), default=float("nan"))
+    out.append(f"- error vs the fp32 reference (first <= 4 sequences of each row): worst {worst:.1e} for decodegap "
+               f"(tests' bound {2e-2:.0e}): " + ("met" if worst < 2e-2 else "MISSED"))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="markdown file to write (default: benchmarks/results/mla_decode_<gpu>_<date>.md)")
@@ -291,6 +438,10 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=200, help="after this, skip the slow torch paths")
     ap.add_argument("--tuned", help="JSON of tile configs per (cache, head class), from ab_mla_decode.py --pick "
                     "(instead of the defaults, or of --sweep's picks)")
+    ap.add_argument("--shapes", default=SIDE_SHAPES, help="side-by-side shapes, BxCTX:H+H,... (default: %(default)s)")
+    ap.add_argument("--peers", default=",".join(PEER_BACKENDS),
+                    help="FlashInfer backends to time beside decodegap ('' for none; default: %(default)s)")
+    ap.add_argument("--no-grid", action="store_true", help="only the side-by-side table")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_mla_decode: needs a CUDA GPU", file=sys.stderr)
@@ -308,8 +459,10 @@ def main() -> int:
                 dtype, hclass = key.split(",")
                 tuned[(dtype, int(hclass))] = Config(**v["config"])
     print("tile configs used:", {k: cfg_name(v) for k, v in tuned.items() if v}, flush=True)
+    peers = tuple(b for b in args.peers.split(",") if b)
+    side_rows = side_by_side(copy_gbps, parse_shapes(args.shapes), args.page_size, peers)
     rows: list[Row] = []
-    for batch in BATCHES:
+    for batch in (() if args.no_grid else BATCHES):
         for ctx in CONTEXTS:
             p = make_pools(batch, ctx, args.page_size)
             for heads in HEADS:
@@ -317,9 +470,9 @@ def main() -> int:
                 print(" | ".join(fmt_row(rows[-1], copy_gbps)), flush=True)
             del p
             torch.cuda.empty_cache()
-    ps_rows = page_size_rows(copy_gbps, tuned.get(("fp8", 16)))
+    ps_rows = [] if args.no_grid else page_size_rows(copy_gbps, tuned.get(("fp8", 16)))
 
-    summary = targets(rows, copy_gbps)
+    summary = targets(rows, copy_gbps) if rows else []
     md = [
         f"# MLA decode on {gpu}, {date}",
         "",
@@ -335,15 +488,24 @@ def main() -> int:
         "H<=16 uses the H=16 pick, H>16 the H=128 pick): "
         + (", ".join(f"{d} H{h}: {cfg_name(c)}" for (d, h), c in tuned.items() if c) or "defaults"),
         "",
-        "## Targets",
-        *summary,
+        "## Side by side (same caches; µs per call, CUDA graph replay; % of copy bandwidth)",
         "",
-        "## All shapes",
-        markdown_table(HEADER, [fmt_row(r, copy_gbps) for r in rows]),
+        "`decodegap` = mla_decode's default path (`mma`: the <= 16-head FP8 CUDA kernel, `wgmma`: the 17+-head "
+        "wgmma kernel, `triton`: the portable kernels); `Triton` = backend='triton'; FlashInfer "
+        f"{PEER_VERSION or '(not importable)'} BatchMLAPagedAttentionWrapper (its backends fa3 / fa2, planned once "
+        "per shape outside the timing), bf16 q, FP8 caches with kv-per-tensor scales. Errors: the first <= 4 "
+        "sequences of each row against the float32 reference.",
         "",
-        "## Page size (FP8 default path, B=32, ctx 4096, H=16)",
-        markdown_table(["page size", "µs", "GB/s", "% copy", "Triton µs"], ps_rows),
+        markdown_table(SIDE_HEADER, [fmt_side(r, copy_gbps) for r in side_rows]),
+        "",
+        "## Goals (issue 22)",
+        *side_goals(side_rows, copy_gbps),
     ]
+    if rows:
+        md += ["", "## Targets (issue 17)", *summary, "", "## All shapes",
+               markdown_table(HEADER, [fmt_row(r, copy_gbps) for r in rows]), "",
+               "## Page size (FP8 default path, B=32, ctx 4096, H=16)",
+               markdown_table(["page size", "µs", "GB/s", "% copy", "Triton µs"], ps_rows)]
     if sweep_rows:
         md += ["", "## Sweep: tile configs x split counts (Triton, B=32, ctx 4096)",
                markdown_table(["H", "cache", "config", "splits", "µs", "GB/s", "% copy"], sweep_rows)]

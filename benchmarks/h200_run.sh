@@ -1,33 +1,73 @@
 #!/bin/bash
-# One device call (run from the repository root, with $OUT set): the kernel and demo tests on CUDA, the full MLA
-# decode table, the demo's three KV reads at full GLM-5 geometry under CUDA graphs, a short A/B of the CUDA
-# stage-1 variants against Triton, and ncu on the default FP8 path (stage 1 + merge, H=16) and the H=128 kernel.
-# Produced benchmarks/results/mla_decode_h200_2026-12-01.md (issue 17) and the demo table next to it.
-# The device image lacks msgspec (the analysis core's decoder, which the demo's --compare and its tests use): carry
-# its wheel in .whl/ (ignored; `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
-# manylinux_2_17_x86_64 -d .whl msgspec==0.23.0` here) and name .whl in the call's carry.
-if ls .whl/msgspec-*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/msgspec-*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# One device call (run from the repository root, with $OUT set), issue 22: the wgmma building-block probe, a smoke
+# check and A/B of the wgmma variants (the fastest FP8 one is used for the rest of the call), the MLA kernel tests
+# on CUDA, the side-by-side table against FlashInfer (fa3, fa2) with every decodegap path, the demo's three KV
+# reads at full GLM-5 geometry, and ncu on the wgmma kernel (H=128, FP8 and BF16) and the <= 16-head FP8 kernel.
+# Logs under $OUT; a short table last. Produced benchmarks/results/mla_decode_flashinfer_h200_2026-12-01.md (issue 22).
+# Carry: .whl (msgspec, which the device image lacks: `pip download --no-deps --only-binary=:all: --python-version
+# 3.12 --platform manylinux_2_17_x86_64 -d .whl msgspec==0.20.0` here) and .flashinfer_peer (the pruned FlashInfer
+# copy of ../shared/tools/flashinfer_peer.sh DIR, with the four MLA modules prebuilt into flashinfer/data/aot/ by
+# benchmarks/mla_flashinfer_aot.sh; without them FlashInfer JIT-builds them here, about a minute each).
+# Steps: STEPS="probe tests bench demo ncu" (default all).
+STEPS=${STEPS:-probe tests bench demo ncu}
 T0=$(date +%s)
-DECODEGAP_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -n 8 tests/test_mla_decode.py tests/test_demo.py \
-  > $OUT/gpu_tests.txt 2>&1
-tail -2 $OUT/gpu_tests.txt; echo "tests $(( $(date +%s) - T0 )) s"
-(cd benchmarks && timeout 270 python3 bench_mla_decode.py --budget-s 60 --out $OUT/mla_decode_h200.md \
-  > $OUT/bench.txt 2>&1)
-grep -A12 "## Targets" $OUT/mla_decode_h200.md; echo "bench $(( $(date +%s) - T0 )) s"
-timeout 120 python3 -m decodegap demo --compare --scale full --cuda-graph --timed 20 --steps 3 --warmup 2 \
-  --no-shapes > $OUT/demo.txt 2>&1
-tail -12 $OUT/demo.txt; echo "demo $(( $(date +%s) - T0 )) s"
-(cd benchmarks && timeout 30 python3 ab_mla_decode.py --heads 16 --shapes 32x4096,1x4096 --only \
-  "cuda N32 st3 3/SM pipelined, V by PRMT (default)" "cuda N32 st4 2/SM, V by movmatrix" "cuda N32 st3 3/SM, V by PRMT" \
-  "heads-major N32 w4 s2 r168 (triton default)" > $OUT/ab.txt 2>&1)
-grep -E "^\| [0-9]" $OUT/ab.txt; echo "ab $(( $(date +%s) - T0 )) s"
-NCU="ncu --clock-control none --launch-skip 4 --launch-count 2 --section SpeedOfLight --section Occupancy \
-  --section SchedulerStats --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio"
-(cd benchmarks && timeout 25 $NCU -k regex:mla_decode python3 ncu_mla_decode.py --heads 16 > $OUT/ncu_h16.txt 2>&1
- timeout 25 $NCU -k regex:tokens_major python3 ncu_mla_decode.py --heads 128 --calls 6 > $OUT/ncu_h128.txt 2>&1)
-grep -hE "^  [a-z_<].*\(|Duration|DRAM Throughput|Issued Warp" $OUT/ncu_h16.txt $OUT/ncu_h128.txt | cut -c1-100
-echo "ncu $(( $(date +%s) - T0 )) s"
+since() { echo "== $1 $(( $(date +%s) - T0 )) s"; }
+SITE=/tmp/site
+if ls .whl/msgspec-*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SITE .whl/msgspec-*.whl
+fi
+FIPATH=
+if [ -f .flashinfer_peer/flashinfer_pruned.tgz ]; then
+  mkdir -p /tmp/fi && tar xzf .flashinfer_peer/flashinfer_pruned.tgz -C /tmp/fi \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SITE \
+      .flashinfer_peer/apache_tvm_ffi-*.whl && FIPATH=/tmp/fi
+fi
+export PYTHONPATH=$PWD/src:$SITE${FIPATH:+:$FIPATH} PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fiws
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader
+since setup
+
+if [[ " $STEPS " == *" probe "* ]]; then
+  timeout 60 python3 benchmarks/mla_wgmma_probe.py > $OUT/probe.txt 2>&1; echo "probe rc=$?"; tail -4 $OUT/probe.txt
+  (cd benchmarks && timeout 90 python3 mla_wgmma_smoke.py --ab --pick /tmp/fp8_variant > /tmp/smoke.txt 2>&1)
+  rc=$?; cat /tmp/smoke.txt >> $OUT/probe.txt; echo "smoke rc=$rc"; tail -14 /tmp/smoke.txt
+  if [ $rc -ne 0 ]; then export DECODEGAP_MLA_WGMMA=0; echo "wgmma kernel off for the rest of this call"; fi
+  if [ -s /tmp/fp8_variant ]; then export DECODEGAP_MLA_WGMMA_FP8=$(cat /tmp/fp8_variant); fi
+  echo "FP8 wgmma variant for the rest of this call: ${DECODEGAP_MLA_WGMMA_FP8:-default}"
+  since probe
+fi
+if [[ " $STEPS " == *" tests "* ]]; then
+  DECODEGAP_TEST_DEVICE=cuda timeout 180 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_mla_decode.py \
+    > $OUT/gpu_tests.txt 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" $OUT/gpu_tests.txt | tail -12
+  since tests
+fi
+if [[ " $STEPS " == *" bench "* ]]; then
+  (cd benchmarks && timeout 300 python3 bench_mla_decode.py --no-grid --out $OUT/mla_decode_h200.md \
+    > $OUT/bench.txt 2>&1); echo "bench rc=$?"
+  since bench
+fi
+if [[ " $STEPS " == *" demo "* ]]; then
+  timeout 150 python3 -m decodegap demo --compare --scale full --cuda-graph --timed 20 --steps 3 --warmup 2 \
+    --no-shapes > $OUT/demo.txt 2>&1; echo "demo rc=$?"; tail -8 $OUT/demo.txt
+  since demo
+fi
+if [[ " $STEPS " == *" ncu "* ]]; then
+  NCU="ncu --clock-control none --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
+    --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,regex:^l1tex__data_pipe_lsu_wavefronts_mem_shared.sum$,regex:^l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum$"
+  (cd benchmarks
+   timeout 60 $NCU -k regex:wgmma python3 ncu_mla_decode.py --heads 128 > $OUT/ncu_h128_fp8.txt 2>&1
+   timeout 60 $NCU -k regex:wgmma python3 ncu_mla_decode.py --heads 128 --cache bf16 > $OUT/ncu_h128_bf16.txt 2>&1
+   timeout 60 $NCU -k regex:mla_decode_fp8 python3 ncu_mla_decode.py --heads 16 > $OUT/ncu_h16_fp8.txt 2>&1)
+  for f in $OUT/ncu_h128_fp8.txt $OUT/ncu_h128_bf16.txt $OUT/ncu_h16_fp8.txt; do
+    echo "-- $(basename $f)"
+    grep -E "^    (Duration|DRAM Throughput|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issued Warp|Shared Memory Throughput|L1/TEX Hit|Executed Ipc A)" $f \
+      | sed 's/  */ /g' | head -12
+    grep -E "pipe_tensor|wavefronts_mem_shared|bank_conflicts|stalled_(long_scoreboard|barrier|wait|math_pipe|short_scoreboard|mio_throttle|lg_throttle|dispatch|membar|sleeping|selected|no_instruction)_per" $f \
+      | sed 's/  */ /g' | head -14
+  done
+  since ncu
+fi
+if [ -f $OUT/mla_decode_h200.md ]; then
+  sed -n '/^## Side by side/,$p' $OUT/mla_decode_h200.md | grep -E "^\||^- " | cut -c1-230
+fi

@@ -421,12 +421,17 @@ def test_cuda_kernel_is_the_default_for_fp8_up_to_16_heads():
     needs_sm90()
     from decodegap.kernels.mla_decode_triton import default_config, uses_cuda_kernel
 
+    from decodegap.kernels.mla_decode_triton import cuda_path
+
     q16, q17 = (torch.empty(1, h, HEAD_DIM, device=DEVICE, dtype=BF16) for h in (16, 17))
     fp8, bf16 = (torch.empty(2, 16, HEAD_DIM, device=DEVICE, dtype=d) for d in (FP8, BF16))
-    assert uses_cuda_kernel(q16, fp8)
-    assert not uses_cuda_kernel(q17, fp8) and not uses_cuda_kernel(q16, bf16)
-    assert not uses_cuda_kernel(q16, fp8, backend="triton")
+    assert uses_cuda_kernel(q16, fp8) and cuda_path(q16, fp8) == "mma"
+    assert not uses_cuda_kernel(q16, bf16)  # BF16 with <= 16 heads: Triton
+    assert cuda_path(q17, fp8) == "wgmma" and cuda_path(q17, bf16) == "wgmma"  # 17+ heads: the wgmma kernel
+    assert not uses_cuda_kernel(q16, fp8, backend="triton") and not uses_cuda_kernel(q17, bf16, backend="triton")
     assert not uses_cuda_kernel(q16, fp8, config=default_config(16, FP8))  # an explicit Triton tile
+    with pytest.raises(ValueError, match="backend='cuda' needs"):
+        cuda_path(q16, bf16, backend="cuda")
 
 
 def test_cuda_kernel_under_cuda_graph_capture():
@@ -462,8 +467,11 @@ def test_cuda_kernel_reads_a_pool_past_2_31_elements():
 
 
 @pytest.mark.slow
-def test_cuda_source_compiles_for_sm90():
-    """The CUDA source builds for sm_90 wherever nvcc exists (no GPU needed), as it will at first use."""
+@pytest.mark.parametrize("which", ["mma", "wgmma"])
+def test_cuda_source_compiles_for_sm90(which):
+    """The CUDA sources build for sm_90 (the wgmma one for sm_90a) wherever nvcc exists (no GPU needed), as they
+    will at first use: at most a few spilled words (the wgmma FP8 variant 2's producer, at 88 registers), and the
+    wgmma kernels' pipelines unserialized (ptxas says C7518 when it serializes them)."""
     from decodegap.kernels import mla_decode_sm90
 
     nvcc = mla_decode_sm90._nvcc()
@@ -471,12 +479,18 @@ def test_cuda_source_compiles_for_sm90():
         pytest.skip("nvcc not installed")
     import tempfile
 
+    source = mla_decode_sm90._SOURCE if which == "mma" else mla_decode_sm90._WGMMA_SOURCE
+    arch = ["-arch=sm_90"] if which == "mma" else list(mla_decode_sm90._WGMMA_GENCODE)
     with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
-                              os.path.join(tmp, "k.cubin"), str(mla_decode_sm90._SOURCE)],
+        res = subprocess.run([nvcc, "-O3", "-std=c++17", *arch, "-cubin", "-Xptxas", "-v", "-o",
+                              os.path.join(tmp, "k.cubin"), str(source)],
                              capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "Used" in res.stderr
+    import re
+
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+    assert "Used" in res.stderr and spills and max(spills) <= 16, res.stderr[-2000:]
+    assert "serialized" not in res.stderr, res.stderr[-2000:]
 
 
 def test_cuda_fast_path_can_be_switched_off(monkeypatch):
@@ -518,3 +532,86 @@ def test_without_nvcc_the_triton_path_runs(monkeypatch, tmp_path):
     finally:
         mla_decode_sm90._library.cache_clear()
         mla_decode_sm90.kernel_info.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The wgmma kernel (17+ heads, FP8 and BF16 caches; mla_decode_sm90_wgmma.cu), sm_90 only
+
+
+def needs_wgmma() -> None:
+    if DEVICE != "cuda":
+        pytest.skip("needs a CUDA device")
+    needs_triton()
+    from decodegap.kernels import mla_decode_sm90
+
+    if not mla_decode_sm90.applies_wgmma(torch.empty(1, 64, HEAD_DIM, device="cuda", dtype=BF16),
+                                         torch.empty(1, 1, HEAD_DIM, device="cuda", dtype=FP8)):
+        pytest.skip("the wgmma kernel does not apply on this GPU (sm_90 only) or did not build")
+
+
+# (batch, heads, page_size, kv dtype, lengths, kv_scale, forced split count or None)
+WGMMA_CASES = [
+    (3, 128, 64, FP8, [300, 1, 129], 0.8, None),       # DeepSeek heads, the heuristic's split count
+    (3, 64, 16, BF16, [37, 0, 100], 0.37, 3),          # GLM-5 heads, an empty sequence, fp32 partials
+    (2, 32, 1, FP8, [65, 33], 1.7, 1),                 # one split: the kernel writes the output; token slots
+    (1, 17, 64, BF16, [200], 2.5, 1),                  # 17 heads (padded to 64), one split
+    (4, 100, 64, FP8, [1500, 700, 31, 2048], 0.8, 4),  # two head blocks, the second part-empty
+    (3, 128, 64, BF16, [64, 65, 2100], 0.6, 5),        # page boundaries, some empty splits
+    (2, 48, 64, FP8, [96, 4000], 1.0, 2),              # tiles that end mid-tile
+]
+
+
+@pytest.mark.parametrize("batch,heads,page_size,kv_dtype,lens,kv_scale,num_splits", WGMMA_CASES,
+                         ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-{'fp8' if c[3] == FP8 else 'bf16'}-S{c[6]}"
+                              for c in WGMMA_CASES])
+def test_wgmma_kernel_matches_reference(batch, heads, page_size, kv_dtype, lens, kv_scale, num_splits):
+    needs_wgmma()
+    from decodegap.kernels.mla_decode_triton import cuda_path, mla_decode_triton
+
+    from decodegap.kernels.mla_decode_sm90 import WGMMA_VARIANTS
+
+    case = make_case(batch, heads, page_size, kv_dtype, lens, kv_scale)
+    assert cuda_path(case.q, case.kv_cache) == "wgmma"
+    for variant in [v for v, d in WGMMA_VARIANTS.items() if d == kv_dtype]:  # every variant for this cache
+        out = torch.full((batch, heads, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
+        res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, kv_scale,
+                                     return_lse=True, num_splits=num_splits, out=out, poison_workspace=True,
+                                     backend="cuda", wgmma_variant=variant)
+        assert res is out
+        check_against_reference(case, res, lse)
+        # the same function again without the lse (one split: the kernel's lse pointer is null)
+        again = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, kv_scale,
+                                  num_splits=num_splits, backend="cuda", wgmma_variant=variant)
+        assert rel_err(again, res) < 1e-6
+
+
+@pytest.mark.parametrize("kv_dtype", [FP8, BF16], ids=["fp8", "bf16"])
+def test_wgmma_kernel_under_cuda_graph_capture(kv_dtype):
+    """The public entry at 64 heads under capture, replayed on new inputs: the same results as the reference."""
+    needs_wgmma()
+    case = make_case(4, 64, 64, kv_dtype, [300, 5, 1000, 64], 0.8)
+    args = (case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE)
+    mla_decode(*args, kv_scale=0.8, return_lse=True, validate=False)  # build, compile and warm outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = mla_decode(*args, kv_scale=0.8, return_lse=True, validate=False)
+    case.q.copy_(torch.randn_like(case.q.float()).to(BF16))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_against_reference(case, out, lse)
+
+
+def test_wgmma_kernel_large_scores():
+    """Scores that grow along the sequence (the lazy max moves many times) and a large score scale."""
+    needs_wgmma()
+    case = make_case(2, 64, 64, FP8, [3000, 2000], 1.0)
+    ramp = torch.linspace(0.2, 3.0, case.kv_cache.shape[0] * 64, device=DEVICE).view(-1, 64, 1)
+    case.kv_cache = (case.kv_cache.float() * ramp).clamp(-448, 448).to(FP8)
+    out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, 0.3, kv_scale=1.0,
+                          return_lse=True)
+    ref, ref_lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, 0.3, kv_scale=1.0,
+                              impl="reference", return_lse=True)
+    assert torch.isfinite(out.float()).all()
+    assert rel_err(out, ref) < REL_TOL
+    assert torch.allclose(lse, ref_lse, rtol=1e-3, atol=2e-2)

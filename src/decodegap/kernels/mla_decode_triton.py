@@ -12,6 +12,8 @@ The per-tensor kv_scale is folded into the score scale and the output scale, whi
 lossless. Head blocks are the fastest-varying grid axis, so the programs that share a KV slice run side by side
 and the second and later reads of a tile hit L2, not HBM.
 Stage 2 (only when the KV is split): merge the per-split partial outputs by their log-sum-exp.
+On Hopper (sm_90) the CUDA kernels of mla_decode_sm90.py replace stage 1 where they apply (cuda_path): FP8 caches
+with <= 16 heads (mma.sync) and 17+ heads on FP8 or BF16 caches (wgmma); this merge combines their partials too.
 """
 
 from __future__ import annotations
@@ -431,14 +433,17 @@ def compile_for_gpu(cfg: Config, kv_dtype: torch.dtype, *, split: bool = True, r
 
 def num_splits_for(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                    config: Config | None = None, return_lse: bool = False, backend: str = "auto",
-                   cuda_variant: int | None = None) -> int:
+                   cuda_variant: int | None = None, wgmma_variant: int | None = None) -> int:
     """The split count `mla_decode_triton` picks for these arguments: whole waves of programs, where a program's
     registers and shared memory (from its compiled kernel, once per config) say how many share an SM."""
     batch, num_heads, _ = q.shape
-    if uses_cuda_kernel(q, kv_cache, config, backend):
+    path = cuda_path(q, kv_cache, config, backend)
+    if path == "mma":
         from decodegap.kernels.mla_decode_sm90 import DEFAULT_VARIANT
 
         return _cuda_splits(q, kv_cache, block_table, DEFAULT_VARIANT if cuda_variant is None else cuda_variant)
+    if path == "wgmma":
+        return _wgmma_splits(q, kv_cache, block_table, wgmma_variant)
     cfg = config or default_config(num_heads, kv_cache.dtype)
     per_sm = 2
     if q.is_cuda:
@@ -468,12 +473,15 @@ def mla_decode_triton(
     poison_workspace: bool = False,
     backend: str = "auto",
     cuda_variant: int | None = None,
+    wgmma_variant: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The fused path, without the public entry's checks (call `mla_decode` unless you have checked the
-    arguments). FP8 caches with <= 16 heads on Hopper run the CUDA stage 1 (mla_decode_sm90.py) unless a Triton
-    `config` or backend="triton" is given; everything else runs the Triton kernels. Keyword-only knobs for tests
-    and tuning: a fixed split count or tile config, a preallocated output, NaN-poisoned partial buffers (to prove
-    every partial is written before it is merged), the backend and the CUDA kernel variant."""
+    arguments). On Hopper (sm_90), unless a Triton `config` or backend="triton" is given: FP8 caches with <= 16
+    heads run the mma.sync CUDA stage 1 and 17+ heads (FP8 or BF16) the wgmma kernel (mla_decode_sm90.py);
+    everything else runs the Triton kernels. Keyword-only knobs for tests and tuning: a fixed split count or tile
+    config, a preallocated output, NaN-poisoned partial buffers (to prove every partial is written before it is
+    merged), the backend and the CUDA kernels' variants (cuda_variant: the <= 16-head kernel; wgmma_variant: the
+    wgmma kernel, see mla_decode_sm90.WGMMA_VARIANTS)."""
     batch, num_heads, _ = q.shape
     if out is None:
         out = torch.empty((batch, num_heads, LATENT_DIM), dtype=torch.bfloat16, device=q.device)
@@ -481,12 +489,16 @@ def mla_decode_triton(
     if batch == 0:
         return (out, lse) if return_lse else out
     q = q.contiguous()  # tiny; the kernel assumes unit stride in the last dim
-    if uses_cuda_kernel(q, kv_cache, config, backend):
+    path = cuda_path(q, kv_cache, config, backend)
+    if path == "mma":
         from decodegap.kernels.mla_decode_sm90 import DEFAULT_VARIANT
 
         return _mla_decode_cuda(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_scale, return_lse,
                                 num_splits, poison_workspace,
                                 DEFAULT_VARIANT if cuda_variant is None else cuda_variant)
+    if path == "wgmma":
+        return _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_scale, return_lse,
+                                 num_splits, poison_workspace, wgmma_variant)
     cfg = config or default_config(num_heads, kv_cache.dtype)
     if num_splits is None:
         num_splits = num_splits_for(q, kv_cache, block_table, cfg, return_lse)
@@ -552,18 +564,60 @@ def _cuda_splits(q, kv_cache, block_table, variant) -> int:
                            _num_sms(q.device.index), info.block_n, info.ctas_per_sm)
 
 
-def uses_cuda_kernel(q: torch.Tensor, kv_cache: torch.Tensor, config: Config | None = None,
-                     backend: str = "auto") -> bool:
-    """Whether mla_decode_triton runs the sm_90 CUDA stage 1 for these arguments: backend "cuda", or "auto"
-    with no explicit Triton config on a GPU where the fast path applies (FP8, <= 16 heads, Hopper)."""
+def cuda_path(q: torch.Tensor, kv_cache: torch.Tensor, config: Config | None = None,
+              backend: str = "auto") -> str | None:
+    """Which CUDA kernel mla_decode_triton runs for these arguments: "mma" (FP8, <= 16 heads), "wgmma" (17+ heads,
+    FP8 or BF16), or None (the Triton kernels). Backend "cuda" insists on one of the two; "auto" takes one where it
+    applies (an sm_90 GPU where it builds) and no explicit Triton config is given."""
     if backend not in ("auto", "triton", "cuda"):
         raise ValueError(f"backend must be auto, triton or cuda; got {backend!r}")
     if backend == "triton" or (backend == "auto" and (config is not None or _INTERPRETED or not q.is_cuda)):
-        return False
+        return None
     from decodegap.kernels import mla_decode_sm90 as sm90
 
-    ok = sm90.applies(q, kv_cache)
-    if backend == "cuda" and not ok:
-        raise ValueError("backend='cuda' needs an FP8 cache, <= 16 heads, 16-byte aligned rows and an sm_90 GPU "
-                         "where the kernel builds")
-    return ok
+    if sm90.applies(q, kv_cache):
+        return "mma"
+    if sm90.applies_wgmma(q, kv_cache):
+        return "wgmma"
+    if backend == "cuda":
+        raise ValueError("backend='cuda' needs an sm_90 GPU where the kernels build, 16-byte aligned rows, and an "
+                         "FP8 cache (<= 16 heads) or 17+ heads (FP8 or BF16)")
+    return None
+
+
+def uses_cuda_kernel(q: torch.Tensor, kv_cache: torch.Tensor, config: Config | None = None,
+                     backend: str = "auto") -> bool:
+    """Whether mla_decode_triton runs one of the CUDA kernels (cuda_path) for these arguments."""
+    return cuda_path(q, kv_cache, config, backend) is not None
+
+
+def _wgmma_splits(q, kv_cache, block_table, variant: int | None = None) -> int:
+    from decodegap.kernels import mla_decode_sm90 as sm90
+
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    info = sm90.wgmma_info(device_index, sm90.default_wgmma_variant(kv_cache.dtype) if variant is None else variant)
+    return pick_num_splits(q.shape[0], triton.cdiv(q.shape[1], 64), block_table.shape[1] * kv_cache.shape[1],
+                           q.shape[1], _num_sms(q.device.index), info.block_n, info.ctas_per_sm)
+
+
+def _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_scale, return_lse, num_splits,
+                      poison_workspace, variant=None):
+    """The wgmma kernel (17+ heads, mla_decode_sm90_wgmma.cu): one split writes the output (and lse) itself;
+    more write partials (fp16 in cache units for an FP8 cache, |x| <= 448; fp32 for BF16) for the Triton merge."""
+    from decodegap.kernels import mla_decode_sm90 as sm90
+
+    batch, num_heads, _ = q.shape
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if num_splits is None:
+        num_splits = _wgmma_splits(q, kv_cache, block_table, variant)
+    q_scale, s_scale = _score_scales(sm_scale, kv_scale, tl.float16 if fp8 else tl.bfloat16)
+    if num_splits == 1:
+        sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, None, None, out, lse if return_lse else None,
+                          q_scale, s_scale, float(kv_scale), 1, variant)
+        return (out, lse) if return_lse else out
+    part, part_lse = _workspace(batch, num_heads, num_splits, q.device, poison_workspace,
+                                torch.float16 if fp8 else torch.float32)
+    sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, part, part_lse, out, None, q_scale, s_scale,
+                      float(kv_scale), num_splits, variant)
+    _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale))
+    return (out, lse) if return_lse else out

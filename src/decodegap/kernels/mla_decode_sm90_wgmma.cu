@@ -1,0 +1,567 @@
+// MLA decode for many heads (H >= 17, DeepSeek's 128 and GLM-5's 64) on Hopper: warpgroup MMA (wgmma, sm_90a)
+// with 64 heads as the M dimension, over a paged FP8 (e4m3) or BF16 latent cache. Built at first use by
+// mla_decode_sm90.py (nvcc -gencode arch=compute_90a,code=sm_90a, a plain shared library called through ctypes).
+//
+// One CTA = 3 warpgroups = one (64-head block, KV split, sequence):
+//  - warpgroup 0, the producer (setmaxnreg down to 40 or 88 registers): brings 32-token KV tiles into a ring of
+//    stages in the 128-byte-swizzled layout that wgmma reads, [9 chunks of 64 dims][32 tokens][128 B]. BF16
+//    caches: cp.async straight into the stage, completion tracked by the stage's mbarrier
+//    (cp.async.mbarrier.arrive). FP8 caches: each thread loads its 144 bytes of a tile (REGS: into registers, the
+//    next tile's loads in flight while it waits for a free stage; else cp.async into a small raw ring), widens
+//    them (one cvt per two elements, e4m3 -> f16 is exact) and stores them swizzled; fence.proxy.async and an
+//    mbarrier arrive publish the stage. Rows are found through the block table (any page size), page ids a tile
+//    ahead.
+//  - warpgroups 1 and 2, the consumers (232 or 208 registers): S = Q K^T, each over half of the 576 dims (18 k-steps of
+//    m64n32k16, Q and K from shared memory); the two partial score tiles are summed through shared memory (both
+//    warpgroups then hold the same S, bit for bit); online softmax in registers (log2 domain, the reference max
+//    moves only when a score exceeds it by 2^8); O[64, 256 dims] += P V with P from registers (the score
+//    accumulator layout is the A-fragment layout) and V the same stage read N-major (m64n256k16, 2 k-steps);
+//    then the stage is released through its empty mbarrier.
+// FP8 caches run f16 MMA (q * 2^e in fp16, as the other kernels), BF16 caches bf16 MMA; fp32 accumulation.
+// Output: per-split partials [B, H, S, 512] (fp16 in cache units for FP8 caches, |x| <= 448; fp32 for BF16)
+// and their log2-sum-exp [B, H, S], the layout the Triton merge kernel reads; or, with one split, the bf16
+// output (times kv_scale) and the natural-log lse directly.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kThreads = 384;
+constexpr int kBN = 32;                          // tokens per KV tile
+constexpr int kM = 64;                           // heads per CTA
+constexpr int kQBytes = 9 * kM * 128;            // Q [9 chunks][64 rows][128 B] = 73,728
+constexpr int kChunkBytes = kBN * 128;           // one 64-dim chunk of a tile: 4,096
+constexpr int kStageBytes = 9 * kChunkBytes;     // 36,864
+constexpr int kRawBytes = kBN * 576;             // FP8 rows of one tile: 18,432
+constexpr int kExchFloats = 16 * 128;            // one warpgroup's partial scores (16 per thread)
+constexpr int kExchBytes = 2 * 2 * kExchFloats * 4;  // [warpgroup][tile parity]: 32,768
+
+struct Args {
+  const uint16_t* q;  // bf16 [B, H, 576]
+  const uint8_t* kv;  // e4m3 or bf16 [pages, page_size, 576]
+  const int* table;   // [B, max_pages]
+  const int* lens;    // [B]
+  void* part;         // [B, H, S, 512] fp16 (FP8 cache) or fp32 (BF16 cache)
+  float* part_lse;    // [B, H, S] log2 units
+  uint16_t* out;      // bf16 [B, H, 512] (strides below), written when num_splits == 1
+  float* lse;         // [B, H] natural log, or null
+  long long stride_qb, stride_qh, stride_page, stride_slot, stride_tb, stride_ob, stride_oh;  // kv strides in bytes
+  int num_heads, num_splits, page_size, page_shift;  // page_shift: log2(page_size), or -1
+  float q_scale, s_scale, out_scale;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 128-byte swizzle: 16-byte unit u of row r (of an 8-row, 1024-byte atom) lives at unit u ^ (r & 7).
+__device__ __forceinline__ uint32_t swz(int row, int unit) { return row * 128 + ((unit ^ (row & 7)) << 4); }
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle (addresses 18 bits, encoded >> 4).
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{ .reg .pred p;\n"
+      "LAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra DONE;\n"
+      "bra LAB_WAIT;\n"
+      "DONE:\n"
+      "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// The mbarrier counts one arrival when all of this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Four e4m3 (bytes 0..3) -> f16x2 of bytes 0,1 (lo) and of bytes 2,3 (hi).
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
+      : "=r"(lo), "=r"(hi) : "r"(x));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2 ulp, exp2(-inf) = 0
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+template <bool F16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (F16) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// wgmma asm, generated (one statement per shape and type; the accumulators are "+f" operands).
+template <bool F16>
+__device__ __forceinline__ void wgmma_s(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
+  if constexpr (F16) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(accumulate));
+  } else {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(accumulate));
+  }
+}
+
+template <bool F16>
+__device__ __forceinline__ void wgmma_pv(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int accumulate) {
+  if constexpr (F16) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 1; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  } else {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 1; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  }
+}
+
+// Two bf16 (one 32-bit word, lower element first) times a power of two, as an f16x2 word.
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t x, float scale) {
+  return pack2<true>(__uint_as_float(x << 16) * scale, __uint_as_float(x & 0xffff0000u) * scale);
+}
+
+// Partial scores of one tile over k-steps 18 WI .. 18 WI + 17 (k-step ks: chunk ks >> 2, 16 dims = 32 bytes at
+// (ks & 3) of the 128-byte row; descriptor addresses are in 16-byte units).
+// The whole async group (fence, 18 wgmma, commit, wait) sits in one basic block: split across a branch, ptxas
+// serializes the wgmmas (a wait after each).
+template <bool F16, int WI>
+__device__ __forceinline__ void score_tile(float (&sc)[16], uint64_t dq, uint64_t dk) {
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 18; ++k) {
+    const int ks = 18 * WI + k;
+    wgmma_s<F16>(sc, dq + (((ks >> 2) * (kM * 128) + (ks & 3) * 32) >> 4),
+                 dk + (((ks >> 2) * kChunkBytes + (ks & 3) * 32) >> 4), k > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(sc);
+}
+
+// Shared memory, from a 1024-byte aligned base: Q, the KV stages, the FP8 raw ring, the score exchange, barriers.
+template <bool FP8, int W, int R, bool REGS>
+struct Layout {
+  static constexpr int kQ = 0;
+  static constexpr int kStage = kQBytes;
+  static constexpr int kRaw = kStage + W * kStageBytes;
+  static constexpr int kExch = kRaw + (FP8 && !REGS ? R * kRawBytes : 0);
+  static constexpr int kBar = kExch + kExchBytes;
+  static constexpr int kAlloc = kBar + 2 * W * 8 + 1024;  // + slack to align the base
+};
+
+template <bool FP8, int W, int R, bool REGS>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args a) {
+  using L = Layout<FP8, W, R, REGS>;
+  static_assert(L::kAlloc <= 232448, "shared memory");
+  constexpr float kInf = INFINITY;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const uint32_t sbase = smem_u32(smem);
+
+  const int tid = threadIdx.x, wg = tid >> 7, tw = tid & 127;
+  const int hb = blockIdx.x, split = blockIdx.y;
+  const long long b = blockIdx.z;
+  const int seq_len = a.lens[b];
+  const int split_len = ((seq_len + a.num_splits - 1) / a.num_splits + kBN - 1) / kBN * kBN;
+  const int start = split * split_len;
+  const int end = min(start + split_len, seq_len);
+  const int ntiles = end > start ? (end - start + kBN - 1) / kBN : 0;
+  const uint32_t bar_full = sbase + L::kBar, bar_empty = bar_full + 8 * W;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < W; ++s) {
+      mbar_init(bar_full + 8 * s, 128);   // the producer's 128 threads
+      mbar_init(bar_empty + 8 * s, 256);  // the consumers' 256 threads
+    }
+  }
+  // Q [64 heads, 576] -> shared memory, swizzled; head rows past num_heads are zeros. FP8 caches: q * q_scale
+  // in fp16 (exact: q_scale is a power of two); BF16: q as is.
+  for (int i = tid; i < kM * 72; i += kThreads) {
+    const int row = i / 72, u = i - row * 72;  // 16-byte unit u = dims 8u .. 8u + 7
+    const int h = hb * kM + row;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (h < a.num_heads) {
+      const uint4 x = *reinterpret_cast<const uint4*>(a.q + b * a.stride_qb + (long long)h * a.stride_qh + 8 * u);
+      if constexpr (FP8) {
+        v = make_uint4(bf16x2_to_f16x2(x.x, a.q_scale), bf16x2_to_f16x2(x.y, a.q_scale),
+                       bf16x2_to_f16x2(x.z, a.q_scale), bf16x2_to_f16x2(x.w, a.q_scale));
+      } else {
+        v = x;
+      }
+    }
+    *reinterpret_cast<uint4*>(smem + L::kQ + (u >> 3) * (kM * 128) + swz(row, u & 7)) = v;
+  }
+  fence_proxy_async();  // Q's generic stores, read by wgmma (the async proxy)
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    if constexpr (REGS) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
+    } else {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    }
+    const int t = tw >> 2, sub = tw & 3;  // this thread's token row of every tile, and its quarter of the row
+    const int* trow = a.table + b * a.stride_tb;
+    // Page ids are loaded a tile before their row is copied: the table load is off the copy's critical path.
+    auto page_of = [&](int j) -> int {  // -1: past the slice's end (zero-filled, never read from HBM)
+      const int n = start + j * kBN + t;
+      return n < end ? trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size] : -1;
+    };
+    auto row_of = [&](int j, int page, int& bytes) -> const uint8_t* {
+      bytes = page >= 0 ? 16 : 0;
+      if (page < 0) return a.kv;
+      const int n = start + j * kBN + t;
+      const int slot = a.page_shift >= 0 ? n & (a.page_size - 1) : n % a.page_size;
+      return a.kv + (long long)page * a.stride_page + (long long)slot * a.stride_slot;
+    };
+    // Widen 16 e4m3 (dims 64 i + 16 sub .. + 15 of row t) into two swizzled 16-byte units of chunk i.
+    auto widen = [&](uint8_t* stage, int i, const uint4& x) {
+      uint4 lo, hi;
+      e4m3x4_to_f16x2x2(x.x, lo.x, lo.y);
+      e4m3x4_to_f16x2x2(x.y, lo.z, lo.w);
+      e4m3x4_to_f16x2x2(x.z, hi.x, hi.y);
+      e4m3x4_to_f16x2x2(x.w, hi.z, hi.w);
+      *reinterpret_cast<uint4*>(stage + i * kChunkBytes + swz(t, 2 * sub)) = lo;
+      *reinterpret_cast<uint4*>(stage + i * kChunkBytes + swz(t, 2 * sub + 1)) = hi;
+    };
+    if constexpr (FP8 && REGS) {
+      // The 9 16-byte units sub + 4i of row t, in registers; tile j + 1's loads are issued before tile j waits for
+      // its stage, so they are in flight while the consumers work.
+      auto load = [&](int j, int page, uint4 (&r)[9]) {
+        int bytes;
+        const uint8_t* src = row_of(j, page, bytes);
+#pragma unroll
+        for (int i = 0; i < 9; ++i)
+          r[i] = bytes ? __ldg(reinterpret_cast<const uint4*>(src + 16 * (sub + 4 * i))) : make_uint4(0u, 0u, 0u, 0u);
+      };
+      uint4 cur[9];
+      if (ntiles > 0) load(0, page_of(0), cur);
+      int page_next = page_of(1);
+      for (int j = 0; j < ntiles; ++j) {
+        uint4 nxt[9];
+        if (j + 1 < ntiles) load(j + 1, page_next, nxt);
+        page_next = page_of(j + 2);
+        const int s = j % W;
+        mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
+        uint8_t* stage = smem + L::kStage + s * kStageBytes;
+#pragma unroll
+        for (int i = 0; i < 9; ++i) widen(stage, i, cur[i]);
+        fence_proxy_async();
+        mbar_arrive(bar_full + 8 * s);
+#pragma unroll
+        for (int i = 0; i < 9; ++i) cur[i] = nxt[i];
+      }
+    } else if constexpr (FP8) {
+      // Raw rows [32][576 B] per raw slot; thread (t, sub) copies and later widens the 16-byte units
+      // sub + 4i (i = 0..8: chunk i, dims 64i + 16 sub .. + 15) of row t: only bytes it copied itself.
+      auto issue = [&](int j, int slot, int page) {
+        int bytes;
+        const uint8_t* src = row_of(j, page, bytes);
+        const uint32_t dst = sbase + L::kRaw + slot * kRawBytes + t * 576;
+#pragma unroll
+        for (int i = 0; i < 9; ++i) cp_async16(dst + 16 * (sub + 4 * i), src + 16 * (sub + 4 * i), bytes);
+      };
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        if (i < ntiles) issue(i, i, page_of(i));
+        cp_async_commit();
+      }
+      int page_next = page_of(R);
+      for (int j = 0; j < ntiles; ++j) {
+        cp_async_wait<R - 1>();  // tile j's raw bytes (this thread's) have landed
+        const int s = j % W;
+        mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
+        const uint8_t* raw = smem + L::kRaw + (j % R) * kRawBytes + t * 576;
+        uint8_t* stage = smem + L::kStage + s * kStageBytes;
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+          const uint4 x = *reinterpret_cast<const uint4*>(raw + 16 * (sub + 4 * i));  // one LDS.128 (a load
+          widen(stage, i, x);  // passed straight by reference was split into four 4-byte LDS: 4-way conflicts)
+        }
+        fence_proxy_async();
+        mbar_arrive(bar_full + 8 * s);
+        if (j + R < ntiles) issue(j + R, j % R, page_next);
+        cp_async_commit();
+        page_next = page_of(j + R + 1);
+      }
+    } else {
+      // BF16: 16-byte unit u = sub + 4i (i = 0..17) of the 1152-byte row: dims 8u .. 8u + 7 = chunk u >> 3.
+      int page = page_of(0);
+      for (int j = 0; j < ntiles; ++j) {
+        const int s = j % W;
+        mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
+        int bytes;
+        const uint8_t* src = row_of(j, page, bytes);
+        page = page_of(j + 1);
+        const uint32_t stage = sbase + L::kStage + s * kStageBytes;
+#pragma unroll
+        for (int i = 0; i < 18; ++i) {
+          const int u = sub + 4 * i;
+          cp_async16(stage + (u >> 3) * kChunkBytes + swz(t, u & 7), src + 16 * u, bytes);
+        }
+        cp_async_mbar_arrive(bar_full + 8 * s);
+      }
+      cp_async_wait<0>();
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  if constexpr (REGS) {  // the CTA's 168 x 384 registers: 88 x 128 + 208 x 256 (else 40 x 128 + 232 x 256)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  }
+  const int w = wg - 1;  // dims: scores over k-steps 18w .. 18w + 17, output dims 256w .. 256w + 255
+  const int lane = tw & 31, g = lane >> 2, c = lane & 3;
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m_run[2] = {-kInf, -kInf}, l_run[2] = {0.f, 0.f};
+  float* exch = reinterpret_cast<float*>(smem + L::kExch);
+  // Descriptors (K-major Q and K: 8-row groups 1024 bytes apart; V N-major: 64-dim chunks kChunkBytes apart).
+  const uint64_t dq0 = make_desc(sbase + L::kQ, 16, 1024);
+  const uint64_t dk0 = make_desc(sbase + L::kStage, 16, 1024);
+  const uint64_t dv0 = make_desc(sbase + L::kStage + 4 * w * kChunkBytes, kChunkBytes, 1024);
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int s = j % W;
+    mbar_wait(bar_full + 8 * s, (j / W) & 1);
+    fence_proxy_async();  // the stage's cp.async (generic proxy) writes, read by wgmma
+    const uint64_t stage_off = static_cast<uint64_t>(s * kStageBytes) >> 4;
+    float sc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sc[i] = 0.f;
+    if (w == 0) {  // warpgroup-uniform: compile-time descriptor offsets in each branch
+      score_tile<FP8, 0>(sc, dq0, dk0 + stage_off);
+    } else {
+      score_tile<FP8, 1>(sc, dq0, dk0 + stage_off);
+    }
+
+    // The full scores: this warpgroup's partial + the other's (same thread mapping in both; a + b == b + a).
+    float4* mine = reinterpret_cast<float4*>(exch + (w * 2 + (j & 1)) * kExchFloats);
+    const float4* other = reinterpret_cast<const float4*>(exch + ((1 - w) * 2 + (j & 1)) * kExchFloats);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) mine[r * 128 + tw] = make_float4(sc[4 * r], sc[4 * r + 1], sc[4 * r + 2], sc[4 * r + 3]);
+    named_bar_sync(1, 256);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float4 x = other[r * 128 + tw];
+      sc[4 * r] += x.x;
+      sc[4 * r + 1] += x.y;
+      sc[4 * r + 2] += x.z;
+      sc[4 * r + 3] += x.w;
+    }
+
+    // Online softmax. Accumulator layout: sc[4jj + e] = (row g, token 8jj + 2c + e), sc[4jj + 2 + e] = row g + 8.
+    const int tok0 = start + j * kBN;
+    float mx0 = -kInf, mx1 = -kInf;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool live = tok0 + 8 * jj + 2 * c + e < end;
+        sc[4 * jj + e] = live ? sc[4 * jj + e] : -kInf;
+        sc[4 * jj + 2 + e] = live ? sc[4 * jj + 2 + e] : -kInf;
+        mx0 = fmaxf(mx0, sc[4 * jj + e]);
+        mx1 = fmaxf(mx1, sc[4 * jj + 2 + e]);
+      }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * a.s_scale;
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * a.s_scale;
+    if (__any_sync(0xffffffffu, mx0 > m_run[0] + 8.f || mx1 > m_run[1] + 8.f)) {
+      const float n0 = fmaxf(m_run[0], mx0), n1 = fmaxf(m_run[1], mx1);
+      const float a0 = n0 == -kInf ? 1.f : fast_exp2(m_run[0] - n0);
+      const float a1 = n1 == -kInf ? 1.f : fast_exp2(m_run[1] - n1);
+      m_run[0] = n0;
+      m_run[1] = n1;
+      l_run[0] *= a0;
+      l_run[1] *= a1;
+#pragma unroll
+      for (int jj = 0; jj < 32; ++jj) {
+        o[4 * jj] *= a0;
+        o[4 * jj + 1] *= a0;
+        o[4 * jj + 2] *= a1;
+        o[4 * jj + 3] *= a1;
+      }
+    }
+    const float nm0 = m_run[0] == -kInf ? 0.f : -m_run[0];
+    const float nm1 = m_run[1] == -kInf ? 0.f : -m_run[1];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sc[4 * jj + e] = fast_exp2(fmaf(sc[4 * jj + e], a.s_scale, nm0));
+        sc[4 * jj + 2 + e] = fast_exp2(fmaf(sc[4 * jj + 2 + e], a.s_scale, nm1));
+        l_run[0] += sc[4 * jj + e];
+        l_run[1] += sc[4 * jj + 2 + e];
+      }
+    // P as wgmma A fragments: k-step kk (tokens 16kk .. 16kk + 15) = n-blocks 2kk (k 0-7) and 2kk + 1 (k 8-15).
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      pa[kk][0] = pack2<FP8>(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = pack2<FP8>(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = pack2<FP8>(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = pack2<FP8>(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+    wgmma_fence();
+    wgmma_pv<FP8>(o, pa[0], dv0 + stage_off, 1);
+    wgmma_pv<FP8>(o, pa[1], dv0 + stage_off + (2048 >> 4), 1);  // tokens 16..31: two 8-row groups on
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    mbar_arrive(bar_empty + 8 * s);  // this thread is done with the stage
+  }
+
+  // Epilogue: rows 16 (warp in group) + g and + 8; o[4jj + 2half + e] = dim 256w + 8jj + 2c + e.
+  const int r0 = 16 * (tw >> 5) + g;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float l = l_run[half];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int h = hb * kM + r0 + 8 * half;
+    if (h >= a.num_heads) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse2 = l > 0.f ? m_run[half] + log2f(l) : -kInf;
+    if (a.num_splits == 1) {
+      uint16_t* dst = a.out + b * a.stride_ob + (long long)h * a.stride_oh + 256 * w + 2 * c;
+      const float scale = inv * a.out_scale;
+#pragma unroll
+      for (int jj = 0; jj < 32; ++jj)
+        *reinterpret_cast<uint32_t*>(dst + 8 * jj) =
+            pack2<false>(o[4 * jj + 2 * half] * scale, o[4 * jj + 2 * half + 1] * scale);
+      if (w == 0 && c == 0 && a.lse != nullptr) a.lse[b * a.num_heads + h] = lse2 * 0.6931471805599453f;
+    } else {
+      const long long slot = (b * a.num_heads + h) * a.num_splits + split;
+      if constexpr (FP8) {
+        __half* dst = static_cast<__half*>(a.part) + slot * 512 + 256 * w + 2 * c;
+#pragma unroll
+        for (int jj = 0; jj < 32; ++jj)
+          *reinterpret_cast<uint32_t*>(dst + 8 * jj) =
+              pack2<true>(o[4 * jj + 2 * half] * inv, o[4 * jj + 2 * half + 1] * inv);
+      } else {
+        float* dst = static_cast<float*>(a.part) + slot * 512 + 256 * w + 2 * c;
+#pragma unroll
+        for (int jj = 0; jj < 32; ++jj)
+          *reinterpret_cast<float2*>(dst + 8 * jj) =
+              make_float2(o[4 * jj + 2 * half] * inv, o[4 * jj + 2 * half + 1] * inv);
+      }
+      if (w == 0 && c == 0) a.part_lse[slot] = lse2;
+    }
+  }
+}
+
+// The configurations (variant: cache, stages, FP8 raw-ring depth, FP8 loads through registers):
+//  0: BF16, 3 stages (cp.async).
+//  1: FP8, 2 stages + a 2-deep cp.async raw ring (40 / 232 registers).
+//  2: FP8, 3 stages, loads through registers a tile ahead (88 / 208 registers).
+#define DG_WGMMA_CONFIGS(X) X(0, false, 3, 1, false) X(1, true, 2, 2, false) X(2, true, 3, 1, true)
+
+template <bool FP8, int W, int R, bool REGS>
+int prepare(int* regs, int* per_sm, int* smem_bytes) {
+  auto kernel = mla_decode_wgmma_sm90<FP8, W, R, REGS>;
+  constexpr int smem = Layout<FP8, W, R, REGS>::kAlloc;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  cudaFuncAttributes attr;
+  err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) return err;
+  *regs = attr.numRegs;
+  *smem_bytes = smem;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, smem);
+}
+
+template <bool FP8, int W, int R, bool REGS>
+int launch(const Args& a, int batch, cudaStream_t stream) {
+  constexpr int smem = Layout<FP8, W, R, REGS>::kAlloc;
+  const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
+  mla_decode_wgmma_sm90<FP8, W, R, REGS><<<grid, kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// Returns a cudaError_t (cudaErrorInvalidValue for an unknown variant). fp8 (out): whether it reads an e4m3 cache.
+extern "C" int dg_mla_wgmma_prepare(int variant, int* regs, int* per_sm, int* block_n, int* smem_bytes, int* fp8) {
+  *block_n = kBN;
+#define DG_PREPARE(V, FP8, W, R, REGS) \
+  if (variant == V) {                   \
+    *fp8 = FP8;                         \
+    return prepare<FP8, W, R, REGS>(regs, per_sm, smem_bytes); \
+  }
+  DG_WGMMA_CONFIGS(DG_PREPARE)
+  return cudaErrorInvalidValue;
+}
+
+extern "C" int dg_mla_wgmma_launch(int variant, const void* q, const void* kv, const void* table, const void* lens,
+                                   void* part, void* part_lse, void* out, void* lse, long long stride_qb,
+                                   long long stride_qh, long long stride_page_bytes, long long stride_slot_bytes,
+                                   long long stride_tb, long long stride_ob, long long stride_oh, int num_heads,
+                                   int num_splits, int batch, int page_size, float q_scale, float s_scale,
+                                   float out_scale, void* stream) {
+  Args a{static_cast<const uint16_t*>(q), static_cast<const uint8_t*>(kv), static_cast<const int*>(table),
+         static_cast<const int*>(lens), part, static_cast<float*>(part_lse), static_cast<uint16_t*>(out),
+         static_cast<float*>(lse), stride_qb, stride_qh, stride_page_bytes, stride_slot_bytes, stride_tb,
+         stride_ob, stride_oh, num_heads, num_splits, page_size,
+         (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1, q_scale, s_scale, out_scale};
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+#define DG_LAUNCH(V, FP8, W, R, REGS) \
+  if (variant == V) return launch<FP8, W, R, REGS>(a, batch, st);
+  DG_WGMMA_CONFIGS(DG_LAUNCH)
+  return cudaErrorInvalidValue;
+}
