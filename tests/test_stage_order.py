@@ -66,3 +66,15 @@ def test_imports_only_go_down_the_stages():
             if stage is not None and stage > own:
                 bad.append(f"{module} ({STAGES[own][0]}) imports {target} ({STAGES[stage][0]})")
     assert not bad, "\n".join(bad)
+
+
+def test_no_two_modules_import_each_other():
+    # a circle (the kernels had one: mla_decode <-> mla_decode_triton) means a shared piece belongs in its own module
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        graph[module] = {t for t in _imports(path, module) if t.startswith("decodegap.")}
+    pairs = sorted({tuple(sorted((a, b))) for a, targets in graph.items() for b in targets
+                    if b != a and a in graph.get(b, ()) and not a.startswith(b + ".") and not b.startswith(a + ".")})
+    assert not pairs, "modules that import each other: " + "; ".join(f"{a} <-> {b}" for a, b in pairs)

@@ -48,17 +48,6 @@ def step_context(b, active_tokens: int | None = None) -> StepContext | None:
     return StepContext(b.step_ms.median, b.gpu_ms_per_step, active_tokens)
 
 
-def rest_unchanged(b) -> str:
-    """How an estimate that takes GPU work out of the step treats the rest (`b` a Breakdown): unchanged; on a
-    host-bound step that holds only once the host keeps up (the GPU then idles instead)."""
-    from decodegap.findings.host_bound import MAX_BUSY
-
-    if b.gpu_busy_fraction and b.gpu_busy_fraction < MAX_BUSY:
-        return (f"the rest of the step unchanged, which on this host-bound step (GPU busy {b.gpu_busy_fraction:.0%}) "
-                "holds once the host keeps up (host_bound fixed too)")
-    return "the rest of the step unchanged" + (f" (GPU busy {b.gpu_busy_fraction:.0%})" if b.gpu_busy_fraction else "")
-
-
 def layer_multiple(calls_per_step: float, layers: int | None) -> int | None:
     """k when calls_per_step is k per layer (k = 1..4), allowing one extra call (a final norm, an lm_head)."""
     if not layers:

@@ -10,7 +10,8 @@ alone is what a small, well-behaved step looks like."""
 from __future__ import annotations
 
 from decodegap.errors import UserError
-from decodegap.findings.base import RanksInput, rest_unchanged, step_context
+from decodegap.findings.base import RanksInput, step_context
+from decodegap.findings.host_bound import rest_unchanged
 from decodegap.findings.records import Finding, after_fix, make_finding
 from decodegap.floor.hardware import DEFAULT_ALLREDUCE_US, get_gpu
 from decodegap.ops.kernel_names import short_kernel_name

@@ -18,6 +18,15 @@ FIX = ("Launch fewer, larger kernels: capture the decode step in a CUDA graph (S
        "data-dependent shapes) from the step. Profiling inflates host time: compare with --tpot.")
 
 
+def rest_unchanged(b) -> str:
+    """How an estimate that takes GPU work out of the step treats the rest (`b` a Breakdown): unchanged; on a
+    host-bound step that holds only once the host keeps up (the GPU then idles instead)."""
+    if b.gpu_busy_fraction and b.gpu_busy_fraction < MAX_BUSY:
+        return (f"the rest of the step unchanged, which on this host-bound step (GPU busy {b.gpu_busy_fraction:.0%}) "
+                "holds once the host keeps up (host_bound fixed too)")
+    return "the rest of the step unchanged" + (f" (GPU busy {b.gpu_busy_fraction:.0%})" if b.gpu_busy_fraction else "")
+
+
 def detect(rank: RankInput) -> list[Finding]:
     b = rank.breakdown
     ctx = step_context(b, rank.active_tokens)

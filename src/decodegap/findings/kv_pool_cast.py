@@ -6,7 +6,8 @@ launch shape (grid x block x elements per thread) under CUDA-graph replay."""
 
 from __future__ import annotations
 
-from decodegap.findings.base import RankInput, layer_multiple, rest_unchanged, step_context
+from decodegap.findings.base import RankInput, layer_multiple, step_context
+from decodegap.findings.host_bound import rest_unchanged
 from decodegap.findings.records import AfterFix, Finding, after_fix, make_finding
 from decodegap.ops.shapes import DTYPE_BYTES, numel
 

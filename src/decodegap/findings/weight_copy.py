@@ -12,7 +12,8 @@ are left out."""
 
 from __future__ import annotations
 
-from decodegap.findings.base import RankInput, rest_unchanged, step_context
+from decodegap.findings.base import RankInput, step_context
+from decodegap.findings.host_bound import rest_unchanged
 from decodegap.findings.records import Finding, after_fix, make_finding
 from decodegap.ops.kernel_names import short_kernel_name
 
