@@ -1,9 +1,13 @@
-"""How analyze scales: wall time and peak RSS against json.load at 1x, 4x and 8x of a trace, and a folder of ranks
-analyzed with --jobs 1, --jobs 2 and --ray.
+"""How analyze scales, in every JSON layout: wall time and peak RSS against json.load at 1x and 8x of a trace and at
+a ~3 GB replica, in Kineto's layout, one event per line, minified, sorted keys with traceEvents first, and indent=2
+with CRLF line ends; and a folder of ranks analyzed with --jobs 1, --jobs 2 and --ray.
 
 The bigger traces are the trace's events replicated with shifted times and unique ids (correlation, External id,
-flow ids, ProfilerStep numbers), written in Kineto's layout under --workdir (never into the repository). The rank
-folder holds copies of the 1x trace named `rank-<n>`. Each measurement runs in a fresh subprocess, one at a time.
+flow ids, ProfilerStep numbers), written (gzipped) in each layout under --workdir (never into the repository) and
+deleted once measured. The rank folder holds copies of the 1x trace named `rank-<n>`. Each measurement runs in a
+fresh subprocess, one at a time. json.load is measured up to --json-load-max-gb of text; beyond it (it needs ~7x the
+text in memory) its figures are extrapolated linearly from the largest two measured scales of the same layout, and
+marked `~`.
 
     python benchmarks/bench_scale.py ../shared/traces/mla_full_cast_steps.json.gz --workdir /tmp/decodegap_scale
 """
@@ -12,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import os
 import json
+import math
+import os
 import re
 import shutil
 import statistics
@@ -22,9 +27,13 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 REPLICA_GAP_US = 1000.0  # idle time between one replica's end and the next one's start
 
+# Peak RSS from VmHWM (this process's own peak since it started): ru_maxrss of a child also counts what the parent
+# held when it spawned it (Linux folds the pre-exec peak in), and this parent holds a trace while it writes replicas.
 RUNNER = """
 import resource, sys, time
 PATH = sys.argv[1]
@@ -32,8 +41,13 @@ t0 = time.perf_counter()
 {body}
 wall = time.perf_counter() - t0
 me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+try:
+    me = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024
+except (OSError, StopIteration):
+    pass
 kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print("RESULT", wall, me, kids)
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print("RESULT", wall, me, kids, usage.ru_utime + usage.ru_stime)
 """
 
 JSON_LOAD = ("import gzip, json\nopener = gzip.open if PATH.endswith('.gz') else open\n"
@@ -68,8 +82,36 @@ def _shift(event: dict, k: int, span_us: float, ids: dict[str, int], step_stride
     return e
 
 
-def replicate(src: Path, dst: Path, copies: int) -> None:
-    """`copies` back-to-back replicas of src's events, written to dst (.json.gz) in Kineto's layout."""
+def _encoders(layout: str, head: dict):
+    """(text before the events, separator, text after them, event -> bytes) of one layout."""
+    enc = msgspec.json.encode
+    if layout == "kineto":  # torch's exporter: header members, then `},\n  {` between events
+        top = json.dumps(head)[:-1] + (", " if head else "")
+        return (top + '"traceEvents": [\n  ').encode(), b",\n  ", b"\n  ]\n}\n", \
+            lambda e: msgspec.json.format(enc(e), indent=0)
+    if layout == "lines":  # one event per line, no indentation
+        top = json.dumps(head)[:-1] + (", " if head else "")
+        return (top + '"traceEvents": [\n').encode(), b",\n", b"\n]}\n", lambda e: msgspec.json.format(enc(e), indent=0)
+    if layout == "minified":  # json.dump(doc, f, separators=(",", ":"))
+        top = json.dumps(head, separators=(",", ":"))[:-1] + ("," if head else "")
+        return (top + '"traceEvents":[').encode(), b",", b"]}", enc
+    if layout == "sorted_events_first":  # every key sorted, traceEvents first and the metadata after it
+        rest = json.dumps(head, sort_keys=True)[1:] if head else "}"
+        return b'{"traceEvents": [', b", ", ("], " + rest if head else "]}").encode(), \
+            lambda e: msgspec.json.format(enc(e, order="sorted"), indent=0)
+    if layout == "crlf":  # json.dump(doc, f, indent=2) saved with Windows line ends
+        top = json.dumps(head, indent=2)[:-2].replace("\n", "\r\n") + (",\r\n" if head else "\r\n")
+        return (top + '  "traceEvents": [\r\n    ').encode(), b",\r\n    ", b"\r\n  ]\r\n}\r\n", \
+            lambda e: msgspec.json.format(enc(e), indent=2).replace(b"\n", b"\r\n    ")
+    raise SystemExit(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+
+
+LAYOUTS = ("kineto", "lines", "minified", "sorted_events_first", "crlf")
+
+
+def replicate(src: Path, dst: Path, copies: int, layout: str = "kineto") -> int:
+    """`copies` back-to-back replicas of src's events, written to dst (.json.gz) in `layout`. Returns the bytes of
+    text written."""
     with gzip.open(src, "rb") if src.suffix == ".gz" else open(src, "rb") as f:
         doc = json.load(f)
     events = doc.pop("traceEvents")
@@ -92,38 +134,52 @@ def replicate(src: Path, dst: Path, copies: int) -> None:
         if m:
             steps.append(int(m.group(1)))
     ids = {key: value + 1 for key, value in ids.items()}
-    header = json.dumps(doc)[:-1] + (", " if doc else "") + '"traceEvents": [\n  '
+    before, separator, after, encode = _encoders(layout, doc)
     tmp = dst.with_name(dst.name + ".part")
-    with gzip.open(tmp, "wt", compresslevel=1) as out:
-        out.write(header)
+    written = len(before) + len(after)
+    with gzip.open(tmp, "wb", compresslevel=1) as out:
+        out.write(before)
         first = True
         for k in range(copies):
             for e in events:
-                out.write(("" if first else ",\n  ") + json.dumps(_shift(e, k, span, ids, max(steps) + 1)
-                                                            if isinstance(e, dict) else e))
+                text = (b"" if first else separator) + encode(_shift(e, k, span, ids, max(steps) + 1)
+                                                              if isinstance(e, dict) else e)
+                out.write(text)
+                written += len(text)
                 first = False
-        out.write("\n  ]\n}\n")
+        out.write(after)
     tmp.replace(dst)
+    return written
 
 
-def make_inputs(src: Path, workdir: Path, scales: list[int], ranks: int) -> tuple[dict[int, Path], Path]:
+def text_bytes(path: Path) -> int:
+    """The size of a trace's text (decompressed)."""
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as f:
+        return sum(len(b) for b in iter(lambda: f.read(1 << 24), b""))
+
+
+def make_trace(src: Path, workdir: Path, layout: str, copies: int) -> tuple[Path, int, bool]:
+    """(path, bytes of text, whether it is a replica to delete) of src's events `copies` times in `layout`: the
+    source itself for Kineto's layout at 1x."""
+    if layout == "kineto" and copies == 1:
+        return src, text_bytes(src), False
     workdir.mkdir(parents=True, exist_ok=True)
-    traces = {}
-    for n in scales:
-        path = src if n == 1 else workdir / f"x{n}.json.gz"
-        if not path.exists():
-            t0 = time.perf_counter()
-            replicate(src, path, n)
-            print(f"made {path} ({path.stat().st_size / 1e6:.0f} MB gzipped) in {time.perf_counter() - t0:.0f} s",
-                  file=sys.stderr)
-        traces[n] = path
+    path = workdir / f"{layout}.x{copies}.json.gz"
+    t0 = time.perf_counter()
+    size = replicate(src, path, copies, layout)
+    print(f"made {path} ({size / 1e6:.0f} MB of text, {path.stat().st_size / 1e6:.0f} MB gzipped) in "
+          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return path, size, True
+
+
+def make_folder(src: Path, workdir: Path, ranks: int) -> Path:
     folder = workdir / f"ranks{ranks}"
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     for r in range(ranks):
         target = folder / f"host.{r}.rank-{r}.pt.trace.json.gz"
         if not target.exists():
             shutil.copyfile(src, target)
-    return traces, folder
+    return folder
 
 
 # --- measuring --------------------------------------------------------------------------------------------------
@@ -137,7 +193,7 @@ def measure(body: str, path: Path, *extra: str) -> dict:
     for line in out.stdout.splitlines():
         words = line.split()
         if words and words[0] == "RESULT":
-            result.update(wall=float(words[1]), rss=float(words[2]), child_rss=float(words[3]))
+            result.update(wall=float(words[1]), rss=float(words[2]), child_rss=float(words[3]), cpu=float(words[4]))
         elif words and words[0] == "STEPS":
             result.update(steps=int(words[1]), median=float(words[2]))
     return result
@@ -148,32 +204,83 @@ def _median(runs: list[dict], key: str):
     return statistics.median(values) if values else None
 
 
+def _extrapolated(points: list[tuple[int, float]], size: int) -> float:
+    """A straight line through the two largest measured (text bytes, value) points, at `size`."""
+    (s0, v0), (s1, v1) = sorted(points)[-2:]
+    return v1 + (v1 - v0) / (s1 - s0) * (size - s1)
+
+
+def layout_table(args) -> None:
+    scales = [int(s) for s in args.scales.split(",") if s]
+    if args.big_gb:
+        scales.append(0)  # its replica count is known once a replica's size is (below)
+    layouts = [x for x in args.layouts.split(",") if x]
+    print("| layout | trace | text MB | json.load s | json.load MB | analyze s | analyze MB | wall vs json.load | "
+          "CPU vs json.load | RSS vs json.load | RSS vs Kineto's layout | decode steps | median ms | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    measured: dict[str, list[tuple[int, float, float, float]]] = {layout: [] for layout in layouts}
+    per_copy = text_bytes(args.trace)  # text per replica, from the largest replica written in Kineto's layout
+    for copies in scales:
+        copies = copies or math.ceil(args.big_gb * 1e9 / per_copy)
+        kineto_rss = None
+        for layout in layouts:
+            path, size, temporary = make_trace(args.trace, args.workdir, layout, copies)
+            try:
+                load = os.getloadavg()[0]
+                base, ours = [], []
+                for _ in range(args.repeat):
+                    if size <= args.json_load_max_gb * 1e9:
+                        base.append(measure(JSON_LOAD, path))
+                    ours.append(measure(ANALYZE.format(extra=", jobs=1"), path))
+            finally:
+                if temporary:
+                    path.unlink()
+            if layout == "kineto" and temporary:
+                per_copy = size / copies
+            ow, orss, ocpu = _median(ours, "wall"), _median(ours, "rss"), _median(ours, "cpu")
+            if base:
+                bw, br, bcpu, mark = _median(base, "wall"), _median(base, "rss"), _median(base, "cpu"), ""
+                measured[layout].append((size, bw, br, bcpu))
+            elif len(measured[layout]) >= 2:
+                points = measured[layout]
+                bw, br, bcpu = (_extrapolated([(p[0], p[i]) for p in points], size) for i in (1, 2, 3))
+                mark = "~"
+            else:
+                bw = br = bcpu = float("nan")
+                mark = "?"
+            if layout == "kineto":
+                kineto_rss = orss
+            vs_kineto = f"{orss / kineto_rss:.2f}" if kineto_rss else "-"
+            name = f"{copies}x" + (f" ({size / 1e9:.1f} GB)" if size > 2e9 else "")
+            print(f"| {layout} | {name} | {size / 1e6:.0f} | {mark}{bw:.2f} | {mark}{br:.0f} | {ow:.2f} | {orss:.0f} | "
+                  f"{mark}{ow / bw:.2f} | {mark}{ocpu / bcpu:.2f} | {mark}{orss / br:.3f} | {vs_kineto} | "
+                  f"{ours[0].get('steps')} | {ours[0].get('median'):.3f} | {load:.2f} |", flush=True)
+    if args.big_gb:
+        print(f"\n~: json.load not run (over {args.json_load_max_gb:g} GB of text, it needs ~7x that in memory): "
+              "extrapolated linearly from the two largest measured scales of the same layout")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace", type=Path)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/decodegap_scale"))
-    parser.add_argument("--scales", default="1,4,8")
-    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--scales", default="1,8", help="replica counts, comma-separated ('' for none)")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"comma-separated, of {', '.join(LAYOUTS)}")
+    parser.add_argument("--big-gb", type=float, default=3.0, help="one more scale of about this much text (0: none)")
+    parser.add_argument("--json-load-max-gb", type=float, default=2.0,
+                        help="measure json.load only up to this much text (extrapolate beyond)")
+    parser.add_argument("--ranks", type=int, default=4, help="ranks in the folder table (0: no folder table)")
     parser.add_argument("--repeat", type=int, default=1, help="alternating runs per case (medians)")
     parser.add_argument("--no-ray", action="store_true")
     args = parser.parse_args()
-    scales = [int(s) for s in args.scales.split(",") if s]
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores\n")
-    traces, folder = make_inputs(args.trace, args.workdir, scales, args.ranks)
+    if args.scales or args.big_gb:
+        layout_table(args)
+    if args.ranks:
+        folder_table(args, make_folder(args.trace, args.workdir, args.ranks))
 
-    if traces:
-        print("| trace | events (x) | json.load s | json.load MB | analyze s | analyze MB | wall vs json.load | "
-              "RSS vs json.load | decode steps | median ms |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-    for n, path in traces.items():
-        base, ours = [], []
-        for _ in range(args.repeat):
-            base.append(measure(JSON_LOAD, path))
-            ours.append(measure(ANALYZE.format(extra=", jobs=1"), path))
-        bw, br, ow, orss = (_median(base, "wall"), _median(base, "rss"), _median(ours, "wall"), _median(ours, "rss"))
-        print(f"| {path.name} | {n} | {bw:.2f} | {br:.0f} | {ow:.2f} | {orss:.0f} | {ow / bw:.2f} | {orss / br:.3f} | "
-              f"{ours[0].get('steps')} | {ours[0].get('median'):.3f} |", flush=True)
 
+def folder_table(args, folder: Path) -> None:
     cases = {"--jobs 1": ", jobs=1", "--jobs 2": ", jobs=2"}
     if not args.no_ray:
         cases["--ray (local, 2 CPUs)"] = ", ray=True"

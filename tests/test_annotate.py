@@ -13,6 +13,7 @@ import pytest
 from decodegap.report.annotate import PID
 from decodegap.api import annotate, run
 from decodegap.cli import main
+from layouts import LAYOUTS, write_layout
 from tracegen import decode_loop, engine_forwards, write, write_kineto_layout
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
@@ -109,6 +110,27 @@ def test_marker_less_decode_loop(tmp_path):
     first_kernel = min(e["ts"] for e in doc["traceEvents"] if e["cat"] == "kernel")
     assert min(s["ts"] for s in steps) >= first_kernel - 1e-3
     assert hashlib.sha256(src.read_bytes()).hexdigest() == before  # the input is never modified
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_layout_is_annotated_the_same(tmp_path, layout):
+    # traceEvents anywhere among the keys, baseTimeNanoseconds before or after it, any whitespace and line ends
+    doc = decode_loop(steps=5, layers=6, markers=None)
+    doc["baseTimeNanoseconds"] = 1_790_857_026_000_000_000
+    src = write_layout(doc, layout, tmp_path / f"loop.{layout}.json.gz")
+    out = tmp_path / "loop.annotated.json"
+    annotate(src, out)
+    new = _read(out)
+    if layout == "bare":
+        new, doc = {"traceEvents": new}, {"traceEvents": doc["traceEvents"]}
+    assert _theirs(new) == doc["traceEvents"]
+    assert {k: v for k, v in new.items() if k not in ("traceEvents", "traceName")} == \
+        {k: v for k, v in doc.items() if k != "traceEvents"}
+    reference = _read(annotate(write_layout(doc, "kineto", tmp_path / "k.json"), tmp_path / "k.out.json")[0])
+    assert _ours(new) == _ours(reference)  # the same spans, on the trace's own clock, in every layout
+    _check_layers_in_steps(new, 6)
+    kernel_starts = {_ns(e["ts"]) for e in doc["traceEvents"] if e["cat"] == "kernel"}
+    assert all(_ns(la["ts"]) in kernel_starts for la in _spans(new, "layer "))
 
 
 def test_engine_forwards_eager_and_the_analysis_of_the_overlay(tmp_path):

@@ -59,10 +59,25 @@ def test_json_with_empty_events(tmp_path, capsys):
     assert_one_line_error(["analyze", str(tmp_path / "t.json")], capsys, "no profiler events")
 
 
-def test_truncated_json_plain_layout(tmp_path, capsys):
+def test_truncated_json_plain_layout_keeps_the_events_before_the_cut(tmp_path):
+    """A cut one-line trace reads like a cut trace in Kineto's layout: its whole events, then the truncation check."""
+    doc = decode_loop(steps=6, layers=3)
+    events = [json.dumps(e) for e in doc["traceEvents"]]
+    whole = len(events) // 2
+    text = json.dumps(doc)
+    cut = text.index(events[whole]) + len(events[whole]) // 2  # halfway through an event
+    (tmp_path / "t.json").write_text(text[:cut])
+    kineto = write_kineto_layout(doc, tmp_path / "k.json").read_text()
+    (tmp_path / "k.json").write_text(kineto[: kineto.index(events[whole]) + len(events[whole]) // 2])
+    one_line, reference = load_trace(tmp_path / "t.json"), load_trace(tmp_path / "k.json")
+    assert len(one_line.gpu) == len(reference.gpu) > 0 and one_line.warnings == reference.warnings
+    assert any("truncated" in w for w in one_line.warnings)
+
+
+def test_json_cut_before_its_events_is_refused(tmp_path, capsys):
     text = json.dumps(decode_loop(steps=3, layers=2))
-    (tmp_path / "t.json").write_text(text[: len(text) // 2])
-    assert_one_line_error(["analyze", str(tmp_path / "t.json")], capsys, "truncated")
+    (tmp_path / "t.json").write_text(text[: text.index('"traceEvents"') + 5])
+    assert_one_line_error(["analyze", str(tmp_path / "t.json")], capsys, "the JSON is truncated")
 
 
 def test_truncated_kineto_layout_is_salvaged_with_a_warning(tmp_path):

@@ -6,16 +6,15 @@ blames (`kv_pool_cast: <kernel>`; findings that blame no kernel get one instant 
 Perfetto or chrome://tracing shows decodegap's boundaries over the kernels.
 
 The original text is streamed through unchanged, chunk by chunk (the input is never modified and never held
-whole): decodegap's events are written right after the `[` that opens `traceEvents`, so only the header has to be
-read before copying starts. Times are the trace's own microseconds: the loader's times are nanoseconds from the
-trace's first event (`Trace.origin_ns`, which includes `baseTimeNanoseconds`), so that base is taken off again."""
+whole): decodegap's events are written right after the `[` that opens `traceEvents`, which the loader's reader
+finds by the JSON's structure in any layout (wherever traceEvents sits among the top-level keys). Times are the
+trace's own microseconds: the loader's times are nanoseconds from the trace's first event (`Trace.origin_ns`, which
+includes `baseTimeNanoseconds` wherever the file wrote it, `Trace.base_ns`), so that base is taken off again."""
 
 from __future__ import annotations
 
 import gzip
-import math
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from decodegap.breakdown.breakdown import infer_layers
 from decodegap.errors import ParameterError, UserError
 from decodegap.ops.kernel_names import short_kernel_name
 from decodegap.steps.repetition import name_classes
-from decodegap.trace.json_events import EVENTS_KEY, HEADER_MAX_BYTES, Unreadable, loads
+from decodegap.trace.json_events import Reader
 from decodegap.trace.read import TruncatedStream, iter_text_chunks
 
 if TYPE_CHECKING:
@@ -39,10 +38,8 @@ if TYPE_CHECKING:
 PID = 0xDEC0DE
 STEPS_TID, FINDINGS_TID = 1, 1000  # overlapping steps (rare) take lanes 2, 3, ...; findings likewise from 1000
 MAX_SPANS_PER_FINDING = 100_000
-TAIL_BYTES = 1 << 20  # where a Kineto trace writes baseTimeNanoseconds when it is not in the header
 MARGIN_NS = 2  # spans of one thread that would touch are kept this far apart (see _nested)
 GZIP_LEVEL = 3  # fast: the overlay is for viewing, not archiving
-_BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(-?[0-9][0-9.eE+-]*)')
 _BLANKS = b" \t\n\r"
 
 
@@ -284,45 +281,6 @@ def event_lines(overlay: Overlay, shift_ns: int) -> list[bytes]:
 
 # --- streaming the original through -----------------------------------------------------------------------------
 
-def _number(value) -> int | None:
-    """baseTimeNanoseconds as the loader reads it: a finite int or float, else none."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    number = int(value)
-    return number if -(1 << 63) <= number < (1 << 63) else None
-
-
-def _base_from_header(head: bytes) -> tuple[bool, int | None]:
-    """(header readable, its baseTimeNanoseconds) from the text before `"traceEvents": [`."""
-    text = head.rstrip(_BLANKS)
-    text = text[:-1] if text.endswith(b",") else text
-    try:
-        header = loads(bytes(text) + b"}")
-    except Unreadable:
-        return False, None
-    return isinstance(header, dict), _number(header.get("baseTimeNanoseconds")) if isinstance(header, dict) else None
-
-
-def _base_from_tail(path: Path) -> int | None:
-    """baseTimeNanoseconds written after the events (the last one in the file's last megabyte of text)."""
-    tail = b""
-    try:
-        for chunk in iter_text_chunks(path):
-            tail = (tail + bytes(chunk))[-TAIL_BYTES:]
-    except TruncatedStream:
-        return None
-    found = list(_BASE_TIME.finditer(tail))
-    if not found:
-        return None
-    try:
-        return _number(float(found[-1].group(1)) if b"." in found[-1].group(1) or b"e" in found[-1].group(1).lower()
-                       else int(found[-1].group(1)))
-    except ValueError:
-        return None
-
-
 def _chunks(path: Path) -> Iterator[bytes]:
     try:
         yield from iter_text_chunks(path)
@@ -332,39 +290,33 @@ def _chunks(path: Path) -> Iterator[bytes]:
 
 def write_annotated(src: Path, dst: Path, rank, findings: list) -> int:
     """Write src's text with decodegap's events for `rank` added to dst (gzip when dst ends in .gz). Returns the
-    number of events added."""
+    number of events added. They go right after the `[` that opens traceEvents, found by the loader's reader
+    whatever the layout (the text before it is copied as it comes)."""
+    lines = event_lines(overlay_of(rank, findings), rank.trace.origin_ns - rank.trace.base_ns)
     chunks = _chunks(src)
-    head = bytearray()
-    for chunk in chunks:
-        head += chunk
-        if head[:1] == b"[" or EVENTS_KEY.search(head) or len(head) > HEADER_MAX_BYTES:
-            break
-    match = EVENTS_KEY.search(head)
-    if head[:1] == b"[":  # a bare event array
-        open_end, base = 1, 0
-    elif match is None:
-        raise UserError(f"{src}: cannot annotate: no traceEvents list in the first "
-                        f"{HEADER_MAX_BYTES >> 20} MB of the trace")
-    else:
-        open_end = match.end()
-        readable, base = _base_from_header(bytes(head[:match.start()]))
-        if base is None:
-            base = (_base_from_tail(src) if readable else None) or 0
-    rest = head[open_end:]
-    while not rest.lstrip(_BLANKS):  # is the original array empty? (its first byte that is not blank says)
-        more = next(chunks, None)
-        if more is None:
-            break
-        rest += more
-    empty = rest.lstrip(_BLANKS)[:1] == b"]"
-    shift_ns = rank.trace.origin_ns - base
-    lines = event_lines(overlay_of(rank, findings), shift_ns)
-    added = b"\n  " + b",\n  ".join(lines) + (b"" if empty else b",")
+    locator = Reader(src, None, locate=True)
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
     try:
         with (gzip.open(tmp, "wb", compresslevel=GZIP_LEVEL) if dst.name.endswith(".gz") else open(tmp, "wb")) as out:
-            out.write(head[:open_end])
-            out.write(added)
+            offset = 0  # of the chunk in the text
+            for chunk in chunks:
+                locator.feed(chunk)
+                if locator.events_at is not None:
+                    split = locator.events_at - offset
+                    out.write(chunk[:split])
+                    rest = chunk[split:]
+                    break
+                out.write(chunk)
+                offset += len(chunk)
+            else:
+                raise UserError(f"{src}: cannot annotate: no traceEvents list in the trace")
+            while not rest.lstrip(_BLANKS):  # is the original list empty? (its first byte that is not blank says)
+                more = next(chunks, None)
+                if more is None:
+                    break
+                rest += more
+            empty = rest.lstrip(_BLANKS)[:1] == b"]"
+            out.write(b"\n  " + b",\n  ".join(lines) + (b"" if empty else b","))
             out.write(rest)
             last = bytes(rest[-64:])
             for chunk in chunks:

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from operator import attrgetter
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from decodegap.errors import UserError
@@ -95,6 +96,36 @@ class _Interner:
         return np.fromiter(map(ids.__getitem__, values), np.int32, len(values))
 
 
+def _kineto_text(raw: bytes) -> bytes:
+    """A JSON text (a launch shape, op shapes or dtypes) written the one way Kineto writes it (`[128, 1, 1]`),
+    whatever the layout it was read in: the same value is the same text, and so one kernel group."""
+    if not raw:
+        return raw
+    try:
+        return msgspec.json.format(msgspec.json.encode(msgspec.json.decode(raw)), indent=0)
+    except (msgspec.DecodeError, msgspec.EncodeError, UnicodeDecodeError, RecursionError, OverflowError):
+        return raw
+
+
+class _TextInterner(_Interner):
+    """JSON texts -> ids by their value: each new text is rewritten by `_kineto_text`, once per distinct text."""
+
+    def __init__(self, first=None) -> None:
+        super().__init__(first)
+        self.seen: dict = {first: 0}  # each text as read -> its id
+
+    def many(self, values: list) -> np.ndarray:
+        seen, ids = self.seen, self.ids
+        for value in dict.fromkeys(values):
+            if value not in seen:
+                text = _kineto_text(value) if value else value
+                if text not in ids:
+                    ids[text] = len(self.values)
+                    self.values.append(text)
+                seen[value] = ids[text]
+        return np.fromiter(map(seen.__getitem__, values), np.int32, len(values))
+
+
 def _column(events: list, attribute: str, dtype) -> np.ndarray:
     """One field of every record as an array; attrgetter + map keep the loop in C. An integer the column's type
     cannot hold (a correlation of 2**64) becomes -1, unknown."""
@@ -144,10 +175,10 @@ class TableBuilder:
 
     def __init__(self) -> None:
         self.names = _Interner()
-        self.shapes = _Interner()
+        self.shapes = _TextInterner(first="")
         self.gpu: list[tuple[np.ndarray, ...]] = []
         self.ops: list[tuple[np.ndarray, ...]] = []
-        self.op_args = _Interner(first=None)  # the distinct Input Dims / Input type texts
+        self.op_args = _TextInterner()  # the distinct Input Dims / Input type texts
         self.op_dims: list[np.ndarray] = []  # ids into op_args, a chunk per batch
         self.op_types: list[np.ndarray] = []
         self.op_collective: dict[int, dict] = {}  # op row -> collective metadata, for the few ops that have it
@@ -256,6 +287,7 @@ class TableBuilder:
              for name, ts, dur, on_gpu in self.annotations),
             key=lambda a: a.ts_ns,
         )
+        base_ns = _as_int(header.baseTimeNanoseconds, 0)
         info = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
         rank, world = _as_int(info.get("rank"), -1), _as_int(info.get("world_size"), -1)
         device_name = next((p["name"] for p in header.deviceProperties or []
@@ -265,7 +297,7 @@ class TableBuilder:
             device_name=device_name, names=self.names.values,
             shapes=[s.decode("utf-8", "replace") if isinstance(s, bytes) else s for s in self.shapes.values],
             gpu=gpu, cpu_ops=cpu_ops, runtime=runtime, annotations=annotations,
-            origin_ns=_as_int(header.baseTimeNanoseconds, 0) + int(round(origin_us * 1000)),
+            origin_ns=base_ns + int(round(origin_us * 1000)), base_ns=base_ns,
             record_meta=header.decodegap_record if isinstance(header.decodegap_record, dict) else None,
             warnings=warnings,
         )
@@ -354,7 +386,7 @@ def load_trace(path: str | Path) -> Trace:
         with _no_gc():
             header, warnings, truncated = decode_trace(path, builder.add)
             trace = builder.finish(path, header, warnings)
-    except MemoryError:  # e.g. a small text of millions of tiny events in a layout that is decoded whole
+    except MemoryError:  # e.g. one event of gigabytes, or damaged text held whole
         raise UserError(f"{path}: the trace does not fit in this machine's memory (capture fewer steps, or set "
                         "DECODEGAP_MAX_TRACE_BYTES lower to be refused earlier)") from None
     if not len(trace.gpu) and not len(trace.cpu_ops.ts_ns) and not trace.annotations:

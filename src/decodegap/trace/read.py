@@ -14,10 +14,11 @@ from decodegap.errors import UserError
 CHUNK_BYTES = 1 << 23
 COMPRESSED_READ_BYTES = 1 << 16
 GZIP_WBITS = zlib.MAX_WBITS | 16
-# Memory per byte of trace text: the streaming decoder keeps only columns (about a sixth of the text), the
-# whole-text fallback for other layouts keeps the text plus its records. Refuse what cannot fit rather than swap.
+# Memory per byte of trace text: the streaming decoder keeps only columns (about a sixth of the text), in every
+# layout. Text that must be held at once (one event that large, or damaged text the decoder cannot cut) is held with
+# its records. Refuse what cannot fit rather than swap.
 STREAMING_TEXT_PER_MEMORY = 4.0
-WHOLE_TEXT_PER_MEMORY = 1 / 2.5
+HELD_TEXT_PER_MEMORY = 1 / 2.5
 # JSON may start with any amount of blank space, but a trace starts with `{` or `[`: a file that is blank this far
 # in is refused at once, instead of after reading gigabytes of spaces.
 LEADING_BLANK_MAX = 1 << 20
@@ -48,8 +49,9 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def text_limit_bytes(streaming: bool = True) -> int | None:
-    """The most trace text this machine can decode: DECODEGAP_MAX_TRACE_BYTES, else from available memory."""
+def text_limit_bytes(held: bool = False) -> int | None:
+    """The most trace text this machine can decode (with `held`: hold at once): DECODEGAP_MAX_TRACE_BYTES, else
+    from available memory."""
     env = os.environ.get("DECODEGAP_MAX_TRACE_BYTES")
     if env:
         try:
@@ -59,7 +61,7 @@ def text_limit_bytes(streaming: bool = True) -> int | None:
     available = available_memory_bytes()
     if available is None:
         return None
-    return int(available * (STREAMING_TEXT_PER_MEMORY if streaming else WHOLE_TEXT_PER_MEMORY))
+    return int(available * (HELD_TEXT_PER_MEMORY if held else STREAMING_TEXT_PER_MEMORY))
 
 
 def too_big(path: Path, size: int, limit: int) -> UserError:

@@ -138,6 +138,7 @@ class Trace:
     warnings: list[str] = field(default_factory=list)
     truncated: str | None = None  # why the file ends early (its JSON or gzip stream is cut), None when whole
     known_until_ns: int | None = None  # in a cut file: how far on the host its launches are known
+    base_ns: int = 0  # the trace's baseTimeNanoseconds (part of origin_ns), 0 when it had none
 
     @property
     def has_gpu(self) -> bool:

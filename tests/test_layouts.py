@@ -1,0 +1,118 @@
+"""Every JSON layout of a trace gives the identical report (issue 21): the committed fixtures re-saved in each layout
+of tests/layouts.py, and the reader's memory flat in a layout that is not Kineto's."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tracemalloc
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+import decodegap
+from decodegap.trace import load_trace, read
+from decodegap.trace.json_events import decode_trace
+from layouts import LAYOUTS, write_layout
+from tracegen import decode_loop
+
+FIXTURES = Path(__file__).parent / "fixtures" / "traces"
+TRACES = sorted(FIXTURES.rglob("*.json.gz")) + [Path(decodegap.EXAMPLE_TRACE)]
+GZIPPED = {"kineto", "minified", "indent2_crlf"}  # the others are written plain
+
+
+@lru_cache(maxsize=1)
+def _doc(path: Path) -> dict:
+    with gzip.open(path, "rb") as f:
+        return json.load(f)
+
+
+def _report(path: Path, example: bool = False) -> dict:
+    # the bundled example is analyzed with its bundled model wherever it lies
+    extra = {"model": decodegap.EXAMPLE_MODEL, "context": 2048} if example else {}
+    d = decodegap.analyze(path, **extra).to_dict()
+    del d["trace"]["path"], d["trace"]["files"]
+    for rank in d["ranks"]:
+        del rank["path"]
+    return d
+
+
+@lru_cache(maxsize=2)
+def _expected(path: Path, bare: bool, tmp: Path) -> dict:
+    """The report of the committed file; for a bare event array, of its events without the metadata."""
+    example = path == TRACES[-1]
+    if not bare:
+        return _report(path, example)
+    return _report(write_layout({"traceEvents": _doc(path)["traceEvents"]}, "kineto", tmp / "bare.expected.json"),
+                   example)
+
+
+@pytest.mark.parametrize(("trace", "layout"), [(t, layout) for t in TRACES for layout in LAYOUTS],
+                         ids=lambda v: v if isinstance(v, str) else v.name.removesuffix(".json.gz"))
+def test_every_layout_gives_the_identical_report(tmp_path_factory, trace, layout):
+    expected = _expected(trace, layout == "bare", tmp_path_factory.getbasetemp())
+    path = tmp_path_factory.mktemp("layout") / f"t.{layout}.json{'.gz' if layout in GZIPPED else ''}"
+    try:
+        assert _report(write_layout(_doc(trace), layout, path), trace == TRACES[-1]) == expected
+    finally:
+        path.unlink(missing_ok=True)  # 16 traces x 8 layouts: keep the disk clear
+
+
+def _peak_bytes(read_it) -> int:
+    tracemalloc.start()
+    try:
+        read_it()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_grows_with_the_columns_not_the_text_in_a_minified_trace(tmp_path, monkeypatch):
+    """4x the events on one line: the reader alone holds no more, and reading into tables grows by what the tables
+    hold (as much as in Kineto's layout), not by the text (which whole-text decoding would hold, and more)."""
+    monkeypatch.setattr(read, "CHUNK_BYTES", 1 << 15)  # many chunks at a test's size
+    paths = {(layout, steps): write_layout(decode_loop(steps=steps, layers=8), layout, tmp_path / f"{layout}{steps}")
+             for layout in ("minified", "kineto") for steps in (60, 240)}
+    small, large = paths["minified", 60], paths["minified", 240]
+    assert large.stat().st_size - small.stat().st_size > 3 << 20
+
+    def reader(path):
+        return lambda: decode_trace(path, lambda batch: None)
+
+    assert _peak_bytes(reader(large)) - _peak_bytes(reader(small)) < read.CHUNK_BYTES
+
+    def tables(layout, steps):
+        return _peak_bytes(lambda: load_trace(paths[layout, steps]))
+
+    grow, grow_kineto = (tables(layout, 240) - tables(layout, 60) for layout in ("minified", "kineto"))
+    assert grow < 1.1 * grow_kineto + (1 << 16), (grow, grow_kineto)
+    assert tables("minified", 240) < 0.75 * large.stat().st_size
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path):
+    """Windows editors may start a UTF-8 file with a byte order mark: the same trace."""
+    doc = decode_loop(steps=3, layers=2)
+    plain = write_layout(doc, "indent2_crlf", tmp_path / "t.json")
+    marked = tmp_path / "bom.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert _report(marked) == _report(plain)
+
+
+@pytest.mark.parametrize("layout", ["kineto", "minified", "lines", "indent2_crlf"])
+@pytest.mark.parametrize("stray", [b'"', b"{", b"}", b"["])
+def test_damage_costs_only_the_events_it_touches(tmp_path, layout, stray):
+    """Stray quotes and brackets mislead the scan (the text is no longer JSON): the reader gets back on track at
+    the next separator, so only the events they land in are lost, and the file is not taken for a cut one."""
+    doc = _doc(FIXTURES / "cast_graph.json.gz")
+    text = bytearray(LAYOUTS[layout](doc).encode())
+    start = text.index(b"traceEvents")
+    for i in range(1, 4):  # the colon after "ph" in three events, a quarter, half and three quarters in
+        at = text.index(b'"ph"', start + (len(text) - start) * i // 4) + 4
+        text[at:at + 1] = stray
+    path = tmp_path / "damaged.json"
+    path.write_bytes(bytes(text))
+    events: list = []
+    _, warnings, truncated = decode_trace(path, events.extend)
+    assert truncated is None
+    assert len(doc["traceEvents"]) - 3 <= len(events) <= len(doc["traceEvents"]), (len(events), warnings)
