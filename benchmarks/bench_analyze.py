@@ -27,7 +27,7 @@ CASES = {
 }
 # analyze --annotate OUT: the same analysis, then the overlay written to OUT (gzip when OUT ends in .gz)
 ANNOTATE = ("from decodegap.pipeline import analyze_path\nfrom decodegap.report.json import render_json\n"
-            "from decodegap.annotate import write_overlay\nimport os, tempfile\n"
+            "from decodegap.report.annotate import write_overlay\nimport os, tempfile\n"
             "report = analyze_path(PATH)\nrender_json(report)\n"
             "out = os.path.join(tempfile.mkdtemp(), {name!r})\nwrite_overlay(report, out)\nos.remove(out)")
 ANNOTATE_CASES = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from decodegap.model import compute_floor, get_gpu, load_model, resolve_quant
+from decodegap.floor import compute_floor, get_gpu, load_model, resolve_quant
 
 CONFIGS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "configs"
 GPT_FAST = "https://github.com/pytorch-labs/gpt-fast (README, Benchmarks)"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from decodegap.annotate import PID
+from decodegap.report.annotate import PID
 from decodegap.api import annotate, run
 from decodegap.cli import main
 from layouts import LAYOUTS, write_layout

@@ -2,7 +2,7 @@
 
 import pytest
 
-from decodegap.categories import CATEGORIES, NAME_HEAD, categorize, categorize_cpu_op, is_backward
+from decodegap.ops.categories import CATEGORIES, NAME_HEAD, categorize, categorize_cpu_op, is_backward
 
 NAMES = [
     # GEMM: cuBLAS(Lt), nvjet, CUTLASS, rocBLAS/hipBLASLt (Tensile Cijk_), Marlin, Inductor templates

@@ -13,7 +13,7 @@ def test_analyze_imports_neither_torch_nor_triton():
         "from decodegap.cli import main\n"
         f"try:\n    main(['analyze', {str(TRACE)!r}, '--format', 'json', '-o', '/dev/null'])\n"
         "except SystemExit:\n    pass\n"
-        "from decodegap import compare, floor_ledger, model\n"
+        "from decodegap import floor\nfrom decodegap.floor import ledger\nfrom decodegap.report import diff\n"
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
         "print('IMPORTED', bad)\n"
     )

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from decodegap.pipeline import analyze_path
 from decodegap.cli import main
-from decodegap.compare import diff_reports, load_report, render_diff
+from decodegap.api import load_report
+from decodegap.report.diff import diff_reports, render_diff
 from decodegap.report.json import render_json
 from tracegen import decode_loop, write
 
@@ -84,7 +85,7 @@ def test_eager_and_graph_replay_match_kernels_by_name():
 
 
 def test_match_kernels_splits_only_groups_of_one_kind():
-    from decodegap.compare import match_kernels
+    from decodegap.report.diff import match_kernels
 
     def group(shapes=None, grid=None, ms=1.0, calls=2.0):
         return {"name": "k", "category": "gemm", "ms_per_step": ms, "calls_per_step": calls,

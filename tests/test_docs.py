@@ -376,11 +376,11 @@ def test_the_floor_validation_table_is_what_its_benchmark_prints():
 
 
 def test_the_floor_library_call_is_the_real_signature():
-    from decodegap.model import compute_floor
+    from decodegap.floor import compute_floor
 
     params = inspect.signature(compute_floor).parameters
     doc = _text(ROOT / "docs" / "floor.md")
-    call = re.search(r"`decodegap\.model\.compute_floor\((.*?)\) -> Floor`", doc, re.S).group(1)
+    call = re.search(r"`decodegap\.floor\.compute_floor\((.*?)\) -> Floor`", doc, re.S).group(1)
     for name in re.findall(r"(\w+)=", call):
         assert name in params, f"docs/floor.md names compute_floor({name}=), which it does not take"
         default = re.search(rf"{name}=([\w.]+)", call)
@@ -529,8 +529,8 @@ def test_the_readme_contract_keys_are_in_the_schema():
 
 def test_the_value_lists_the_schema_doc_gives_are_the_codes():
     from decodegap.analysis import Finding
-    from decodegap.categories import CATEGORIES
-    from decodegap.floor_ledger import MAPPINGS
+    from decodegap.ops.categories import CATEGORIES
+    from decodegap.floor.ledger import MAPPINGS
 
     doc = " ".join(_text(ROOT / "docs" / "report-schema.md").split())
     listed = re.search(r"\(`mapping`: (.*?)\); otherwise `null`", doc).group(1)
@@ -547,6 +547,13 @@ def test_the_diff_keys_the_doc_names_are_in_a_real_diff(capsys, monkeypatch):
                           "tests/fixtures/traces/cast_eager.json.gz", "--fail-if-slower", "5", "--format", "json"],
                          capsys, monkeypatch)
     d = json.loads(out)
+    # and a fix whose finding predicted the step (the prediction is null on the pair above, which got slower)
+    code, out, err = run(["diff", "tests/fixtures/traces/cast_eager.json.gz",
+                          "tests/fixtures/traces/gather_cast_eager.json.gz", "--model",
+                          "tests/fixtures/configs/glm5-demo-rank.json", "--context", "2048", "--format", "json"],
+                         capsys, monkeypatch)
+    fixed = json.loads(out)
+    assert fixed["predicted"] is not None
     doc = _text(ROOT / "docs" / "report-schema.md").split("prints schema `decodegap.diff/1`", 1)[1]
     doc = doc.split("The JSON Schema of the report", 1)[0]
 
@@ -557,7 +564,7 @@ def test_the_diff_keys_the_doc_names_are_in_a_real_diff(capsys, monkeypatch):
             return {k for v in value for k in keys_of(v)}
         return set()
 
-    real = keys_of(d)
+    real = keys_of(d) | keys_of(fixed)
     braced: set[str] = set()
 
     def flat(n) -> set[str]:
@@ -570,7 +577,7 @@ def test_the_diff_keys_the_doc_names_are_in_a_real_diff(capsys, monkeypatch):
     assert not braced - real, f"the diff doc names keys a diff has not: {braced - real}"
     assert not real - named, f"keys of a diff the doc does not name: {real - named}"
     statuses = set(re.search(r"status: ([\w|]+)", doc).group(1).split("|"))
-    from decodegap import compare
+    from decodegap.report import diff as compare
 
     emitted = set(re.findall(r'"(\w+)"', inspect.getsource(compare._kernel_row))) & {
         "new", "gone", "same", "faster", "slower", "kept"}
@@ -665,7 +672,8 @@ def test_the_findings_table_states_the_detectors_thresholds():
 
 
 def test_the_constants_the_readme_states_are_the_codes():
-    from decodegap import annotate, categories
+    from decodegap.report import annotate
+    from decodegap.ops import categories
     from decodegap.report import progress, text
 
     readme = " ".join(_text(ROOT / "README.md").split())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from decodegap.pipeline import AnalysisOptions, analyze_path
-from decodegap.floor_ledger import prepare_model_options
+from decodegap.floor.ledger import prepare_model_options
 from decodegap.report.json import report_dict
 from tracegen import decode_loop, write
 
@@ -68,9 +68,8 @@ def test_profiler_cross_check():
 
 
 def test_kv_pool_cast_with_model_matches_the_latent_width():
-    options = AnalysisOptions()
-    prepare_model_options(options, FIXTURES / "configs" / "deepseek-v3.json", None, None, None, "h200", 8, 1, 2048,
-                          None)
+    options = prepare_model_options(AnalysisOptions(), FIXTURES / "configs" / "deepseek-v3.json", None, None, None,
+                                    "h200", 8, 1, 2048, None)
     report = analyze_path(CAST, options)
     cast = report.findings[0]
     assert cast.id == "kv_pool_cast"
@@ -85,9 +84,8 @@ def test_kv_pool_cast_with_model_matches_the_latent_width():
 
 
 def test_kv_pool_cast_silent_for_a_model_with_another_kv_width():
-    options = AnalysisOptions()
-    prepare_model_options(options, FIXTURES / "configs" / "llama-3.1-8b.json", None, None, None, None, 1, 1, None,
-                          None)
+    options = prepare_model_options(AnalysisOptions(), FIXTURES / "configs" / "llama-3.1-8b.json", None, None, None,
+                                    None, 1, 1, None, None)
     assert "kv_pool_cast" not in _ids(analyze_path(CAST, options))
 
 
@@ -117,9 +115,8 @@ def test_kv_pool_cast_under_cuda_graph_from_launch_shape(tmp_path):
 
 
 def test_kv_pool_cast_under_cuda_graph_with_model_finds_the_pool(tmp_path):
-    options = AnalysisOptions()
-    prepare_model_options(options, FIXTURES / "configs" / "deepseek-v3.json", None, None, None, None, 1, 1, 2048,
-                          None)
+    options = prepare_model_options(AnalysisOptions(), FIXTURES / "configs" / "deepseek-v3.json", None, None, None,
+                                    None, 1, 1, 2048, None)
     cast = analyze_path(_graph_cast_trace(tmp_path), options).findings[0]
     assert cast.evidence["pool_slots"] == 495552 and cast.evidence["row_elements"] == 576
     assert cast.evidence["matches_model_kv_width"] is True
@@ -180,11 +177,11 @@ def test_weight_copy_fires_on_weight_shaped_copies_and_checks_them_against_the_m
     f = next(f for f in analyze_path(path).findings if f.id == "weight_copy")
     assert f.evidence["groups"][0]["weight_shape"] == [4096, 4096] and "layout" in f.fix
     assert "experts" not in f.fix.split(":")[0]
-    llama = AnalysisOptions()
-    prepare_model_options(llama, FIXTURES / "configs" / "llama-3.1-8b.json", None, None, None, None, 1, 1, None, None)
+    llama = prepare_model_options(AnalysisOptions(), FIXTURES / "configs" / "llama-3.1-8b.json", None, None, None,
+                                  None, 1, 1, None, None)
     assert "weight_copy" in _ids(analyze_path(path, llama))  # 4096 is Llama-3.1-8B's hidden size
-    qwen = AnalysisOptions()
-    prepare_model_options(qwen, FIXTURES / "configs" / "qwen2.5-0.5b.json", None, None, None, None, 1, 1, None, None)
+    qwen = prepare_model_options(AnalysisOptions(), FIXTURES / "configs" / "qwen2.5-0.5b.json", None, None, None,
+                                 None, 1, 1, None, None)
     assert "weight_copy" not in _ids(analyze_path(path, qwen))  # no Qwen2.5-0.5B weight is 4096 x 4096
 
 
@@ -240,7 +237,7 @@ def test_detectors_silent_on_other_projects_traces():
 
 def test_training_trace_categories_and_backward_kernels():
     # over every GPU kernel of the trace (a training trace has no decode step to break down)
-    from decodegap.categories import categorize, is_backward
+    from decodegap.ops.categories import categorize, is_backward
     from decodegap.trace import load_trace
 
     trace = load_trace(OTHER_PROJECTS[2])

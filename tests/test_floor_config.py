@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from decodegap.errors import UserError
-from decodegap.model import geometry_from_dict, load_model
+from decodegap.floor import geometry_from_dict, load_model
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 

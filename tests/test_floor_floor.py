@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from decodegap.errors import UserError
-from decodegap.model import compute_floor, expected_distinct_experts, get_gpu, load_model, resolve_quant
+from decodegap.floor import compute_floor, expected_distinct_experts, get_gpu, load_model, resolve_quant
 from decodegap.report.floor import render
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -122,11 +122,11 @@ def test_fp4_compute_rate_used_where_the_gpu_has_it():
 
 def test_replicated_weights_shown_apart():
     f = floor_for("glm-5-nvfp4", "rtx-pro-6000", tp=8, context=8192, allreduce_us=0)
-    assert "self_attn.kv_a_proj_with_mqa" in f.replicated.modules and f.replicated.extra_ms > 1.0
+    assert "self_attn.kv_a_proj_with_mqa" in f.replicated_weights.modules and f.replicated_weights.extra_ms > 1.0
     assert f.floor_ms == pytest.approx(sum(c.ms for c in f.components))
     llama = floor_for("llama-3.1-8b.json", "h100", tp=16, context=0)  # 16 ranks > 8 KV heads
-    assert "self_attn.k_proj" in llama.replicated.modules
-    assert floor_for("llama-3.1-8b.json", "h100", tp=1).replicated.modules == ()
+    assert "self_attn.k_proj" in llama.replicated_weights.modules
+    assert floor_for("llama-3.1-8b.json", "h100", tp=1).replicated_weights.modules == ()
 
 
 def test_json_contract():
@@ -135,7 +135,7 @@ def test_json_contract():
     assert data["floor_ms"] == pytest.approx(f.floor_ms) and data["tokens_per_s"] == pytest.approx(
         f.tokens_per_s, 1e-3
     )
-    assert data["params"]["total"] == f.params_total and data["params"]["active"] == f.params_active
+    assert data["params"]["total"] == f.params.total and data["params"]["active"] == f.params.active
     component = data["components"][0]
     for key in ("name", "bytes_per_gpu", "flops_per_gpu", "memory_ms", "compute_ms", "ms", "bound"):
         assert key in component

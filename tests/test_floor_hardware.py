@@ -3,7 +3,7 @@
 import pytest
 
 from decodegap.errors import UserError
-from decodegap.model import GPUS, get_gpu, resolve_gpu
+from decodegap.floor import GPUS, get_gpu, resolve_gpu
 
 REQUIRED = ("h100", "h200", "b200", "a100", "l40s", "rtx-pro-6000", "mi300x")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from decodegap.errors import UserError
-from decodegap.model import compute_floor, get_gpu, load_model, resolve_quant
+from decodegap.floor import compute_floor, get_gpu, load_model, resolve_quant
 from clitool import run_cli
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -103,10 +103,10 @@ def _floor(config, gpu, tp=1, weights=None):
 def test_weights_that_do_not_fit_are_warned_about(capsys):
     # DeepSeek-V3 (671B, FP8) on one 80 GB H100; Qwen3-30B-A3B in BF16 (61 GB) on a 48 GB L40S
     ds = _floor("deepseek-v3.json", "h100")
-    assert ds.fits_in_memory is False and ds.stored_weight_bytes_per_gpu == pytest.approx(672e9, rel=0.01)
+    assert ds.memory_per_gpu.fits is False and ds.memory_per_gpu.weights_bytes == pytest.approx(672e9, rel=0.01)
     assert any("does not fit" in w for w in ds.warnings)
     qwen = _floor("qwen3-30b-a3b.json", "l40s", weights="bf16")
-    assert qwen.fits_in_memory is False and qwen.stored_weight_bytes_per_gpu == pytest.approx(61.1e9, rel=0.01)
+    assert qwen.memory_per_gpu.fits is False and qwen.memory_per_gpu.weights_bytes == pytest.approx(61.1e9, rel=0.01)
     assert qwen.to_dict()["warnings"] and qwen.to_dict()["memory_per_gpu"]["fits"] is False
     code, out, _ = run_cli(["floor", "--model", str(CONFIGS / "qwen3-30b-a3b.json"), "--gpu", "l40s"], capsys)
     assert code == 0 and "warning: does not fit" in out
@@ -117,13 +117,13 @@ def test_weights_that_do_not_fit_are_warned_about(capsys):
 
 def test_weights_that_fit_are_not_warned_about():
     assert _floor("llama-3.1-8b.json", "h100").warnings == ()
-    assert _floor("deepseek-v3.json", "h200", tp=8).fits_in_memory is True  # 84 GB per GPU of 141
+    assert _floor("deepseek-v3.json", "h200", tp=8).memory_per_gpu.fits is True  # 84 GB per GPU of 141
     assert _floor("qwen3-30b-a3b.json", "l40s", tp=2).warnings == ()
 
 
 def test_the_floor_never_divides_by_a_zero_geometry():
     with pytest.raises(UserError, match="num_attention_heads"):
-        from decodegap.model import geometry_from_dict
+        from decodegap.floor import geometry_from_dict
 
         geometry_from_dict({**LLAMA, "num_attention_heads": 0})
 

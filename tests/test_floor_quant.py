@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from decodegap.errors import UserError
-from decodegap.model import (
+from decodegap.floor import (
     WEIGHT_FORMATS,
     load_model,
     load_quant,
@@ -14,7 +14,7 @@ from decodegap.model import (
     weight_format,
     with_overrides,
 )
-from decodegap.model.config import read_config_json
+from decodegap.floor.config import read_config_json
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 COMPONENTS = ("attention", "indexer", "dense_mlp", "experts", "shared_experts", "lm_head")
@@ -124,7 +124,7 @@ def test_unquantized_default_and_overrides():
 
 
 def test_gptq_and_awq_configs():
-    from decodegap.model.quant import scheme_from_quantization_config
+    from decodegap.floor.quant import scheme_from_quantization_config
 
     q = scheme_from_quantization_config({"quant_method": "gptq", "bits": 4, "group_size": 128}, "c")
     assert q.weights.bits_per_weight == pytest.approx(4 + 20 / 128)

@@ -12,8 +12,8 @@ from decodegap.pipeline import AnalysisOptions, analyze_path
 from decodegap.cli import main
 from decodegap.commands.analyze import example_path
 from decodegap.demo.config import FULL
-from decodegap.floor_ledger import _decompose, attach_floor_from_trace, prepare_model_options
-from decodegap.model import load_model
+from decodegap.floor.ledger import _decompose, prepare_model_options
+from decodegap.floor import load_model
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 DEMO_RANK = CONFIGS / "glm5-demo-rank.json"  # the model the bundled example really ran: one TP-8 rank of GLM-5
@@ -21,11 +21,8 @@ CAST = Path(__file__).parent / "fixtures" / "traces" / "mla_cast_eager_2steps.js
 
 
 def _report(trace, config, gpu="h200", tp=1, context=2048):
-    options = AnalysisOptions()
-    request = prepare_model_options(options, config, None, None, None, gpu, tp, 1, context, None)
-    report = analyze_path(trace, options)
-    attach_floor_from_trace(report, request)
-    return report
+    options = prepare_model_options(AnalysisOptions(), config, None, None, None, gpu, tp, 1, context, None)
+    return analyze_path(trace, options)  # without a GPU, the floor for the one the trace names
 
 
 def test_demo_rank_config_is_the_demo_geometry():
@@ -42,27 +39,27 @@ def test_example_every_big_floor_component_is_matched_and_none_beats_its_floor()
     # plain GEMMs (bmm) under CUDA-graph replay: no op names, no shapes, only calls per step.
     report = _report(example_path(), DEMO_RANK)
     gap = report.gap
-    floor = report.options.floor
+    floor = report.floor
     big = [c.name for c in floor.components if c.ms >= 0.5]
     assert set(big) == {"attention_weights", "experts"}
-    rows = [r for r in gap["rows"] if r["components"]]
-    from decodegap.floor_ledger import COMPONENT_OF
+    rows = [r for r in gap.rows if r.components]
+    from decodegap.floor.ledger import COMPONENT_OF
 
     for name in big:
-        row = next(r for r in rows if COMPONENT_OF[name] in r["components"])
-        assert row["measured_ms"] > row["floor_ms"] > 0.5
-        assert row["mapping"] == "coarse"
-    assert not any(r["beats_floor"] for r in gap["rows"])
-    assert gap["warnings"] == []
-    experts = next(r for r in rows if "experts" in r["components"])
-    assert experts["measured_ms"] == pytest.approx(2.24, abs=0.05)  # 75-per-step GEMMs (+ their share of 153)
+        row = next(r for r in rows if COMPONENT_OF[name] in r.components)
+        assert row.measured_ms > row.floor_ms > 0.5
+        assert row.mapping == "coarse"
+    assert not any(r.beats_floor for r in gap.rows)
+    assert gap.warnings == []
+    experts = next(r for r in rows if "experts" in r.components)
+    assert experts.measured_ms == pytest.approx(2.24, abs=0.05)  # 75-per-step GEMMs (+ their share of 153)
 
 
 def test_a_floor_the_trace_beats_is_flagged():
     # the example is one rank of 8; against the whole GLM-5 on one GPU its GEMMs take less than the floor allows
     report = _report(example_path(), CONFIGS / "glm-5-nvfp4" / "config.json", tp=1)
-    beaten = [r for r in report.gap["rows"] if r["beats_floor"]]
-    assert beaten and all(r["measured_ms"] < r["floor_ms"] for r in beaten)
+    beaten = [r for r in report.gap.rows if r.beats_floor]
+    assert beaten and all(r.measured_ms < r.floor_ms for r in beaten)
     ledger_warnings = [w for w in report.warnings if w.startswith("gap ledger:")]
     assert len(ledger_warnings) == len(beaten) and "below its floor" in ledger_warnings[0]
     assert any("does not fit" in w for w in report.warnings)  # 744B in BF16 on one H200
@@ -70,15 +67,15 @@ def test_a_floor_the_trace_beats_is_flagged():
 
 def test_shapes_place_lm_head_and_experts_in_eager_traces():
     report = _report(CAST, DEMO_RANK)
-    rows = {tuple(r["components"]): r for r in report.gap["rows"]}
-    assert rows[("lm_head",)]["mapping"] == "shape" and rows[("lm_head",)]["measured_ms"] > 0.05
-    assert rows[("experts",)]["mapping"] == "shape" and rows[("experts",)]["measured_ms"] > 1.0
+    rows = {tuple(r.components): r for r in report.gap.rows}
+    assert rows[("lm_head",)].mapping == "shape" and rows[("lm_head",)].measured_ms > 0.05
+    assert rows[("experts",)].mapping == "shape" and rows[("experts",)].measured_ms > 1.0
 
 
 def test_a_single_rank_trace_has_no_all_reduce_and_says_so():
     report = _report(example_path(), DEMO_RANK, tp=8)
-    row = next(r for r in report.gap["rows"] if r["components"] == ["allreduce"])
-    assert row["measured_ms"] == 0 and row["beats_floor"]
+    row = next(r for r in report.gap.rows if r.components == ["allreduce"])
+    assert row.measured_ms == 0 and row.beats_floor
     assert any("no collectives" in w for w in report.warnings)
 
 
@@ -122,7 +119,7 @@ def test_no_gpu_in_the_trace_gives_a_warning_not_a_floor(tmp_path):
         report = _report(write(doc, tmp_path / "t.json"), CONFIGS / "llama-3.1-8b.json", gpu=None)
         assert report.gap is None and any(says in w for w in report.warnings)
     doc = decode_loop(steps=3, layers=4)  # NVIDIA H200 in its deviceProperties
-    assert _report(write(doc, tmp_path / "h.json"), CONFIGS / "llama-3.1-8b.json", gpu=None).gap["gpu"] == "h200"
+    assert _report(write(doc, tmp_path / "h.json"), CONFIGS / "llama-3.1-8b.json", gpu=None).gap.gpu == "h200"
 
 
 def test_a_cpu_only_trace_gets_no_ledger(tmp_path):
@@ -131,7 +128,7 @@ def test_a_cpu_only_trace_gets_no_ledger(tmp_path):
     doc = decode_loop(steps=3, layers=4, markers="cpu")
     doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in ("kernel", "gpu_user_annotation")]
     report = _report(write(doc, tmp_path / "cpu.json"), CONFIGS / "llama-3.1-8b.json", gpu="h100")
-    assert report.gap is None and report.floor_dict is not None
+    assert report.gap is None and report.floor is not None
     assert any("no gap ledger" in w for w in report.warnings)
 
 
@@ -143,8 +140,8 @@ def test_the_launching_op_places_a_plain_gemm(tmp_path):
         if e.get("cat") == "cpu_op" and e["name"] == "aten::mm":
             e["name"] = "aten::_grouped_mm"
     report = _report(write(doc, tmp_path / "g.json"), CONFIGS / "qwen3-30b-a3b.json", gpu="h200", context=None)
-    experts = next(r for r in report.gap["rows"] if "experts" in r["components"])
-    assert experts["mapping"] == "op" and experts["measured_ms"] > 0
+    experts = next(r for r in report.gap.rows if "experts" in r.components)
+    assert experts.mapping == "op" and experts.measured_ms > 0
 
 
 def test_bundled_example_config_is_the_rank_it_ran():
@@ -152,7 +149,7 @@ def test_bundled_example_config_is_the_rank_it_ran():
     ex = json.loads(example_path("example_model_config.json").read_text())
     assert ex == json.loads(DEMO_RANK.read_text())
     report = _report(example_path(), example_path("example_model_config.json"), tp=1)
-    assert not [r for r in report.gap["rows"] if r["beats_floor"]]
+    assert not [r for r in report.gap.rows if r.beats_floor]
 
 
 def test_the_floor_and_the_ledger_show_one_value(capsys):

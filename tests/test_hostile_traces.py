@@ -8,14 +8,15 @@ import json
 import re
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from decodegap.findings.base import Finding
+from decodegap.findings.records import make_finding
 from decodegap.pipeline import AnalysisOptions, analyze_path
 from decodegap.errors import UserError
-from decodegap.kernel_names import short_kernel_name
+from decodegap.ops.kernel_names import short_kernel_name
 from decodegap.report.json import render_json, report_dict
 from decodegap.trace import load_trace
 from hostile import assert_one_line, assert_sane_report, fixture_text, run_cli_measured, strict_json
@@ -155,7 +156,7 @@ def test_short_kernel_name_results_unchanged():
 
 
 def test_categorize_is_fast_on_a_huge_name():
-    from decodegap.categories import categorize
+    from decodegap.ops.categories import categorize
 
     t0 = time.perf_counter()
     categorize("void k<" + "aiter" * 4_000 + ">")
@@ -345,7 +346,8 @@ def test_json_output_is_strict_json_even_with_nan_inside(tmp_path):
     path = write(decode_loop(steps=3, layers=2), tmp_path / "t.json")
     report = analyze_path(path, AnalysisOptions(tpot_ms=float("nan")))  # past the CLI check: a library caller
     report.main.breakdown.gpu_ms_per_step = float("inf")
-    report.findings[:0] = [Finding("host_bound", "t", 1.0, 0.5, {"idle_ms_per_step": float("nan")})]
+    nan_finding = make_finding("host_bound", "t", 1.0, 0.5, {"idle_ms_per_step": float("nan")}, "")
+    report = replace(report, findings=(nan_finding, *report.findings))  # the Report is frozen: a new one
     d = strict_json(render_json(report))
     assert d["gpu_ms_per_step"] is None and d["findings"][0]["evidence"]["idle_ms_per_step"] is None
 

@@ -125,7 +125,7 @@ def test_every_parameter_an_error_names_is_a_flag_of_the_command_line():
 
     from decodegap.cli import COMMAND_MODULES
     from decodegap.commands import FLAGS
-    from decodegap.model.floor import COUNTS
+    from decodegap.floor.floor import COUNTS
 
     names = set(COUNTS) | {"model", "quant", "weights", "kv", "gpu", "tpot_ms", "allreduce_us", "bandwidth_gbps",
                            "tflops"}  # the ones passed as **{name: value}
@@ -232,7 +232,7 @@ def test_malformed_json_is_called_malformed(tmp_path, capsys):
 def test_a_cpu_only_trace_without_shapes_says_what_it_loses(tmp_path):
     # issue 24: `record` of a CPU-only program without --record-shapes (its default) counts the demo's ops by name
     # alone: 8 layers for its 4, and no kv_pool_cast. The report says so and names the flag.
-    from decodegap.profiler_check import NO_SHAPES_WARNING
+    from decodegap.findings.profiler_check import NO_SHAPES_WARNING
 
     doc = decode_loop(steps=3, layers=2)
     doc["traceEvents"] = [e for e in doc["traceEvents"] if e["cat"] in ("cpu_op", "user_annotation")]

@@ -12,7 +12,7 @@ import pytest
 from decodegap.pipeline import analyze_path
 from decodegap.cli import main
 from decodegap.report.json import report_dict
-from decodegap.step_marks import parse_mark
+from decodegap.steps.marks import parse_mark
 from decodegap.trace.tables import Annotation
 from tracegen import decode_loop, engine_forwards, write
 

@@ -10,6 +10,7 @@ import filecmp
 import math
 import numbers
 import os
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -70,58 +71,59 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
         context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None,
         jobs: int | None = None, ray=None):
     """The pipeline's own report (decodegap.pipeline.Report): what the views and detectors read."""
-    from decodegap.floor_ledger import DEFAULT_CONTEXT
-    from decodegap.model.floor import check_counts
-    from decodegap.pipeline import AnalysisOptions, analyze_path
+    from decodegap.pipeline import analyze_path
 
     if not isinstance(path, (str, os.PathLike)):
         raise ParameterError("{path}: give the trace's path (a str or pathlib.Path)", path=path)
     path = Path(path)
-    _check_parameters(model, quant, weights, kv, gpu, tpot_ms, allreduce_us, jobs)
-    check_counts(tp=tp, batch=1 if batch is None else batch, context=context)
-    model_given = model is not None  # the example's own config does not switch the floor on by itself
-    assumed = []  # what was taken where the caller gave nothing, and why: stated in the report
-    if is_example(path):
-        if model is None:
-            model = EXAMPLE_MODEL
-            assumed.append({"name": "model", "value": EXAMPLE_MODEL.name,
-                            "reason": "the bundled example's own config (this trace is that example, recognised by "
-                                      "its content)"})
-        if context is None:
-            context = EXAMPLE_CONTEXT
-            assumed.append({"name": "context", "value": EXAMPLE_CONTEXT,
-                            "reason": "the bundled example's active KV tokens per sequence"})
-    batch_given = batch is not None
-    batch = DEFAULT_BATCH if batch is None else batch
-    options = AnalysisOptions(tpot_ms=tpot_ms)
-    floor_request = None
-    if model is not None or gpu is not None:
-        from decodegap.floor_ledger import prepare_model_options
-
-        floor_request = prepare_model_options(options, Path(model) if model is not None else None,
-                                              Path(quant) if quant is not None else None, weights, kv, gpu, tp,
-                                              batch, context, allreduce_us)
+    options = _options(path, model, quant, weights, kv, gpu, tp, batch, context, tpot_ms, allreduce_us, jobs)
     try:
-        report = analyze_path(path, options, jobs=jobs, ray=_ray_address(ray))
+        return analyze_path(path, options, jobs=jobs, ray=_ray_address(ray))
     except ParameterError:
         raise
     except UserError as exc:
-        from decodegap.model.config import named_for_what_it_is
+        from decodegap.floor.config import named_for_what_it_is
 
         raise named_for_what_it_is(path, exc) from None
-    if floor_request is not None and model_given:  # a model but no GPU: the GPU the trace names
-        from decodegap.floor_ledger import attach_floor_from_trace
 
-        attach_floor_from_trace(report, floor_request)
-    if report.options.floor is not None:
+
+def _options(path: Path, model, quant, weights, kv, gpu, tp, batch, context, tpot_ms, allreduce_us, jobs):
+    """The run's options, assembled once: the parameters checked, the model and floor prepared, and what is
+    assumed where the caller gave nothing (the bundled example's config and context; the floor's defaults)."""
+    from decodegap.floor.ledger import DEFAULT_CONTEXT, prepare_model_options
+    from decodegap.floor.floor import check_counts
+    from decodegap.pipeline import AnalysisOptions, Assumed
+
+    _check_parameters(model, quant, weights, kv, gpu, tpot_ms, allreduce_us, jobs)
+    check_counts(tp=tp, batch=1 if batch is None else batch, context=context)
+    model_given = model is not None  # the example's own config does not switch the floor on by itself
+    assumed = []
+    if is_example(path):
+        if model is None:
+            model = EXAMPLE_MODEL
+            assumed.append(Assumed(name="model", value=EXAMPLE_MODEL.name,
+                                   reason="the bundled example's own config (this trace is that example, recognised "
+                                          "by its content)"))
         if context is None:
-            assumed.append({"name": "context", "value": DEFAULT_CONTEXT,
-                            "reason": "the floor's default (the trace does not say how many KV tokens a sequence "
-                                      "holds)"})
-        if not batch_given:
-            assumed.append({"name": "batch", "value": DEFAULT_BATCH, "reason": "the floor's default"})
-    report.assumed = assumed
-    return report
+            context = EXAMPLE_CONTEXT
+            assumed.append(Assumed(name="context", value=EXAMPLE_CONTEXT,
+                                   reason="the bundled example's active KV tokens per sequence"))
+    floor_assumed = []  # stated when the run has a floor
+    if context is None:
+        floor_assumed.append(Assumed(name="context", value=DEFAULT_CONTEXT,
+                                     reason="the floor's default (the trace does not say how many KV tokens a "
+                                            "sequence holds)"))
+    if batch is None:
+        floor_assumed.append(Assumed(name="batch", value=DEFAULT_BATCH, reason="the floor's default"))
+    options = AnalysisOptions(tpot_ms=tpot_ms, assumed=tuple(assumed), floor_assumed=tuple(floor_assumed))
+    if model is None and gpu is None:
+        return options
+    options = prepare_model_options(options, Path(model) if model is not None else None,
+                                    Path(quant) if quant is not None else None, weights, kv, gpu, tp,
+                                    DEFAULT_BATCH if batch is None else batch, context, allreduce_us)
+    if not model_given:  # the floor only with a model the caller named
+        options = replace(options, floor_request=None)
+    return options
 
 
 def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1,
@@ -153,15 +155,32 @@ def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp
                      context=context, tpot_ms=tpot_ms, allreduce_us=allreduce_us, jobs=jobs, ray=ray))
 
 
-def diff(before, after) -> dict:
+def diff(before, after, *, model=None, batch: int | None = None, context: int | None = None) -> dict:
     """Two profiles side by side (each an Analysis, a saved report, a trace or a folder): step time, categories,
-    kernel groups new/gone/faster/slower, findings gone/kept/new. Returns the `decodegap.diff/1` dict."""
-    from decodegap.compare import diff_reports, load_report
+    kernel groups new/gone/faster/slower, findings gone/kept/new, and the step BEFORE's findings predict once those
+    gone are fixed beside the one AFTER measured (`predicted`). `model`, `batch`, `context`: as for `analyze`, for
+    the sides that are traces. Returns the `decodegap.diff/1` dict."""
+    from decodegap.report.diff import diff_reports
 
     def as_dict(side) -> dict:
-        return side.to_dict() if isinstance(side, Analysis) else load_report(Path(side))
+        if isinstance(side, Analysis):
+            return side.to_dict()
+        return load_report(Path(side), model=model, batch=batch, context=context)
 
     return diff_reports(as_dict(before), as_dict(after))
+
+
+def load_report(path: Path, tpot_ms: float | None = None, *, model=None, batch: int | None = None,
+                context: int | None = None) -> dict:
+    """A report dict (`decodegap.report/1`) from a trace, a folder of traces, or a saved `analyze --format json`
+    report. `model`, `batch`, `context`: as for `analyze`, for a trace (they size the active KV that the findings'
+    estimates need); a saved report keeps what it was analyzed with."""
+    from decodegap.report.diff import saved_report
+
+    saved = saved_report(path)
+    if saved is not None:
+        return saved
+    return build(run(path, model=model, batch=batch, context=context, tpot_ms=tpot_ms)).to_dict()
 
 
 def annotate(path, out, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1,
@@ -171,7 +190,7 @@ def annotate(path, out, *, model=None, quant=None, weights=None, kv=None, gpu=No
     step, per layer inside it, and per kernel a finding blames, on a `decodegap` process track; gzip when `out`
     ends in .gz). A folder of traces gives a folder `out` with each rank's file. Returns the files written; the
     input is never modified. Arguments as for `analyze`."""
-    from decodegap.annotate import check_target, write_overlay
+    from decodegap.report.annotate import check_target, write_overlay
 
     if not isinstance(out, (str, os.PathLike)):
         raise ParameterError("{out}: give the annotated trace's path (a str or pathlib.Path)", out=out)

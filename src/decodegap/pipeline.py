@@ -3,27 +3,32 @@ cross-rank analysis (slowest rank, stragglers, collectives) on the ranks' summar
 
 A rank is analyzed where its trace is loaded (in this process, a worker process with `jobs`, or a Ray task with
 `ray`) and comes back as a `RankSummary`: small and picklable, no event tables. Everything after that reads only
-summaries, so `jobs=1`, `jobs=N` and Ray give the same report."""
+summaries, so `jobs=1`, `jobs=N` and Ray give the same report.
+
+The stage after findings/ and floor/; may import them and every stage below, never analysis or the views."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import repeat
 from pathlib import Path
 
 import numpy as np
 
-from decodegap.breakdown import Breakdown, compute_breakdown
+from decodegap.breakdown.breakdown import Breakdown, compute_breakdown
 from decodegap.errors import ParameterError, UserError
-from decodegap.findings.base import Finding
-from decodegap.steps import Steps, find_steps
+from decodegap.findings.records import AnyFinding, BestCase
+from decodegap.floor.ledger import FloorRequest, GapLedger
+from decodegap.floor.floor import Floor
+from decodegap.findings.profiler_check import ProfilerCheck, profiler_check, recording_warnings
+from decodegap.records import Struct
+from decodegap.breakdown.rows import LayerRow, StepRow, layer_rows, step_rows
+from decodegap.steps.steps import Steps, find_steps
 from decodegap.trace import Trace, load_trace
 from decodegap.trace.link import link
 from decodegap.trace.load import find_trace_files, rank_from_filename
 from decodegap.trace.read import NotATrace, available_memory_bytes
-from decodegap.profiler_check import recording_warnings
-from decodegap.rounding import rounded as _r
 
 # What a worker's peak memory is per byte of trace text (measured: benchmarks/bench_scale.py), plus the interpreter
 # and its libraries: sizes the default number of parallel workers so that they fit in memory together.
@@ -42,20 +47,21 @@ class TraceMeta:
     device_name: str | None
     has_gpu: bool
     record_meta: dict | None  # what `decodegap record` stored (unprofiled step time, ...)
-    warnings: list[str] = field(default_factory=list)  # the loader's
+    truncated: bool = False  # the file ends early (its JSON or gzip stream is cut)
+    warnings: tuple[str, ...] = ()  # the loader's
 
 
-@dataclass
+@dataclass(frozen=True)
 class RankSummary:
     """One rank, analyzed: what leaves its worker. Steps keep their times and labels but not their GPU rows."""
 
     trace: TraceMeta
     steps: Steps
     breakdown: Breakdown
-    findings: dict[str, list[Finding]]  # the per-rank detectors', by detector
-    warnings: list[str]  # steps' and sanity warnings (without the rank prefix)
-    step_rows: list[dict]  # Analysis.step_rows of this rank
-    layer_rows: list[dict]  # Analysis.layer_rows of this rank
+    findings: dict[str, list[AnyFinding]]  # the per-rank detectors', by detector
+    warnings: tuple[str, ...]  # steps' and sanity warnings (without the rank prefix)
+    step_rows: tuple[StepRow, ...]  # Analysis.step_rows of this rank
+    layer_rows: tuple[LayerRow, ...]  # Analysis.layer_rows of this rank
 
     @property
     def rank(self) -> int:
@@ -65,33 +71,60 @@ class RankSummary:
         return sum(c.ms_per_step for c in self.breakdown.categories if c.name == "collective")
 
 
-@dataclass
+class Assumed(Struct):
+    """A value the run took where the caller gave none (the model config of the bundled example, the floor's
+    context or batch), and why."""
+
+    name: str  # model | context | batch
+    value: int | str
+    reason: str
+
+
+@dataclass(frozen=True)
 class AnalysisOptions:
+    """What the caller said about the run, assembled once before the trace is read (decodegap.api.run)."""
+
     tpot_ms: float | None = None  # time per output token measured without the profiler
-    model: object | None = None  # decodegap.model.ModelGeometry when --model is given
-    floor: object | None = None  # decodegap.model.floor.Floor when --gpu is given too
+    model: object | None = None  # decodegap.model.ModelGeometry when a model config is given
+    floor: Floor | None = None  # with the model and a GPU
+    floor_request: FloorRequest | None = None  # with the model but no GPU: the floor for the trace's GPU
     active_tokens: int | None = None  # batch x context, when given: the KV a step really reads
+    assumed: tuple[Assumed, ...] = ()  # what was taken where the caller gave nothing
+    floor_assumed: tuple[Assumed, ...] = ()  # likewise, stated only when the run has a floor (its defaults)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
+    """The pipeline's result, assembled once: the ranks' summaries, the findings, the floor and its ledger, and
+    every warning, in one order. decodegap.analysis.build makes the Analysis of it."""
+
     path: Path
-    ranks: list[RankSummary]
+    ranks: tuple[RankSummary, ...]
     options: AnalysisOptions
-    findings: list = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    floor_dict: dict | None = None  # the floor (JSON form) when --model and --gpu were given
-    gap: dict | None = None  # the gap ledger, likewise
-    assumed: list[dict] = field(default_factory=list)  # {name, value, reason}: what the run took where none was given
+    findings: tuple[AnyFinding, ...]
+    best_case: BestCase | None  # the step once the findings are fixed
+    profiler_check: ProfilerCheck | None
+    floor: Floor | None
+    gap: GapLedger | None
+    warnings: tuple[str, ...]
+    assumed: tuple[Assumed, ...]
 
     @property
     def workload(self) -> str:
-        return "training" if any(r.steps.workload == "training" for r in self.ranks) else "inference"
+        return workload_of(self.ranks)
 
     @property
     def main(self) -> RankSummary:
         """The rank whose step is shown in detail: the slowest one (it sets the pace of every step)."""
-        return max(self.ranks, key=lambda r: (r.breakdown.step_ms.median, -r.rank))
+        return main_rank(self.ranks)
+
+
+def workload_of(ranks) -> str:
+    return "training" if any(r.steps.workload == "training" for r in ranks) else "inference"
+
+
+def main_rank(ranks) -> RankSummary:
+    return max(ranks, key=lambda r: (r.breakdown.step_ms.median, -r.rank))
 
 
 TRAINING_FINDINGS = ("collective_bound", "straggler_rank")
@@ -138,69 +171,17 @@ def _calls_in_each_step(trace: Trace, steps: Steps):
     return calls
 
 
-def _row_categories(trace: Trace) -> np.ndarray:
-    """The category of every GPU row, naming each distinct (name, kind) once."""
-    from decodegap.categories import categorize
-    from decodegap.trace.tables import GPU_KIND_NAMES
-
-    gpu = trace.gpu
-    if not len(gpu):
-        return np.empty(0, dtype=object)
-    keys = gpu.name_id.astype(np.int64) * 4 + gpu.kind.astype(np.int64)
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    names = np.array([categorize(trace.names[int(k) // 4], GPU_KIND_NAMES[int(k) % 4]) for k in uniq], dtype=object)
-    return names[inverse]
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
 
 
+def _graph_launch_us(trace: Trace) -> float | None:
+    """The median host time of one graph launch in the trace (for host_bound's estimate); None without any."""
+    ids = [i for i, n in enumerate(trace.names) if n in GRAPH_LAUNCHES]
+    if not ids:
+        return None
+    durations = trace.runtime.dur_ns[np.isin(trace.runtime.name_id, ids)]
+    return float(np.median(durations)) / 1e3 if len(durations) else None
 
-
-def step_rows(trace: Trace, steps: Steps) -> list[dict]:
-    """One row per step: start, wall time, GPU busy time and time per category (Analysis.step_rows)."""
-    from decodegap.breakdown import _busy_ns
-
-    if not trace.has_gpu:
-        return [{"index": s.index, "phase": s.kind, "label": s.label, "start_ms": _r(s.start_ns / 1e6),
-                 "ms": _r(s.wall_ns / 1e6), "gpu_busy_ms": 0.0, "batch": s.batch, "tokens": s.tokens,
-                 "category_ms": {}} for s in steps.steps]
-    gpu = trace.gpu
-    cats = _row_categories(trace)
-    end = gpu.end_ns
-    rows = []
-    for s in steps.steps:
-        r = s.rows
-        per: dict[str, float] = {}
-        if len(r):
-            for name, dur in zip(cats[r].tolist(), gpu.dur_ns[r].tolist(), strict=True):
-                per[name] = per.get(name, 0.0) + dur
-        busy = _busy_ns(gpu.ts_ns[r], end[r], s.start_ns, s.end_ns) if len(r) else 0
-        rows.append({"index": s.index, "phase": s.kind, "label": s.label, "start_ms": _r(s.start_ns / 1e6),
-                     "ms": _r(s.wall_ns / 1e6), "gpu_busy_ms": _r(busy / 1e6), "batch": s.batch, "tokens": s.tokens,
-                     "category_ms": {k: _r(v / 1e6) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}})
-    return rows
-
-
-def layer_rows(trace: Trace, steps: Steps, b: Breakdown) -> list[dict]:
-    """One row per layer of the typical step (Analysis.layer_rows)."""
-    phase_steps = steps.of(b.phase)
-    if not b.layer_starts or b.typical_step is None or not trace.has_gpu:
-        return []
-    step = phase_steps[b.typical_step]
-    rows, gpu = step.rows, trace.gpu
-    kinds = max(len(b.layer_kinds), 1)
-    starts = list(b.layer_starts)
-    period = int(round((starts[-1] - starts[0]) / max(len(starts) - 1, 1))) if len(starts) > 1 else len(rows)
-    bounds = starts + [min(starts[-1] + period, len(rows))]
-    out = []
-    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-        if hi <= lo:
-            continue
-        seg = rows[lo:hi]
-        t0 = int(gpu.ts_ns[seg[0]])
-        t1 = int(gpu.ts_ns[rows[hi]]) if hi < len(rows) else int(gpu.end_ns[seg].max())
-        kind = b.layer_kind_of[i] if i < len(b.layer_kind_of) else i % kinds
-        out.append({"index": i, "kind": kind, "start_ms": _r((t0 - step.start_ns) / 1e6),
-                    "ms": _r((t1 - t0) / 1e6), "gpu_ms": _r(gpu.dur_ns[seg].sum() / 1e6)})
-    return out
 
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
@@ -214,14 +195,17 @@ def summarize(trace: Trace, options: AnalysisOptions) -> RankSummary:
     steps = find_steps(trace, links)
     b = compute_breakdown(trace, links, steps)
     rank_input = RankInput(breakdown=b, has_gpu=trace.has_gpu, geometry=options.model,
-                           active_tokens=options.active_tokens, calls_in_each_step=_calls_in_each_step(trace, steps))
+                           active_tokens=options.active_tokens, calls_in_each_step=_calls_in_each_step(trace, steps),
+                           graph_launch_us=_graph_launch_us(trace))
     meta = TraceMeta(path=trace.path, rank=trace.rank, world_size=trace.world_size, device_name=trace.device_name,
-                     has_gpu=trace.has_gpu, record_meta=trace.record_meta, warnings=list(trace.warnings))
+                     has_gpu=trace.has_gpu, record_meta=trace.record_meta, truncated=trace.truncated is not None,
+                     warnings=tuple(trace.warnings))
     return RankSummary(
         trace=meta, steps=replace(steps, steps=[replace(s, rows=_NO_ROWS) for s in steps.steps]), breakdown=b,
         findings=run_rank_detectors(rank_input),
-        warnings=steps.warnings + sanity_warnings(trace, steps, b, options) + recording_warnings(trace.has_gpu, b),
-        step_rows=step_rows(trace, steps), layer_rows=layer_rows(trace, steps, b))
+        warnings=tuple(steps.warnings + sanity_warnings(trace, steps, b, options)
+                       + recording_warnings(trace.has_gpu, b)),
+        step_rows=tuple(step_rows(trace, steps)), layer_rows=tuple(layer_rows(trace, steps, b)))
 
 
 @dataclass(frozen=True)
@@ -248,7 +232,7 @@ def analyze_file(path: str | Path, options: AnalysisOptions, shown_as: str | Non
     except MemoryError:
         return Outcome(shown, error="the trace does not fit in this worker's memory")
     if shown != path:
-        summary.trace = replace(summary.trace, path=shown)
+        summary = replace(summary, trace=replace(summary.trace, path=shown))
     return Outcome(shown, summary=summary)
 
 
@@ -398,8 +382,9 @@ def _folder_summaries(path: Path, files: list[Path], outcomes: list[Outcome]) ->
                         f"e.g. {first.path.name}: {first.error})")
     if skipped:
         names = ", ".join(o.path.name for o in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
-        summaries[0].trace.warnings.append(f"skipped {len(skipped)} file(s) in the folder that are not profiler "
-                                           f"traces: {names}")
+        first = summaries[0]
+        note = f"skipped {len(skipped)} file(s) in the folder that are not profiler traces: {names}"
+        summaries[0] = replace(first, trace=replace(first.trace, warnings=(*first.trace.warnings, note)))
     warnings = []
     for o in failed:
         rank = rank_from_filename(o.path.name)
@@ -421,17 +406,50 @@ def _order_ranks(summaries: list[RankSummary]) -> list[RankSummary]:
     return out
 
 
-def _cross_rank(report: Report) -> None:
-    from decodegap.findings import RanksInput, order_findings, run_cross_rank_detectors
-    from decodegap.profiler_check import profiler_check
+def _findings(ranks: list[RankSummary], check: ProfilerCheck | None) -> tuple[tuple[AnyFinding, ...], BestCase | None]:
+    """The detailed rank's findings and the cross-rank ones, in one order (decode advice left out of a training
+    job), and what fixing them would buy together."""
+    from decodegap.findings import RanksInput, best_case, order_findings, run_cross_rank_detectors
 
-    main = report.main
-    ranks = RanksInput(main=main.breakdown, device_name=main.trace.device_name, rank_count=len(report.ranks),
-                       world_sizes=[r.trace.world_size for r in report.ranks if r.trace.world_size],
-                       collective_ms_by_rank={r.rank: r.collective_ms_per_step() for r in report.ranks})
-    report.findings = order_findings(main.findings | run_cross_rank_detectors(ranks, profiler_check(report)))
-    if report.workload == "training":  # decode advice does not apply to a training job
-        report.findings = [f for f in report.findings if f.id in TRAINING_FINDINGS]
+    main = main_rank(ranks)
+    inputs = RanksInput(main=main.breakdown, device_name=main.trace.device_name, rank_count=len(ranks),
+                        world_sizes=[r.trace.world_size for r in ranks if r.trace.world_size],
+                        collective_ms_by_rank={r.rank: r.collective_ms_per_step() for r in ranks})
+    findings = order_findings(main.findings | run_cross_rank_detectors(inputs, check))
+    if workload_of(ranks) == "training":  # decode advice does not apply to a training job
+        findings = [f for f in findings if f.id in TRAINING_FINDINGS]
+    return tuple(findings), best_case(findings, main.breakdown.step_ms.median)
+
+
+def _rank_warnings(ranks: list[RankSummary], left_out: list[str]) -> list[str]:
+    """The files left out, ranks claimed twice, then each rank's loader and steps warnings (prefixed with the rank
+    when there are several)."""
+    warnings = list(left_out)
+    seen: dict[int, str] = {}
+    for r in ranks:
+        if r.rank in seen and len(ranks) > 1:
+            warnings.append(f"two traces claim rank {r.rank} ({seen[r.rank]} and {r.trace.path.name}): "
+                            "are they from different runs?")
+        seen.setdefault(r.rank, r.trace.path.name)
+    for r in ranks:
+        prefix = f"rank {r.rank}: " if len(ranks) > 1 else ""
+        warnings.extend(prefix + w for w in r.trace.warnings)
+        warnings.extend(prefix + w for w in r.warnings)
+    return warnings
+
+
+def _floor_and_ledger(options: AnalysisOptions, main: RankSummary,
+                      findings) -> tuple[Floor | None, GapLedger | None, list[str]]:
+    """The floor (given, or for the GPU the trace names), its gap ledger, and their warnings."""
+    from decodegap.floor.ledger import floor_for_device, gap_ledger
+
+    floor, warnings = options.floor, []
+    if floor is None and options.floor_request is not None:
+        floor, warnings = floor_for_device(options.floor_request, options.model, main.trace.device_name)
+    if floor is None:
+        return None, None, warnings
+    gap, ledger_warnings = gap_ledger(floor, options.model, main.breakdown, main.trace.has_gpu, findings)
+    return floor, gap, warnings + ledger_warnings
 
 
 def analyze_path(path: str | Path, options: AnalysisOptions | None = None, *, jobs: int | None = None,
@@ -447,22 +465,12 @@ def analyze_path(path: str | Path, options: AnalysisOptions | None = None, *, jo
     else:
         summaries, left_out = _folder_summaries(path, files, _analyze_files(files, options, jobs, ray))
     ranks = _order_ranks(summaries)
-    report = Report(path, ranks, options)
-    report.warnings.extend(left_out)
-    seen: dict[int, str] = {}
-    for r in ranks:
-        if r.rank in seen and len(ranks) > 1:
-            report.warnings.append(f"two traces claim rank {r.rank} ({seen[r.rank]} and {r.trace.path.name}): "
-                                   "are they from different runs?")
-        seen.setdefault(r.rank, r.trace.path.name)
-    for r in ranks:
-        prefix = f"rank {r.rank}: " if len(ranks) > 1 else ""
-        report.warnings.extend(prefix + w for w in r.trace.warnings)
-        report.warnings.extend(prefix + w for w in r.warnings)
-    _cross_rank(report)
-    if options.floor is not None:
-        from decodegap.floor_ledger import gap_ledger
-
-        report.floor_dict = options.floor.to_dict()
-        report.gap = gap_ledger(report)
-    return report
+    main = main_rank(ranks)
+    check = profiler_check(options.tpot_ms, main.trace.record_meta, main.breakdown.step_ms.median)
+    findings, best = _findings(ranks, check)
+    floor, gap, floor_warnings = _floor_and_ledger(options, main, findings)
+    warnings = _rank_warnings(ranks, left_out)
+    warnings += [w for w in dict.fromkeys(floor_warnings) if w not in warnings]
+    return Report(path=path, ranks=tuple(ranks), options=options, findings=findings, best_case=best,
+                  profiler_check=check, floor=floor, gap=gap, warnings=tuple(warnings),
+                  assumed=options.assumed + (options.floor_assumed if floor is not None else ()))

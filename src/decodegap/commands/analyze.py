@@ -87,7 +87,7 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
         raise UserError("missing TRACE (a .json/.json.gz trace or a folder of them); try --example")
     source = EXAMPLE_TRACE if example else trace
     if annotate_out is not None:  # before the analysis: a wrong OUT is refused at once
-        from decodegap.annotate import check_target
+        from decodegap.report.annotate import check_target
 
         if output is not None and output.resolve() == annotate_out.resolve():
             raise UserError(f"{output}: -o and --annotate name the same file")
@@ -98,7 +98,7 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
                      kv=kv_format, gpu=gpu, tp=tp, batch=batch, context=context, tpot_ms=tpot_ms,
                      allreduce_us=allreduce_us, jobs=jobs, ray=ray_address)
     if annotate_out is not None:
-        from decodegap.annotate import write_overlay
+        from decodegap.report.annotate import write_overlay
 
         for written in write_overlay(report, annotate_out):
             click.echo(f"decodegap: annotated trace written to {written}", err=True)

@@ -98,7 +98,7 @@ def command(kv_read, compare, scale, layers, pool_slots, context, batch, kv_dtyp
 
 def _print_diffs(rows) -> None:
     """What each fix changed in the recorded traces, against the first strategy (full_cast)."""
-    from decodegap.compare import diff_reports, render_diff
+    from decodegap.report.diff import diff_reports, render_diff
     from decodegap.report.json import report_dict
 
     base = rows[0]

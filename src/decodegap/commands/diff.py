@@ -17,15 +17,25 @@ import click
 @click.option("--fail-if-slower", "fail_pct", type=float, metavar="PCT",
               help="Exit 1 when AFTER's median step is more than PCT% slower than BEFORE's (a CI gate); "
                    "the verdict is the last line (on stderr with --format json).")
-def command(before: Path, after: Path, fmt: str, top: int, fail_pct: float | None) -> None:
+@click.option("--model", "model_path", type=click.Path(path_type=Path),
+              help="Hugging Face config.json (or its folder) of the traces' model: sharpens the findings of a trace "
+                   "side (a saved report keeps its own).")
+@click.option("--batch", type=click.IntRange(1, 1_000_000), help="Sequences per step (default: 1).")
+@click.option("--context", type=click.IntRange(1, 100_000_000),
+              help="KV tokens per sequence: sizes the active KV, so that kv_pool_cast can predict the step after "
+                   "its fix.")
+def command(before: Path, after: Path, fmt: str, top: int, fail_pct: float | None, model_path: Path | None,
+            batch: int | None, context: int | None) -> None:
     """Compare two decode profiles: step time, categories and GPU idle, kernel groups new/gone/faster/slower,
     findings gone/kept/new."""
-    from decodegap.compare import check_gate_pct, check_inputs, diff_reports, gate, load_report, render_diff
+    from decodegap.api import load_report
+    from decodegap.report.diff import check_gate_pct, check_inputs, diff_reports, gate, render_diff
 
     if fail_pct is not None:
         check_gate_pct(fail_pct)  # before the (slow) analysis of two traces
     check_inputs(before, after)
-    d = diff_reports(load_report(before), load_report(after))
+    sides = [load_report(p, model=model_path, batch=batch, context=context) for p in (before, after)]
+    d = diff_reports(*sides)
     verdict = gate(d, fail_pct) if fail_pct is not None else None
     if verdict is not None:
         d["gate"] = verdict

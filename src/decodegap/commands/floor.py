@@ -58,7 +58,7 @@ def command(
     fmt: str,
 ) -> None:
     """Least time one decode step can take: bytes and flops per GPU per component, plus all-reduces."""
-    from decodegap.model import compute_floor, load_model, resolve_gpu, resolve_quant
+    from decodegap.floor import compute_floor, load_model, resolve_gpu, resolve_quant
     from decodegap.report.floor import render
 
     geometry = load_model(model_path)

@@ -85,7 +85,7 @@ def record(model: DemoModel, out_dir: str | Path, steps: int, warmup: int, timed
 def model_options(config: DemoConfig):
     """AnalysisOptions that know the demo's own geometry: its KV width and active token count sharpen findings."""
     from decodegap.pipeline import AnalysisOptions
-    from decodegap.model.config import geometry_from_dict
+    from decodegap.floor.config import geometry_from_dict
 
     geometry = geometry_from_dict(hf_config(config), source="decodegap demo")
     return AnalysisOptions(model=geometry, active_tokens=config.batch * config.context)

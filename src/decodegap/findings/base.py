@@ -1,32 +1,11 @@
-"""The Finding record every detector returns, and what detectors share."""
+"""What detectors read (one rank's input, the ranks' summaries) and the helpers they share; the records they
+return are in findings/records.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Finding:
-    id: str  # stable snake_case word: kv_pool_cast, host_bound, ...
-    title: str  # one sentence a user can act on
-    ms_per_step: float  # time per decode step this cause costs
-    share: float  # of the decode step's GPU time (host_bound, profiler_overhead: of its wall time)
-    evidence: dict = field(default_factory=dict)  # numbers that back the title
-    fix: str = ""
-
-    @property
-    def share_of(self) -> str:
-        """What `share` is a fraction of: the step's GPU time, or its wall time for host-side causes."""
-        return "step_wall" if self.id in WALL_TIME_FINDINGS else "step_gpu_time"
-
-    def to_dict(self) -> dict:
-        return {"id": self.id, "title": self.title, "ms_per_step": round(self.ms_per_step, 4),
-                "share": round(self.share, 4), "share_of": self.share_of, "evidence": self.evidence,
-                "fix": self.fix}
-
-
-WALL_TIME_FINDINGS = {"host_bound", "profiler_overhead", "outside_step", "straggler_rank"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +19,7 @@ class RankInput:
     active_tokens: int | None = None  # batch x context, when given
     # Per decode step, how many GPU activities named like this ran; None when there are no per-step rows.
     calls_in_each_step: Callable[[str], list[int]] | None = None
+    graph_launch_us: float | None = None  # median host time of one CUDA/HIP graph launch in the trace, if any
 
 
 @dataclass(frozen=True)

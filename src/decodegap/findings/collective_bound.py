@@ -10,9 +10,11 @@ alone is what a small, well-behaved step looks like."""
 from __future__ import annotations
 
 from decodegap.errors import UserError
-from decodegap.findings.base import Finding, RanksInput, step_context
-from decodegap.model.hardware import DEFAULT_ALLREDUCE_US, get_gpu
-from decodegap.kernel_names import short_kernel_name
+from decodegap.findings.base import RanksInput, step_context
+from decodegap.findings.host_bound import rest_unchanged
+from decodegap.findings.records import Finding, after_fix, make_finding
+from decodegap.floor.hardware import DEFAULT_ALLREDUCE_US, get_gpu
+from decodegap.ops.kernel_names import short_kernel_name
 
 MIN_SHARE = 0.15  # of GPU time, for the latency-bound case
 MIN_EXCESS_SHARE = 0.05  # of GPU time: time the collectives take beyond what their bytes need
@@ -43,12 +45,17 @@ def _world_size(ranks: RanksInput) -> int:
 
 def _message_bytes(k) -> int | None:
     if k.input_shapes:
-        from decodegap.shapes import tensor_bytes
+        from decodegap.ops.shapes import tensor_bytes
 
         sizes = [tensor_bytes(s, d) for s, d in k.input_shapes]
         if sizes and all(v is not None for v in sizes):
             return sum(sizes)
     return None
+
+
+def _by_rank(per_rank: dict[int, float]) -> dict[str, float]:
+    """Per-rank figures keyed as JSON keys them (the rank as a string)."""
+    return {str(rank): ms for rank, ms in per_rank.items()}
 
 
 def detect(ranks: RanksInput) -> list[Finding]:
@@ -65,12 +72,15 @@ def detect(ranks: RanksInput) -> list[Finding]:
         high_rank = max(per_rank, key=per_rank.get)
         spread = per_rank[high_rank] - per_rank[low_rank]
         if spread >= STRAGGLER_SPREAD * ctx.step_ms:
-            ev = {"collective_ms_per_step_by_rank": per_rank, "straggler_rank": low_rank,
+            ev = {"collective_ms_per_step_by_rank": _by_rank(per_rank), "straggler_rank": low_rank,
                   "max_wait_ms_per_step": round(spread, 3)}
             title = (f"Rank {low_rank} is the straggler: the other ranks spend up to {spread:.2f} ms more per step "
                      f"inside collectives waiting for it ({per_rank[low_rank]:.2f} ms on rank {low_rank} vs "
                      f"{per_rank[high_rank]:.2f} ms on rank {high_rank})")
-            found.append(Finding("straggler_rank", title, spread, spread / ctx.step_ms, ev, FIX_STRAGGLER))
+            after = after_fix(ctx.step_ms - spread,
+                             f"rank {low_rank}'s extra work evened out: no rank waits inside collectives for it "
+                             f"(up to {spread:.3f} ms per step now); {rest_unchanged(b)}")
+            found.append(make_finding("straggler_rank", title, spread, spread / ctx.step_ms, ev, FIX_STRAGGLER, after))
     if not groups or total_ms / max(ctx.gpu_ms, 1e-9) < MIN_SHARE:
         return found
     calls = sum(k.calls_per_step for k in groups)
@@ -95,10 +105,13 @@ def detect(ranks: RanksInput) -> list[Finding]:
           "rule": (f"collectives >= {MIN_SHARE:.0%} of GPU time, excess over the model >= {MIN_EXCESS_SHARE:.0%} of "
                    f"GPU time and >= {MIN_SLOWDOWN:g}x the model's time")}
     if ranks.rank_count > 1:
-        ev["collective_ms_per_step_by_rank"] = per_rank
+        ev["collective_ms_per_step_by_rank"] = _by_rank(per_rank)
     if excess_ms < MIN_EXCESS_SHARE * ctx.gpu_ms or total_ms < MIN_SLOWDOWN * expected_ms:
         return found
     title = (f"Collectives take {total_ms:.2f} ms per step ({total_ms / ctx.gpu_ms:.0%} of GPU time): {calls:.0f} "
              f"calls at {ev['us_per_call']} us each, {excess_ms:.2f} ms more than their message sizes need")
-    found.append(Finding("collective_bound", title, total_ms, total_ms / ctx.gpu_ms, ev, FIX_LATENCY))
+    after = after_fix(ctx.step_ms - excess_ms,
+                     f"each collective takes what its message needs ({ev['model']}): {expected_ms:.3f} ms per step "
+                     f"of the {total_ms:.3f} ms measured; {rest_unchanged(b)}")
+    found.append(make_finding("collective_bound", title, total_ms, total_ms / ctx.gpu_ms, ev, FIX_LATENCY, after))
     return found

@@ -6,8 +6,10 @@ launch shape (grid x block x elements per thread) under CUDA-graph replay."""
 
 from __future__ import annotations
 
-from decodegap.findings.base import Finding, RankInput, layer_multiple, step_context
-from decodegap.shapes import DTYPE_BYTES, numel
+from decodegap.findings.base import RankInput, layer_multiple, step_context
+from decodegap.findings.host_bound import rest_unchanged
+from decodegap.findings.records import AfterFix, Finding, after_fix, make_finding
+from decodegap.ops.shapes import DTYPE_BYTES, numel
 
 MIN_BYTES_PER_CALL = 32e6  # a per-layer cast this large is pool-sized, not activation-sized
 MIN_SHARE = 0.05  # of the step's GPU time
@@ -108,11 +110,25 @@ def detect(rank: RankInput) -> list[Finding]:
             evidence["active_fraction"] = round(active / pool_rows, 6)
             needed = active * (row_width or 0) * (DTYPE_BYTES.get(dtypes[0], 1) if dtypes else 1)
             evidence["bytes_needed_per_call"] = needed
-        found.append(_finding(k, evidence, ctx, model))
+        found.append(_finding(k, evidence, ctx, model, _after_fix(k, evidence, ctx, b)))
     return found[:1] if found else []
 
 
-def _finding(k, ev: dict, ctx, model) -> Finding:
+def _after_fix(k, ev: dict, ctx, b) -> AfterFix | None:
+    """The step with the cast reading only the active tokens, at the bandwidth this kernel reached in the trace (its
+    time scales with the bytes it moves); None when the trace and the caller do not say how many tokens are active."""
+    active, slots = ev.get("active_tokens"), ev.get("pool_slots")
+    if not active or not slots or active >= slots or k.ms_per_step <= 0:
+        return None
+    fraction = active / slots
+    cast_ms = k.ms_per_step * fraction
+    assumes = (f"the cast reads only the {active:,} active tokens of the {slots:,}-slot pool at its own measured "
+               f"{k.gbps or 0:,.0f} GB/s ({k.calls_per_step:g} x {k.bytes_per_call * fraction / 1e6:,.2f} MB: "
+               f"{cast_ms:.3f} ms per step instead of {k.ms_per_step:.3f}); {rest_unchanged(b)}")
+    return after_fix(ctx.step_ms - k.ms_per_step + cast_ms, assumes)
+
+
+def _finding(k, ev: dict, ctx, model, after: AfterFix | None) -> Finding:
     per_call_mb = ev["bytes_per_call"] / 1e6
     per_step_gb = ev["bytes_per_step"] / 1e9
     if "shape" in ev:
@@ -133,4 +149,4 @@ def _finding(k, ev: dict, ctx, model) -> Finding:
     if model is not None and ev.get("matches_model_kv_width"):
         title += (f"; the row width {ev['row_elements']} is the model's KV width "
                   f"({'latent kv_lora_rank + qk_rope_head_dim' if model.is_mla else 'kv heads x head_dim'})")
-    return Finding(id="kv_pool_cast", title=title, ms_per_step=k.ms_per_step, share=k.share, evidence=ev, fix=FIX)
+    return make_finding("kv_pool_cast", title, k.ms_per_step, k.share, ev, FIX, after)

@@ -8,7 +8,10 @@ is not evidence of anything."""
 
 from __future__ import annotations
 
-from decodegap.findings.base import Finding
+import msgspec
+
+from decodegap.findings.records import Finding, make_finding
+from decodegap.findings.profiler_check import ProfilerCheck
 
 TOLERANCE = 0.15
 
@@ -20,24 +23,24 @@ FIX_FASTER = ("The unprofiled time per token is longer than the profiled step: t
               "the whole loop, or time the pieces between steps.")
 
 
-def _outside_spread(check: dict) -> float | None:
+def _outside_spread(check: ProfilerCheck) -> float | None:
     """How far the profiled step lies outside the unprofiled p10-p90 band (ms); None without a band."""
-    low, high = check.get("unprofiled_p10_ms"), check.get("unprofiled_p90_ms")
+    low, high = check.unprofiled_p10_ms, check.unprofiled_p90_ms
     if low is None or high is None:
         return None
-    profiled = check["profiled_ms"]
+    profiled = check.profiled_ms
     return max(low - profiled, profiled - high, 0.0)
 
 
-def detect(check: dict | None) -> list[Finding]:
-    """`check`: the profiler check (decodegap.profiler_check), None when no unprofiled time is known."""
+def detect(check: ProfilerCheck | None) -> list[Finding]:
+    """`check`: the profiler check (decodegap.findings.profiler_check), None when no unprofiled time is known."""
     if check is None:
         return []
-    profiled, unprofiled = check["profiled_ms"], check["unprofiled_ms"]
+    profiled, unprofiled = check.profiled_ms, check.unprofiled_ms
     diff = profiled - unprofiled
     outside = _outside_spread(check)
-    spread = check.get("spread_ms")
-    ev = dict(check)
+    spread = check.spread_ms
+    ev = msgspec.to_builtins(check)
     ev["rule"] = (f"|profiled - unprofiled| > {TOLERANCE:.0%} of unprofiled"
                   + (" and the profiled step outside the unprofiled p10-p90 band by more than the band's width"
                      if spread is not None else ""))
@@ -45,12 +48,12 @@ def detect(check: dict | None) -> list[Finding]:
         return []
     if spread is not None and (outside is None or outside <= spread):
         return []  # the unprofiled calls vary as much as the difference: nothing to report
-    band = (f"; unprofiled p10-p90 {check['unprofiled_p10_ms']:.1f}-{check['unprofiled_p90_ms']:.1f} ms over "
-            f"{check['samples']} calls" if spread is not None else "")
+    band = (f"; unprofiled p10-p90 {check.unprofiled_p10_ms:.1f}-{check.unprofiled_p90_ms:.1f} ms over "
+            f"{check.samples} calls" if spread is not None else "")
     if diff > 0:
         title = (f"The profiled step ({profiled:.1f} ms) is {diff:.1f} ms slower than without the profiler "
                  f"({unprofiled:.1f} ms{band}): profiler overhead inflates the host-bound part of the step")
-        return [Finding("profiler_overhead", title, diff, diff / profiled, ev, FIX_SLOWER)]
+        return [make_finding("profiler_overhead", title, diff, diff / profiled, ev, FIX_SLOWER)]
     title = (f"Without the profiler a token takes {unprofiled:.1f} ms ({band.lstrip('; ') or 'one figure'}), "
              f"{-diff:.1f} ms more than the profiled step ({profiled:.1f} ms): time goes outside the captured step")
-    return [Finding("outside_step", title, -diff, -diff / unprofiled, ev, FIX_FASTER)]
+    return [make_finding("outside_step", title, -diff, -diff / unprofiled, ev, FIX_FASTER)]

@@ -17,11 +17,9 @@ from numbers import Real
 
 import torch
 
-LATENT_DIM = 512
-ROPE_DIM = 64
-HEAD_DIM = LATENT_DIM + ROPE_DIM
+from decodegap.kernels.mla_layout import HEAD_DIM, KV_DTYPES, LATENT_DIM, ROPE_DIM  # noqa: F401  (re-exported)
+
 IMPLS = ("reference", "full_cast", "gather_cast", "triton")
-KV_DTYPES = (torch.float8_e4m3fn, torch.bfloat16)
 
 
 def mla_decode(

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from decodegap.kernels.mla_decode import LATENT_DIM, ROPE_DIM
+from decodegap.kernels.mla_layout import LATENT_DIM, ROPE_DIM
 
 _LOG2E = 1.4426950408889634
 # Triton's CPU interpreter multiplies bf16 dot operands as their raw uint16 bits (triton 3.6-3.8), so under

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from decodegap.model.floor import Floor
+from decodegap.floor.floor import Floor
 
 FORMATS = ("text", "md", "json")
 
@@ -20,7 +20,7 @@ def _billions(n: int) -> str:
 
 def _headline(floor: Floor) -> str:
     return (
-        f"{floor.model_type} on {floor.tp} x {floor.gpu_id}, batch {floor.batch}, context {floor.context}: "
+        f"{floor.model_type} on {floor.tp} x {floor.gpu}, batch {floor.batch}, context {floor.context}: "
         f"floor {floor.floor_ms:.3f} ms/step = {floor.tokens_per_s:.1f} tok/s per sequence "
         f"({floor.aggregate_tokens_per_s:.1f} aggregate), {floor.bound}-bound"
     )
@@ -28,25 +28,25 @@ def _headline(floor: Floor) -> str:
 
 def _params_line(floor: Floor) -> str:
     line = (
-        f"params: {_billions(floor.params_total)} total, {_billions(floor.params_active)} active per token "
-        f"(output head counted, embedding table not; {_billions(floor.params_active_with_embeddings)} with "
-        f"the embedding table, {_billions(floor.params_active_non_embedding)} without embedding and head)"
+        f"params: {_billions(floor.params.total)} total, {_billions(floor.params.active)} active per token "
+        f"(output head counted, embedding table not; {_billions(floor.params.active_with_embeddings)} with "
+        f"the embedding table, {_billions(floor.params.active_non_embedding)} without embedding and head)"
     )
-    if floor.params_mtp:
-        line += f", MTP {_billions(floor.params_mtp)} not counted"
+    if floor.params.mtp:
+        line += f", MTP {_billions(floor.params.mtp)} not counted"
     return line
 
 
 def _memory_line(floor: Floor) -> str:
-    line = (f"memory per GPU: weights {_gb(floor.stored_weight_bytes_per_gpu)} GB + KV "
-            f"{_gb(floor.kv_bytes_per_gpu)} GB")
-    if floor.gpu_memory_bytes:
-        line += f" of {floor.gpu_memory_bytes / 2**30:g} GB ({'fits' if floor.fits_in_memory else 'does NOT fit'})"
+    memory = floor.memory_per_gpu
+    line = f"memory per GPU: weights {_gb(memory.weights_bytes)} GB + KV {_gb(memory.kv_bytes)} GB"
+    if memory.gpu_bytes:
+        line += f" of {memory.gpu_bytes / 2**30:g} GB ({'fits' if memory.fits else 'does NOT fit'})"
     return line
 
 
 def _replicated_line(floor: Floor) -> str | None:
-    rep = floor.replicated
+    rep = floor.replicated_weights
     if not rep.modules:
         return None
     return (

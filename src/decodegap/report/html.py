@@ -22,7 +22,7 @@ code{font-size:12px}.bar{background:#4a78c2;height:10px;display:inline-block}
 .finding{border-left:4px solid #c2484a;padding:4px 12px;margin:10px 0;background:#fbf3f3}
 .finding dl{display:grid;grid-template-columns:max-content 1fr;gap:0 12px;margin:6px 0;font-size:12px}
 .finding dt{color:#555}.finding dd{margin:0;overflow-wrap:anywhere}
-.fix{color:#333}.warn{color:#8a5a00}details{font-size:12px;color:#555}summary{cursor:pointer}
+.fix{color:#333}.after{color:#1f5f2a}.warn{color:#8a5a00}details{font-size:12px;color:#555}summary{cursor:pointer}
 svg{width:100%;max-width:1000px;height:auto;display:block}svg text{font:11px system-ui,sans-serif;fill:#333}
 .note{font-size:12px;color:#555}
 """
@@ -229,9 +229,15 @@ def findings_html(view: View) -> str:
     out = ["<h2>Root causes</h2>"]
     for f in view.findings:
         evidence = "".join(f"<dt>{escape(k)}</dt><dd>{_cell_html(v)}</dd>" for k, v in f.evidence)
+        after = f"; <span class='after'>after the fix: <b>{escape(f.after_fix)}</b></span>" if f.after_fix else ""
         out.append(f"<div class='finding'><b><code>{escape(f.id)}</code></b> {escape(f.title)}<br>"
-                   f"<b>{escape(f.amount)}</b>" + (f"<dl>{evidence}</dl>" if evidence else "<br>")
-                   + f"<span class='fix'>Fix: {escape(f.fix)}</span></div>")
+                   f"<b>{escape(f.amount)}</b>{after}"
+                   + (f"<dl>{evidence}</dl>" if evidence else "<br>")
+                   + f"<span class='fix'>Fix: {escape(f.fix)}</span>"
+                   + (f"<br><span class='after'>The estimate assumes {escape(f.assumes or '')}</span>"
+                      if f.after_fix else "") + "</div>")
+    if view.best_case:
+        out.append(f"<p class='after'>Best case: {escape(view.best_case)}</p>")
     return "\n".join(out)
 
 

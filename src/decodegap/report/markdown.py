@@ -28,10 +28,15 @@ def render_view(view: View) -> str:
     if view.findings:
         lines += ["", "### Root causes", ""]
         for i, f in enumerate(view.findings, 1):
-            lines.append(f"{i}. **`{f.id}`** {f.title} — **{f.amount}**  ")
+            after = f"; after the fix: **{f.after_fix}**" if f.after_fix else ""
+            lines.append(f"{i}. **`{f.id}`** {f.title} — **{f.amount}**{after}  ")
             if f.evidence:
                 lines.append("   Evidence: " + "; ".join(f"{k} = {_md(v)}" for k, v in f.evidence) + "  ")
-            lines.append(f"   Fix: {f.fix}")
+            lines.append(f"   Fix: {f.fix}" + ("  " if f.after_fix else ""))
+            if f.after_fix:
+                lines.append(f"   The estimate assumes {f.assumes}")
+        if view.best_case:
+            lines += ["", f"Best case: {view.best_case}"]
     for t in view.tables:
         lines += ["", f"### {t.title}", ""]
         if t.lead:

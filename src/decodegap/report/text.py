@@ -126,11 +126,16 @@ def _print_findings(console: Console, view: View) -> None:
     console.print("ROOT CAUSES (by time per step)")
     for i, f in enumerate(view.findings, 1):
         console.print(f"{i}. [{f.id}] {f.title}")
-        console.print(Padding(Text(f.amount), (0, 0, 0, INDENT)))
+        after = f"; after the fix: {f.after_fix}" if f.after_fix else ""
+        console.print(Padding(Text(f.amount + after), (0, 0, 0, INDENT)))
         if f.evidence:
             evidence = "; ".join(f"{k}={v}" for k, v in f.evidence)
             console.print(Padding(Text(f"evidence: {evidence}"), (0, 0, 0, INDENT)))
         console.print(Padding(Text(f"fix: {f.fix}"), (0, 0, 0, INDENT)))
+        if f.after_fix:
+            console.print(Padding(Text(f"the estimate assumes {f.assumes}"), (0, 0, 0, INDENT)))
+    if view.best_case:
+        console.print(f"best case: {view.best_case}")
 
 
 def render_view(view: View, full_names: bool = False, width: int | None = None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from decodegap.analysis import Analysis, Finding, Kernel
-from decodegap.kernel_names import short_kernel_name
+from decodegap.ops.kernel_names import short_kernel_name
 
 # A text value of a finding's evidence longer than this is shown shortened (full on demand where the format can).
 EVIDENCE_TEXT_MAX = 60
@@ -55,6 +55,8 @@ class FindingView:
     amount: str  # "67.467 ms/step (73% of the step)"
     evidence: tuple[tuple[str, Cell], ...]
     fix: str
+    after_fix: str | None = None  # "26.128 ms/step = 38.3 tok/s per sequence"
+    assumes: str | None = None  # what that estimate takes for granted
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class View:
     warnings: tuple[str, ...]
     noun: str  # "decode step", "training iteration", "prefill forward"
     has_gpu: bool
+    best_case: str | None = None  # the step once several findings are fixed, when more than one adds to it
 
     def table(self, key: str) -> Table | None:
         return next((t for t in self.tables if t.key == key), None)
@@ -167,11 +170,26 @@ def summary_lines(a: Analysis) -> list[str]:
     return lines
 
 
+def fmt_step(step_ms: float, tokens_per_s: float) -> str:
+    return f"{step_ms:.3f} ms/step = {tokens_per_s:.1f} tok/s per sequence"
+
+
 def _finding(f: Finding, gpu: bool) -> FindingView:
     work = "GPU" if gpu else "CPU op"
     basis = "of the step" if f.share_of == "step_wall" else f"of the step's {work} time"
     evidence = tuple((k, evidence_value(k, v)) for k, v in f.evidence.items() if v is not None)
-    return FindingView(f.id, f.title, f"{f.ms_per_step:.3f} ms/step ({f.share:.0%} {basis})", evidence, f.fix)
+    after = f.after_fix
+    return FindingView(f.id, f.title, f"{f.ms_per_step:.3f} ms/step ({f.share:.0%} {basis})", evidence, f.fix,
+                       fmt_step(after.step_ms, after.tokens_per_s) if after else None,
+                       after.assumes if after else None)
+
+
+def best_case_line(a: Analysis) -> str | None:
+    """The best case in words, when it adds up more than one finding (else it is that finding's own estimate)."""
+    best = a.best_case
+    if best is None or len(best.findings) < 2:
+        return None
+    return f"{fmt_step(best.step_ms, best.tokens_per_s)} once {' + '.join(best.findings)} are fixed ({best.assumes})"
 
 
 def _ranks(a: Analysis) -> Table | None:
@@ -268,4 +286,4 @@ def view_of(a: Analysis, top: int = 15) -> View:
     tables = [t for t in (_ranks(a), _categories(a, noun, gpu), _kernels(a, top, gpu), _floor(a), _ledger(a)) if t]
     return View(path=a.trace.path, summary=tuple(summary_lines(a)),
                 findings=tuple(_finding(f, gpu) for f in a.findings), tables=tuple(tables),
-                warnings=tuple(a.warnings), noun=noun, has_gpu=gpu)
+                warnings=tuple(a.warnings), noun=noun, has_gpu=gpu, best_case=best_case_line(a))

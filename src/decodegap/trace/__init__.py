@@ -1,4 +1,7 @@
-"""Reading Kineto (torch.profiler) Chrome traces into columnar tables, linking kernels to the ops that launched them."""
+"""Reading Kineto (torch.profiler) Chrome traces into columnar tables, linking kernels to the ops that launched them.
+The first stage: everything after it reads a `Trace`, never a file.
+
+May import: decodegap.errors only."""
 
 from decodegap.trace.load import load_trace, load_traces
 from decodegap.trace.tables import Trace

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from decodegap.errors import NAME_ONLY, ParameterError, UserError
-from decodegap.model.config import ModelGeometry
+from decodegap.floor.config import ModelGeometry
 
 
 @dataclass(frozen=True)
@@ -254,7 +254,7 @@ def load_quant(path: str | Path | None, model_config: dict[str, Any] | None = No
     """Scheme from an hf_quant_config.json (file or folder); else from the model config's quantization_config;
     else plain BF16 weights and KV."""
     if path is not None:
-        from decodegap.model.config import read_json_file
+        from decodegap.floor.config import read_json_file
 
         data, file = read_json_file(path, "hf_quant_config.json", "quantization config")
         if isinstance(data, dict) and isinstance(data.get("quantization"), dict):
@@ -303,7 +303,7 @@ def resolve_quant(
 ) -> QuantScheme:
     """The scheme the floor command uses: --quant if given, else an hf_quant_config.json beside the model's
     config.json, else the config's own quantization_config, else BF16; then --weights / --kv on top."""
-    from decodegap.model.config import read_config_json
+    from decodegap.floor.config import read_config_json
 
     cfg, folder = read_config_json(model_path)
     if quant_path is None and weights is None and (folder / "hf_quant_config.json").is_file():

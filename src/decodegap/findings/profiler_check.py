@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 
-from decodegap.samples import spread
+from decodegap.records import Struct
 from decodegap.rounding import rounded as _r
+from decodegap.samples import spread
 
 NO_SHAPES_WARNING = (
     "the trace has no GPU events and its ops no shapes (recorded without record_shapes): the layer count comes from "
@@ -23,23 +24,36 @@ def recording_warnings(has_gpu: bool, breakdown) -> list[str]:
     return [NO_SHAPES_WARNING]
 
 
-def profiler_check(report) -> dict | None:
-    """Profiled step time against the time per token measured without the profiler (--tpot or record's), with
-    the spread of record's unprofiled samples (p10-p90): a median alone hides two kinds of call in one window."""
-    main = report.main
-    unprofiled, source = report.options.tpot_ms, "--tpot"
-    meta = main.trace.record_meta or {}
+class ProfilerCheck(Struct, omit_defaults=True):
+    unprofiled_ms: float
+    profiled_ms: float
+    ratio: float
+    source: str
+    samples: int | None = None
+    unprofiled_p10_ms: float | None = None
+    unprofiled_p90_ms: float | None = None
+    spread_ms: float | None = None
+    bimodal: bool | None = None
+    call_index: list[int] | None = None
+    samples_ms: list[float] | None = None
+
+
+def profiler_check(tpot_ms: float | None, record_meta: dict | None, profiled_ms: float) -> ProfilerCheck | None:
+    """Profiled step time (`profiled_ms`, the detailed rank's median) against the time per token measured without
+    the profiler (`tpot_ms`, else what `decodegap record` stored beside the trace), with the spread of record's
+    unprofiled samples (p10-p90): a median alone hides two kinds of call in one window."""
+    unprofiled, source = tpot_ms, "--tpot"
+    meta = record_meta or {}
     timing = meta.get("unprofiled_step_ms") if isinstance(meta.get("unprofiled_step_ms"), dict) else None
     if unprofiled is None and timing is not None:
         unprofiled, source = timing.get("median"), "decodegap record (unprofiled steps)"
     if not _finite_positive(unprofiled):
         return None
-    profiled = main.breakdown.step_ms.median
-    out = {"unprofiled_ms": _r(unprofiled), "profiled_ms": _r(profiled), "ratio": _r(profiled / unprofiled),
+    out = {"unprofiled_ms": _r(unprofiled), "profiled_ms": _r(profiled_ms), "ratio": _r(profiled_ms / unprofiled),
            "source": source}
     if source != "--tpot" and timing is not None:
         out.update(_spread(timing))
-    return out
+    return ProfilerCheck(**out)
 
 
 def _finite_positive(value) -> bool:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decodegap import shapes as shape_info
-from decodegap.categories import is_backward
+from decodegap.ops import shapes as shape_info
+from decodegap.ops.categories import is_backward
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace
 

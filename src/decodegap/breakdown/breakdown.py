@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from decodegap import shapes as shape_info
-from decodegap.categories import is_backward, CATEGORIES, categorize
-from decodegap.layer_count import LayerKind, Layers, count_layers, data_dependent, data_independent
-from decodegap.repetition import name_classes
-from decodegap.steps import PHASES, Steps, idle_gaps_ns
+from decodegap.ops import shapes as shape_info
+from decodegap.ops.categories import is_backward, CATEGORIES, categorize
+from decodegap.steps.layers import LayerKind, Layers, count_layers, data_dependent, data_independent
+from decodegap.steps.repetition import name_classes
+from decodegap.steps.steps import PHASES, Steps, idle_gaps_ns
 from decodegap.trace.link import Links
 from decodegap.trace.tables import GPU_KIND_NAMES, Trace
 
@@ -102,7 +102,7 @@ class Breakdown:
     layer_kind_of: tuple[int, ...] = ()  # per layer of the typical step: index into layer_kinds (empty: one kind)
 
 
-def _busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
+def busy_ns(ts: np.ndarray, end: np.ndarray, start: int, stop: int) -> int:
     if not len(ts):
         return 0
     # a step's rows come in start order (the GPU table is sorted, steps are ascending row sets)
@@ -159,7 +159,7 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     dur = gpu.dur_ns
     total_gpu_ns = int(dur[rows].sum()) if len(rows) else 0
     wall = [s.wall_ns / 1e6 for s in decode]
-    busy = [_busy_ns(gpu.ts_ns[s.rows], gpu.end_ns[s.rows], s.start_ns, s.end_ns) / 1e6 for s in decode]
+    busy = [busy_ns(gpu.ts_ns[s.rows], gpu.end_ns[s.rows], s.start_ns, s.end_ns) / 1e6 for s in decode]
     busy_fraction = float(sum(busy) / sum(wall)) if sum(wall) > 0 else 0.0
     step_ms = Spread.of(wall)
 
@@ -308,7 +308,7 @@ def _self_times(trace: Trace, start_ns: int, end_ns: int) -> tuple[np.ndarray, n
 
 def compute_cpu_breakdown(trace: Trace, steps: Steps) -> Breakdown:
     """For traces with no GPU activity (CPU runs, CPU-only captures): the same tables over CPU ops' self time."""
-    from decodegap.categories import categorize_cpu_op
+    from decodegap.ops.categories import categorize_cpu_op
 
     phase = steps.main_phase
     decode = steps.of(phase)

@@ -17,10 +17,11 @@ gets a warning (the setup is not the one the floor describes: another --tp, anot
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from decodegap.errors import NAME_ONLY, ParameterError, UserError
-from decodegap.model.floor import MS_DIGITS
+from decodegap.floor.floor import MS_DIGITS, Floor
+from decodegap.records import Struct
 
 # Floor components (model/floor.py) -> the ledger component that carries them.
 COMPONENT_OF = {"attention_weights": "attention_projections", "indexer_weights": "attention_projections",
@@ -53,51 +54,70 @@ class FloorRequest:
     allreduce_us: float | None
 
 
-def prepare_model_options(options, model_path, quant_path, weights, kv, gpu, tp, batch, context,
-                          allreduce_us) -> FloorRequest | None:
-    """Fill AnalysisOptions with the model geometry (for findings) and, with --gpu, the floor. Without --gpu the
-    floor waits for the trace's GPU: the request is returned for `attach_floor_from_trace`."""
-    from decodegap.model import compute_floor, get_gpu, load_model, resolve_quant
-    from decodegap.model.floor import check_counts, check_tp
+class LedgerRow(Struct):
+    """Measured time of one floor component (or of components the trace cannot tell apart) beside its floor."""
+
+    category: str
+    components: list[str]
+    measured_ms: float
+    floor_ms: float
+    excess_ms: float
+    efficiency: float | None
+    mapping: str  # one of MAPPINGS: how the measured time was found
+    kernel_groups: int | None
+    beats_floor: bool
+
+
+class GapLedger(Struct):
+    """The measured decode step beside its floor, component by component, and how much of the excess the findings
+    explain."""
+
+    step_ms: float
+    floor_ms: float
+    excess_ms: float
+    efficiency: float | None
+    explained_by_findings_ms: float
+    unexplained_ms: float
+    gpu: str | None
+    tp: int
+    rows: list[LedgerRow]
+    warnings: list[str]
+
+
+def prepare_model_options(options, model_path, quant_path, weights, kv, gpu, tp, batch, context, allreduce_us):
+    """`options` (a decodegap.pipeline.AnalysisOptions) with the model geometry (for findings) and, with a GPU, the
+    floor; without one the floor waits for the trace's GPU (`floor_request`, which the pipeline completes)."""
+    from decodegap.floor import compute_floor, get_gpu, load_model, resolve_quant
+    from decodegap.floor.floor import check_counts, check_tp
 
     if model_path is None:
         raise ParameterError("{gpu} needs {model} (the floor is computed from the model's config.json)", gpu=gpu,
                              model=NAME_ONLY)
     check_counts(tp=tp, batch=batch, context=context)
-    options.model = load_model(model_path)
-    check_tp(options.model, tp)
-    if context is not None:
-        options.active_tokens = batch * context
+    geometry = load_model(model_path)
+    check_tp(geometry, tp)
     request = FloorRequest(model_path, quant_path, weights, kv, tp, batch,
                            context if context is not None else DEFAULT_CONTEXT, allreduce_us)
     scheme = resolve_quant(model_path, quant_path, weights, kv)  # a bad quant config fails before the trace
-    if gpu is None:
-        return request
-    options.floor = compute_floor(options.model, scheme, get_gpu(gpu), tp=tp, batch=batch,
-                                  context=request.context, allreduce_us=allreduce_us)
-    return None
+    floor = None if gpu is None else compute_floor(geometry, scheme, get_gpu(gpu), tp=tp, batch=batch,
+                                                   context=request.context, allreduce_us=allreduce_us)
+    return replace(options, model=geometry, active_tokens=batch * context if context is not None else None,
+                   floor=floor, floor_request=request if floor is None else None)
 
 
-def attach_floor_from_trace(report, request: FloorRequest | None) -> None:
-    """With --model but no --gpu: the floor for the GPU the trace's deviceProperties name, and its ledger."""
-    from decodegap.model import compute_floor, get_gpu, resolve_quant
+def floor_for_device(request: FloorRequest, geometry, device: str | None) -> tuple[Floor | None, list[str]]:
+    """With a model but no GPU given: the floor for the GPU the trace's deviceProperties name, or why none."""
+    from decodegap.floor import compute_floor, get_gpu, resolve_quant
 
-    if request is None or report.options.floor is not None:
-        return
-    device = report.main.trace.device_name
     if not device:
-        report.warnings.append("no floor: the trace names no GPU; give --gpu NAME for the floor and the gap ledger")
-        return
+        return None, ["no floor: the trace names no GPU; give --gpu NAME for the floor and the gap ledger"]
     try:
         gpu = get_gpu(device)
     except UserError:
-        report.warnings.append(f"no floor: the trace's GPU '{device}' is not in the GPU table; give --gpu NAME")
-        return
+        return None, [f"no floor: the trace's GPU '{device}' is not in the GPU table; give --gpu NAME"]
     scheme = resolve_quant(request.model_path, request.quant_path, request.weights, request.kv)
-    report.options.floor = compute_floor(report.options.model, scheme, gpu, tp=request.tp, batch=request.batch,
-                                         context=request.context, allreduce_us=request.allreduce_us)
-    report.floor_dict = report.options.floor.to_dict()
-    report.gap = gap_ledger(report)
+    return compute_floor(geometry, scheme, gpu, tp=request.tp, batch=request.batch, context=request.context,
+                         allreduce_us=request.allreduce_us), []
 
 
 # ---- mapping measured kernels onto floor components -------------------------------------------------------
@@ -219,10 +239,9 @@ def _by_shape(k, g, tp: int) -> frozenset[str] | None:
     return None
 
 
-def _assign(report, floor) -> tuple[dict[frozenset, _Row], list]:
-    """Measured time per candidate component set; the other groups (non-weight categories) apart."""
-    g = report.options.model
-    b = report.main.breakdown
+def _assign(b, g, floor: Floor) -> tuple[dict[frozenset, _Row], list]:
+    """Measured time per candidate component set (`b` a Breakdown, `g` the model geometry or None); the other
+    groups (non-weight categories) apart."""
     rows: dict[frozenset, _Row] = {}
     links: list[set[frozenset]] = []  # component sets that one kernel group's time was split between
     unmapped = _Row(set())
@@ -278,12 +297,12 @@ def _beats(row: _Row, floor_ms: float) -> bool:
     return floor_ms > 0 and row.measured_ms < floor_ms * (1 - BEAT_TOLERANCE)
 
 
-def _component_rows(report, floor) -> tuple[list[_Row], dict[str, float], list[str]]:
+def _component_rows(b, g, floor: Floor) -> tuple[list[_Row], dict[str, float], list[str]]:
     floor_of: dict[str, float] = {}
     for c in floor.components:
         name = COMPONENT_OF.get(c.name, c.name)
         floor_of[name] = round(floor_of.get(name, 0.0) + c.ms, MS_DIGITS)
-    rows_by_set, (links, unmapped) = _assign(report, floor)
+    rows_by_set, (links, unmapped) = _assign(b, g, floor)
     rows = _merge_overlapping(rows_by_set)
     # floor components nothing mapped to get a row of their own (measured 0)
     covered = set().union(*(r.components for r in rows)) if rows else set()
@@ -336,7 +355,7 @@ def _component_rows(report, floor) -> tuple[list[_Row], dict[str, float], list[s
             names = " + ".join(sorted(row.components))
             warnings.append(
                 f"gap ledger: {names} measured {row.measured_ms:.3f} ms per step, below its floor of {least:.3f} ms "
-                f"(impossible on a {floor.gpu_id}): the trace is not the setup the floor describes"
+                f"(impossible on a {floor.gpu}): the trace is not the setup the floor describes"
                 + (f" (one rank of more than --tp {floor.tp}? another model?)" if row.measured_ms > 0 else
                    " (no kernel of the trace maps to it: "
                    + ("a single-rank trace has no collectives" if row.components == {"allreduce"} else
@@ -363,49 +382,45 @@ def _mapping(row: _Row) -> str:
 
 def _floor_of_row(row: _Row, floor_of: dict[str, float]) -> float:
     """The floor of a row's components, rounded as the floor rounds its own times (one value everywhere)."""
-    return round(sum(floor_of.get(c, 0.0) for c in row.components), MS_DIGITS)
+    return round(float(sum(floor_of.get(c, 0.0) for c in row.components)), MS_DIGITS)
 
 
-def gap_ledger(report) -> dict | None:
-    floor = report.options.floor
-    if floor is None:
-        return None
-    if not report.main.trace.has_gpu:
-        note = "no gap ledger: the trace has no GPU events, and CPU op time cannot be set against a GPU floor"
-        if note not in report.warnings:
-            report.warnings.append(note)
-        return None
-    b = report.main.breakdown
+NO_LEDGER_CPU = "no gap ledger: the trace has no GPU events, and CPU op time cannot be set against a GPU floor"
+
+
+def gap_ledger(floor: Floor, geometry, b, has_gpu: bool, findings) -> tuple[GapLedger | None, list[str]]:
+    """The ledger of the detailed rank (`b` its Breakdown) against `floor`, and its warnings (the floor's, a row
+    below its floor, or why there is no ledger); `findings` the report's, for what they explain."""
+    if not has_gpu:
+        return None, [NO_LEDGER_CPU]
     rows_out = []
-    comp_rows, floor_of, warnings = _component_rows(report, floor)
+    comp_rows, floor_of, warnings = _component_rows(b, geometry, floor)
     for row in comp_rows:
         least = _floor_of_row(row, floor_of)
         got = row.measured_ms
-        rows_out.append({
-            "category": _row_name(row.components), "components": [c for c in ORDER if c in row.components],
-            "measured_ms": round(got, 4), "floor_ms": least, "excess_ms": round(max(got - least, 0.0), 4),
-            "efficiency": round(least / got, 4) if got > 0 and least > 0 else None,
-            "mapping": _mapping(row), "kernel_groups": row.groups, "beats_floor": _beats(row, least)})
+        rows_out.append(LedgerRow(
+            category=_row_name(row.components), components=[c for c in ORDER if c in row.components],
+            measured_ms=round(got, 4), floor_ms=least, excess_ms=round(max(got - least, 0.0), 4),
+            efficiency=round(least / got, 4) if got > 0 and least > 0 else None,
+            mapping=_mapping(row), kernel_groups=row.groups, beats_floor=_beats(row, least)))
     for c in b.categories:
         if c.name in ("gemm", "moe", "attention", "collective"):
             continue
-        rows_out.append({"category": c.name, "components": [], "measured_ms": round(c.ms_per_step, 4),
-                         "floor_ms": 0.0, "excess_ms": round(c.ms_per_step, 4), "efficiency": None,
-                         "mapping": NO_FLOOR, "kernel_groups": None, "beats_floor": False})
-    rows_out.sort(key=lambda r: (-r["floor_ms"], -r["measured_ms"]))
+        rows_out.append(LedgerRow(category=c.name, components=[], measured_ms=round(c.ms_per_step, 4), floor_ms=0.0,
+                                  excess_ms=round(c.ms_per_step, 4), efficiency=None, mapping=NO_FLOOR,
+                                  kernel_groups=None, beats_floor=False))
+    rows_out.sort(key=lambda r: (-r.floor_ms, -r.measured_ms))
     idle = max(b.step_ms.median - b.busy_ms_per_step, 0.0)
-    rows_out.append({"category": "gpu_idle", "components": [], "measured_ms": round(idle, 4), "floor_ms": 0.0,
-                     "excess_ms": round(idle, 4), "efficiency": None, "mapping": IDLE,
-                     "kernel_groups": None, "beats_floor": False})
+    rows_out.append(LedgerRow(category="gpu_idle", components=[], measured_ms=round(idle, 4), floor_ms=0.0,
+                              excess_ms=round(idle, 4), efficiency=None, mapping=IDLE, kernel_groups=None,
+                              beats_floor=False))
     step = b.step_ms.median
     excess = max(step - floor.floor_ms, 0.0)
-    explained = min(sum(f.ms_per_step for f in report.findings
-                        if f.id not in ("profiler_overhead", "outside_step")), excess)
+    explained = float(min(sum(f.ms_per_step for f in findings if f.id not in ("profiler_overhead", "outside_step")),
+                          excess))
     all_warnings = [f"floor: {w}" for w in floor.warnings] + warnings
-    for w in all_warnings:
-        if w not in report.warnings:
-            report.warnings.append(w)
-    return {"step_ms": round(step, 4), "floor_ms": floor.floor_ms, "excess_ms": round(excess, 4),
-            "efficiency": round(floor.floor_ms / step, 4) if step else None,
-            "explained_by_findings_ms": round(explained, 4), "unexplained_ms": round(excess - explained, 4),
-            "gpu": floor.gpu_id, "tp": floor.tp, "rows": rows_out, "warnings": all_warnings}
+    ledger = GapLedger(step_ms=round(step, 4), floor_ms=floor.floor_ms, excess_ms=round(excess, 4),
+                       efficiency=round(floor.floor_ms / step, 4) if step else None,
+                       explained_by_findings_ms=round(explained, 4), unexplained_ms=round(excess - explained, 4),
+                       gpu=floor.gpu, tp=floor.tp, rows=rows_out, warnings=all_warnings)
+    return ledger, all_warnings

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
-from typing import Any
+
+import msgspec
 
 from decodegap.errors import ParameterError
-from decodegap.model.config import ModelGeometry
-from decodegap.model.hardware import GpuSpec
-from decodegap.model.quant import QuantScheme, WeightFormat
+from decodegap.floor.config import ModelGeometry
+from decodegap.floor.hardware import GpuSpec
+from decodegap.floor.quant import QuantScheme, WeightFormat
+from decodegap.records import Struct, as_json_data
 
 ACTIVATION_BYTES = 2  # bf16 hidden states crossing the all-reduce
 # Floor times are rounded once, here, to this many decimals of a millisecond: the floor's own report, its JSON and
@@ -23,128 +24,107 @@ MS_DIGITS = 6
 INDEXER_SCALE_BYTES = 4  # one fp32 scale per FP8 indexer key (DeepSeek-V3.2 cache layout)
 
 
-@dataclass(frozen=True)
-class Component:
+class FloorComponent(Struct):
+    """One part of the step's least time: max(bytes / bandwidth, flops / peak) of what it reads and computes."""
+
     name: str
-    category: (
-        str  # the measured-breakdown category this time shows up under (gemm, moe, attention, collective)
-    )
-    bytes_per_gpu: float
-    flops_per_gpu: float
+    category: str  # the measured-breakdown category this time shows up under (gemm, moe, attention, collective)
+    bytes_per_gpu: int
+    flops_per_gpu: int
     memory_ms: float
     compute_ms: float
     ms: float
     bound: str  # "memory" | "compute" | "latency" | "interconnect"
-    formats: str = ""  # weight format(s) or KV dtype
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "category": self.category,
-            "bytes_per_gpu": round(self.bytes_per_gpu),
-            "flops_per_gpu": round(self.flops_per_gpu),
-            "memory_ms": round(self.memory_ms, 6),
-            "compute_ms": round(self.compute_ms, 6),
-            "ms": round(self.ms, 6),
-            "bound": self.bound,
-            "formats": self.formats,
-            "detail": self.detail,
-        }
+    formats: str  # weight format(s) or KV dtype
+    detail: str
 
 
-@dataclass(frozen=True)
-class ReplicatedWeights:
+def make_component(name: str, category: str, nbytes: float, flops: float, memory_ms: float, compute_ms: float,
+                   ms: float, bound: str, formats: str = "", detail: str = "") -> FloorComponent:
+    """A component: bytes and flops whole, its time (`ms`, what the floor adds up) rounded to MS_DIGITS once, so
+    that the floor, its report and the gap ledger show one value; memory and compute time as computed (the report
+    rounds them, Floor.rounded)."""
+    return FloorComponent(name=name, category=category, bytes_per_gpu=round(nbytes), flops_per_gpu=round(flops),
+                          memory_ms=memory_ms, compute_ms=compute_ms, ms=round(ms, MS_DIGITS), bound=bound,
+                          formats=formats, detail=detail)
+
+
+class Params(Struct):
+    """Parameter counts: `active` is what one token reads (output head counted, input embedding table not: OpenAI,
+    DeepSeek, Moonshot); the other publishers' conventions under their own names (docs/floor.md)."""
+
+    total: int
+    active: int
+    active_with_embeddings: int
+    active_non_embedding: int
+    mtp: int
+
+
+class MemoryPerGpu(Struct):
+    weights_bytes: int  # every weight a rank holds (all experts), not what a step reads
+    kv_bytes: int  # the KV cache of batch x context tokens on one rank
+    gpu_bytes: int | None  # None when unknown (a custom GPU)
+    fits: bool | None
+
+
+class ReplicatedWeights(Struct):
     """Weights engines keep whole on every TP rank; the floor assumes them split: extra, shown apart."""
 
     modules: tuple[str, ...]
-    extra_bytes_per_gpu: float
+    extra_bytes_per_gpu: int
     extra_ms: float
 
 
-@dataclass(frozen=True)
-class Floor:
+FLOOR_SCHEMA = "decodegap.floor/1"
+
+
+class Floor(Struct):
+    """The least time of one decode step on given hardware, per component, and what it assumes."""
+
+    schema: str  # FLOOR_SCHEMA
     model_type: str
-    gpu_id: str
+    gpu: str
     tp: int
     batch: int
     context: int
+    quant: str
     floor_ms: float
     tokens_per_s: float  # per sequence
+    aggregate_tokens_per_s: float
     bound: str
-    components: tuple[Component, ...]
-    params_total: int
-    params_active: int
-    params_active_non_embedding: int
-    params_mtp: int
-    replicated: ReplicatedWeights
-    quant: str
     allreduce_us: float
-    assumptions: tuple[str, ...] = field(default_factory=tuple)
-    params_active_with_embeddings: int = 0
-    stored_weight_bytes_per_gpu: float = 0.0  # every weight a rank holds (all experts), not what a step reads
-    kv_bytes_per_gpu: float = 0.0  # the KV cache of batch x context tokens on one rank
-    gpu_memory_bytes: float = 0.0  # 0 when unknown (a custom GPU)
-    warnings: tuple[str, ...] = field(default_factory=tuple)
+    params: Params
+    memory_per_gpu: MemoryPerGpu
+    warnings: tuple[str, ...]
+    components: tuple[FloorComponent, ...]
+    replicated_weights: ReplicatedWeights
+    assumptions: tuple[str, ...]
 
     @property
-    def aggregate_tokens_per_s(self) -> float:
-        return self.tokens_per_s * self.batch
-
-    @property
-    def weight_bytes_per_gpu(self) -> float:
+    def weight_bytes_per_gpu(self) -> int:
         return sum(c.bytes_per_gpu for c in self.components if c.category in ("gemm", "moe"))
 
-    @property
-    def fits_in_memory(self) -> bool | None:
-        if not self.gpu_memory_bytes:
-            return None
-        return self.stored_weight_bytes_per_gpu + self.kv_bytes_per_gpu <= self.gpu_memory_bytes
-
-    def component(self, name: str) -> Component:
+    def component(self, name: str) -> FloorComponent:
         for c in self.components:
             if c.name == name:
                 return c
         raise KeyError(name)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": "decodegap.floor/1",
-            "model_type": self.model_type,
-            "gpu": self.gpu_id,
-            "tp": self.tp,
-            "batch": self.batch,
-            "context": self.context,
-            "quant": self.quant,
-            "floor_ms": round(self.floor_ms, 6),
-            "tokens_per_s": round(self.tokens_per_s, 3),
-            "aggregate_tokens_per_s": round(self.aggregate_tokens_per_s, 3),
-            "bound": self.bound,
-            "allreduce_us": self.allreduce_us,
-            "params": {
-                "total": self.params_total,
-                # what one token reads: output head counted, input embedding table not (OpenAI, DeepSeek,
-                # Moonshot); the other publishers' conventions under their own names (docs/floor.md)
-                "active": self.params_active,
-                "active_with_embeddings": self.params_active_with_embeddings,
-                "active_non_embedding": self.params_active_non_embedding,
-                "mtp": self.params_mtp,
-            },
-            "memory_per_gpu": {
-                "weights_bytes": round(self.stored_weight_bytes_per_gpu),
-                "kv_bytes": round(self.kv_bytes_per_gpu),
-                "gpu_bytes": round(self.gpu_memory_bytes) or None,
-                "fits": self.fits_in_memory,
-            },
-            "warnings": list(self.warnings),
-            "components": [c.to_dict() for c in self.components],
-            "replicated_weights": {
-                "modules": list(self.replicated.modules),
-                "extra_bytes_per_gpu": round(self.replicated.extra_bytes_per_gpu),
-                "extra_ms": round(self.replicated.extra_ms, 6),
-            },
-            "assumptions": list(self.assumptions),
-        }
+    def rounded(self) -> Floor:
+        """The floor as reports show it: times to MS_DIGITS decimals of a millisecond, rates to 3."""
+        ms = MS_DIGITS
+        return msgspec.structs.replace(
+            self, floor_ms=round(self.floor_ms, ms), tokens_per_s=round(self.tokens_per_s, 3),
+            aggregate_tokens_per_s=round(self.aggregate_tokens_per_s, 3),
+            components=tuple(msgspec.structs.replace(c, memory_ms=round(c.memory_ms, ms),
+                                                     compute_ms=round(c.compute_ms, ms), ms=round(c.ms, ms))
+                             for c in self.components),
+            replicated_weights=msgspec.structs.replace(self.replicated_weights,
+                                                       extra_ms=round(self.replicated_weights.extra_ms, ms)))
+
+    def to_dict(self) -> dict:
+        """The floor as `decodegap floor --format json` prints it (schema decodegap.floor/1)."""
+        return as_json_data(self.rounded())
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
@@ -175,21 +155,11 @@ class _Accumulator:
         """`params` weights split over tp ranks, each multiplied by `tokens` token vectors."""
         self.add(params * fmt.bytes_per_weight / tp, 2.0 * params * tokens / tp, fmt.compute, fmt.name)
 
-    def component(self, name: str, category: str, detail: str = "") -> Component:
+    def component(self, name: str, category: str, detail: str = "") -> FloorComponent:
         memory_ms = self.bytes / (self.gpu.bandwidth_gbps * 1e9) * 1e3
         bound = "compute" if self.compute_ms > memory_ms else "memory"
-        return Component(
-            name,
-            category,
-            self.bytes,
-            self.flops,
-            memory_ms,
-            self.compute_ms,
-            round(max(memory_ms, self.compute_ms), MS_DIGITS),
-            bound,
-            "+".join(self.formats),
-            detail,
-        )
+        return make_component(name, category, self.bytes, self.flops, memory_ms, self.compute_ms,
+                         max(memory_ms, self.compute_ms), bound, "+".join(self.formats), detail)
 
 
 def _attention_tokens(geometry: ModelGeometry, layer: int, context: int, sparse_attention: bool) -> int:
@@ -226,7 +196,7 @@ def compute_floor(
     check_tp(geometry, tp)
     g = geometry
     use_indexer = g.has_indexer and sparse_attention
-    comps: list[Component] = []
+    comps: list[FloorComponent] = []
 
     # -- weights, ideally split over the TP ranks ------------------------------------------------------
     attn = _Accumulator(gpu)
@@ -350,14 +320,14 @@ def compute_floor(
         wire_us = wire_bytes / (gpu.interconnect_gbps * 1e9) * 1e6
         ms = calls * (latency_us + wire_us) / 1e3
         comps.append(
-            Component(
+            make_component(
                 "allreduce",
                 "collective",
                 calls * wire_bytes,
                 0.0,
                 0.0,
                 0.0,
-                round(ms, MS_DIGITS),
+                ms,
                 "latency" if latency_us >= wire_us else "interconnect",
                 gpu.interconnect,
                 f"{calls} calls x ({latency_us:g} us + {wire_us:.2f} us for {message} B)",
@@ -371,8 +341,8 @@ def compute_floor(
         by_bound[key] = by_bound.get(key, 0.0) + c.ms
     bound = max(by_bound, key=lambda k: by_bound[k]) if floor_ms > 0 else "memory"
 
-    replicated = _replicated_weights(g, quant, gpu, tp, use_indexer)
-    stored = stored_weight_bytes(g, quant) / tp + replicated.extra_bytes_per_gpu
+    modules, extra_bytes, extra_ms = _replicated_weights(g, quant, gpu, tp, use_indexer)
+    stored = stored_weight_bytes(g, quant) / tp + extra_bytes
     kv_bytes = next(c.bytes_per_gpu for c in comps if c.name == "kv_cache")
     gpu_bytes = gpu.memory_gb * 2**30  # datasheet "GB" read as GiB: generous, so only a real overflow warns
     warnings = []
@@ -381,29 +351,31 @@ def compute_floor(
             f"does not fit: {stored / 1e9:,.1f} GB of weights + {kv_bytes / 1e9:,.1f} GB of KV per GPU exceed the "
             f"{gpu.memory_gb:g} GB of a {gpu.id} at tp {tp}; this floor is for a setup that cannot run"
         )
+    tokens_per_s = 1e3 / floor_ms if floor_ms > 0 else float("inf")
     return Floor(
+        schema=FLOOR_SCHEMA,
         model_type=g.model_type,
-        gpu_id=gpu.id,
+        gpu=gpu.id,
         tp=tp,
         batch=batch,
         context=context,
-        floor_ms=floor_ms,
-        tokens_per_s=1e3 / floor_ms if floor_ms > 0 else float("inf"),
-        bound=bound,
-        components=tuple(comps),
-        params_total=g.params_total,
-        params_active=g.params_active,
-        params_active_non_embedding=g.params_active_non_embedding,
-        params_mtp=g.params_mtp,
-        replicated=replicated,
         quant=quant.describe(),
-        allreduce_us=latency_us,
-        assumptions=_assumptions(g, gpu, tp, batch, context, latency_us, use_indexer),
-        params_active_with_embeddings=g.params_active_with_embeddings,
-        stored_weight_bytes_per_gpu=stored,
-        kv_bytes_per_gpu=kv_bytes,
-        gpu_memory_bytes=gpu_bytes,
+        floor_ms=floor_ms,
+        tokens_per_s=tokens_per_s,
+        aggregate_tokens_per_s=tokens_per_s * batch,
+        bound=bound,
+        allreduce_us=float(latency_us),
+        params=Params(total=g.params_total, active=g.params_active,
+                      active_with_embeddings=g.params_active_with_embeddings,
+                      active_non_embedding=g.params_active_non_embedding, mtp=g.params_mtp),
+        memory_per_gpu=MemoryPerGpu(weights_bytes=round(stored), kv_bytes=round(kv_bytes),
+                                    gpu_bytes=round(gpu_bytes) or None,
+                                    fits=stored + kv_bytes <= gpu_bytes if gpu_bytes else None),
         warnings=tuple(warnings),
+        components=tuple(comps),
+        replicated_weights=ReplicatedWeights(modules=modules, extra_bytes_per_gpu=round(extra_bytes),
+                                             extra_ms=extra_ms),
+        assumptions=_assumptions(g, gpu, tp, batch, context, latency_us, use_indexer),
     )
 
 
@@ -463,11 +435,12 @@ def stored_weight_bytes(g: ModelGeometry, quant: QuantScheme) -> float:
 
 def _replicated_weights(
     g: ModelGeometry, quant: QuantScheme, gpu: GpuSpec, tp: int, use_indexer: bool
-) -> ReplicatedWeights:
+) -> tuple[tuple[str, ...], float, float]:
     """What vLLM/SGLang keep whole on every rank: MLA's down-projections (q_a, kv_a), the DSA indexer, the MoE
-    router, and K/V projections once tp exceeds the KV heads. Extra bytes each rank reads beyond its 1/tp."""
+    router, and K/V projections once tp exceeds the KV heads. (modules, extra bytes each rank reads beyond its
+    1/tp, their ms)."""
     if tp <= 1:
-        return ReplicatedWeights((), 0.0, 0.0)
+        return (), 0.0, 0.0
     modules: list[str] = []
     extra = 0.0
     if g.is_mla:
@@ -493,7 +466,7 @@ def _replicated_weights(
         extra += (
             g.num_moe_layers * g.router_params * quant.format_for(g, "router").bytes_per_weight * (1 - 1 / tp)
         )
-    return ReplicatedWeights(tuple(modules), extra, extra / (gpu.bandwidth_gbps * 1e9) * 1e3)
+    return tuple(modules), extra, extra / (gpu.bandwidth_gbps * 1e9) * 1e3
 
 
 def _assumptions(

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from decodegap.layer_count import count_layers, data_dependent
-from decodegap.phase import widest_gemm_rows
+from decodegap.steps.layers import count_layers, data_dependent
+from decodegap.steps.phase import widest_gemm_rows
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace
 

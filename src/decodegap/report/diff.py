@@ -1,10 +1,12 @@
-"""Two decode profiles side by side: step time, categories, kernel groups (new, gone, faster, slower) and
-findings that appeared or vanished. Works on JSON reports, so either side can be a trace or a saved report."""
+"""Two decode profiles side by side: step time, categories, kernel groups (new, gone, faster, slower), findings that
+appeared or vanished, and the step BEFORE's findings predict beside AFTER's. Works on JSON reports, so either side
+can be a trace (decodegap.api.load_report analyzes it) or a saved report."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
@@ -16,22 +18,6 @@ from decodegap.analysis import SCHEMA
 CHANGE = 0.10  # relative change below which a kernel group counts as unchanged
 MIN_MS = 0.005  # and absolute change below which, too
 SAVED_REPORT_MAX_BYTES = 50_000_000  # a larger .json is read as a trace
-
-
-def load_report(path: Path, tpot_ms: float | None = None) -> dict:
-    """A report dict from a trace, a folder of traces, or a saved `analyze --format json` report."""
-    if path.is_file() and path.suffix == ".json" and path.stat().st_size < SAVED_REPORT_MAX_BYTES:
-        saved = _saved_report(path)
-        if saved is not None:
-            return saved
-    from decodegap.model.config import named_for_what_it_is
-    from decodegap.pipeline import AnalysisOptions, analyze_path
-    from decodegap.report.json import report_dict
-
-    try:
-        return report_dict(analyze_path(path, AnalysisOptions(tpot_ms=tpot_ms)))
-    except UserError as exc:
-        raise named_for_what_it_is(path, exc) from None
 
 
 class _Ms(msgspec.Struct):
@@ -76,9 +62,11 @@ class _SavedReport(msgspec.Struct):
     findings: list[_Finding]
 
 
-def _saved_report(path: Path) -> dict | None:
-    """The saved report at `path`, checked for the fields diff reads and for finite, non-negative numbers;
-    None when the file is no decodegap report (it is then read as a trace)."""
+def saved_report(path: Path) -> dict | None:
+    """The saved report at `path` (a small .json), checked for the fields diff reads and for finite, non-negative
+    numbers; None when the file is no decodegap report (it is then read as a trace)."""
+    if not (path.is_file() and path.suffix == ".json" and path.stat().st_size < SAVED_REPORT_MAX_BYTES):
+        return None
     try:
         data = json.loads(path.read_bytes())  # Python's json reads NaN and Infinity too: refused below, by name
     except RecursionError:
@@ -215,11 +203,47 @@ def _finding_rows(before: dict, after: dict) -> list[dict]:
         return out
 
     old, new = by_id(before), by_id(after)
+    estimates = {f["id"]: _estimate_ms(f) for f in before["findings"]}
     order = {"gone": 0, "kept": 1, "new": 2}
     rows = [{"id": i, "status": "kept" if i in old and i in new else "gone" if i in old else "new",
-             "before_ms": round(old[i], 4) if i in old else None, "after_ms": round(new[i], 4) if i in new else None}
+             "before_ms": round(old[i], 4) if i in old else None, "after_ms": round(new[i], 4) if i in new else None,
+             "predicted_step_ms": estimates.get(i)}
             for i in old.keys() | new.keys()]
     return sorted(rows, key=lambda r: (order[r["status"]], r["id"]))
+
+
+def _estimate_ms(finding: dict) -> float | None:
+    """The step a finding's after_fix predicts (None: no estimate, or a report from before there were any)."""
+    after = finding.get("after_fix")
+    ms = after.get("step_ms") if isinstance(after, dict) else None
+    return float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None
+
+
+@dataclass(frozen=True)
+class _Estimated:
+    """A saved finding as decodegap.findings.best_case reads one."""
+
+    id: str
+    evidence: dict
+    after_fix: object
+
+
+def prediction(before: dict, after: dict, before_ms: float, after_ms: float) -> dict | None:
+    """The step BEFORE's findings predict once those gone on AFTER are fixed (their after_fix estimates added as
+    the report's best case adds them), beside AFTER's measured step; None when no finding that went had one."""
+    from types import SimpleNamespace
+
+    from decodegap.findings import best_case
+
+    gone = {f["id"] for f in before["findings"]} - {f["id"] for f in after["findings"]}
+    fixed = [_Estimated(f["id"], f.get("evidence") if isinstance(f.get("evidence"), dict) else {},
+                        SimpleNamespace(step_ms=_estimate_ms(f)))
+             for f in before["findings"] if f["id"] in gone and _estimate_ms(f) is not None]
+    best = best_case(fixed, before_ms) if before_ms else None
+    if best is None or best.step_ms <= 0:
+        return None
+    return {"step_ms": round(best.step_ms, 4), "findings": list(best.findings), "measured_ms": after_ms,
+            "off_pct": round((after_ms / best.step_ms - 1.0) * 100.0, 2)}
 
 
 def _has_gpu(report: dict) -> bool:
@@ -282,6 +306,7 @@ def diff_reports(before: dict, after: dict) -> dict:
                   "device": after["trace"].get("device"), "layers": after.get("layers")},
         "speedup": round(b_ms / a_ms, 4) if a_ms else None,
         "step_delta_ms": round(a_ms - b_ms, 4),
+        "predicted": prediction(before, after, b_ms, a_ms),
         "categories": categories,
         "gpu_idle": _gpu_idle(before, after),
         "kernels": [k for k in kernels if k["status"] != "same"],
@@ -324,6 +349,11 @@ def render_diff(d: dict, fmt: str = "text", top: int = 15) -> str:
     md = fmt == "md"
     lines = [("## " if md else "") + f"decodegap diff: {d['before']['path']} -> {d['after']['path']}", "",
              f"step time: {d['before']['step_ms']:.3f} ms -> {d['after']['step_ms']:.3f} ms ({_step_change(d)})"]
+    predicted = d.get("predicted")
+    if predicted:
+        lines.append(f"predicted by before's findings once {' + '.join(predicted['findings'])} "
+                     f"{'is' if len(predicted['findings']) == 1 else 'are'} fixed: {predicted['step_ms']:.3f} ms; "
+                     f"measured {predicted['measured_ms']:.3f} ms ({predicted['off_pct']:+.1f}%)")
     findings = d.get("findings") or []
     if findings:
         def listed(status: str) -> str:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-from decodegap import forward_anchors
-from decodegap.forward_anchors import FAMILIES, lost_launches
-from decodegap.phase import is_training, phase_from_tokens, phases_from_launches, step_tokens, widest_gemm_rows
-from decodegap.repetition import (
+from decodegap.steps import anchors as forward_anchors
+from decodegap.steps.anchors import FAMILIES, lost_launches
+from decodegap.steps.phase import is_training, phase_from_tokens, phases_from_launches, step_tokens, widest_gemm_rows
+from decodegap.steps.repetition import (
     REGULAR,
     Anchor,
     backers,
@@ -33,7 +34,7 @@ from decodegap.repetition import (
     smallest_period,
 )
 from decodegap.errors import UserError
-from decodegap.step_marks import FAMILY_ORDER, StepMark, step_marks
+from decodegap.steps.marks import FAMILY_ORDER, StepMark, step_marks
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace
 
@@ -212,7 +213,7 @@ def _split_multi_forward(pieces: list[_Piece], trace: Trace, links: Links) -> tu
         tokens = _unit_tokens(names[p.rows], graph_of[p.rows], starts)
         cut = (_cut_by_repetition(tokens, gaps[p.rows][starts], names[p.rows], starts,
                                   head[p.rows] if head is not None else None) if len(tokens) >= 6 else None)
-        if cut is None or not cut[1].startswith(_STEP_PERIOD) or len(cut[0]) < 3:
+        if cut is None or not cut.period_is_step or len(cut.bounds) < 3:
             out.append(p)
             continue
         split += 1
@@ -361,7 +362,7 @@ def _from_launches_or_repetition(trace: Trace, links: Links, training: bool = Fa
         piece = _Piece(int(gpu.ts_ns[0]), int(end.max()), np.arange(n_rows))
         return [piece], "whole_trace", "no repeating kernel sequence: the whole trace is one step", [
             "no step marks, graph launches or repeating kernel sequence: the whole trace is taken as one step"]
-    bounds, what = cut
+    bounds, what, _ = cut
     row_bounds = np.append(unit_start, n_rows)[bounds]
     pieces = [_Piece(int(gpu.ts_ns[lo]), int(end[lo:hi].max()), np.arange(lo, hi))
               for lo, hi in zip(row_bounds[:-1], row_bounds[1:], strict=True) if hi > lo]
@@ -445,11 +446,17 @@ def _holds_layers(inner, block: np.ndarray, head: np.ndarray | None = None) -> b
     return bool(head.any()) if head is not None else 2 * inner.period >= 0.8 * len(block)
 
 
-_STEP_PERIOD = "a step every "  # how _cut_by_repetition says the period it found is a whole step
+class _Cut(NamedTuple):
+    """Unit bounds of the forwards a repeating sequence gives, how they were found (words), and whether the period
+    that repeats is a whole step (else a layer, the forwards being runs of it)."""
+
+    bounds: np.ndarray
+    detail: str
+    period_is_step: bool
 
 
 def _cut_by_repetition(seq: np.ndarray, gaps: np.ndarray, row_seq: np.ndarray, unit_start: np.ndarray,
-                       head: np.ndarray | None = None) -> tuple[np.ndarray, str] | None:
+                       head: np.ndarray | None = None) -> _Cut | None:
     """Unit bounds of the forwards, and how they were found; None when nothing repeats.
 
     seq holds one token per unit (a kernel, or a whole graph replay); the layers inside a period are looked for
@@ -476,17 +483,17 @@ def _cut_by_repetition(seq: np.ndarray, gaps: np.ndarray, row_seq: np.ndarray, u
         cuts = cuts[cuts < n]
         bounds = np.unique(np.concatenate(([0], cuts, [n])))
         unit = "GPU activities" if len(seq) == len(row_seq) else "units (a graph replay or an eager kernel)"
-        return bounds, f"{_STEP_PERIOD}{period} {unit} per step, {inner.count} layers each"
+        return _Cut(bounds, f"a step every {period} {unit} per step, {inner.count} layers each", True)
     # The period is a layer (or a group of alternating layers): forwards are runs of them, split where a long
     # irregular interval holds kernels no layer runs (the once-per-forward work).
     cuts = _forward_boundaries(seq, gaps, anchor)
     bounds = np.concatenate(([0], cuts, [n])).astype(np.int64)
     forwards = len(bounds) - 1
-    return bounds, (f"the repeating block ({period} units) is a layer, not a step: {forwards} forward(s), "
-                    "each a run of layers between the once-per-forward work")
+    return _Cut(bounds, f"the repeating block ({period} units) is a layer, not a step: {forwards} forward(s), "
+                        "each a run of layers between the once-per-forward work", False)
 
 
-def _one_forward_per_replay(tokens, gaps, row_seq, unit_start, graph_of) -> tuple[np.ndarray, str] | None:
+def _one_forward_per_replay(tokens, gaps, row_seq, unit_start, graph_of) -> _Cut | None:
     """Replays that each hold a whole forward (layers and their glue): one step each, cut between two replays
     where the GPU idles longest. Replays that hold only layers are pieces of one forward: None."""
     replay_units = np.flatnonzero(graph_of[unit_start] >= 0)
@@ -500,7 +507,7 @@ def _one_forward_per_replay(tokens, gaps, row_seq, unit_start, graph_of) -> tupl
         between = np.arange(a + 1, b + 1)  # the eager units after replay a, and replay b itself
         cuts.append(int(between[np.argmax(gaps[between])]))
     bounds = np.concatenate(([0], cuts, [len(tokens)])).astype(np.int64)
-    return np.unique(bounds), f"one forward per graph replay ({inner.count} layers each)"
+    return _Cut(np.unique(bounds), f"one forward per graph replay ({inner.count} layers each)", True)
 
 
 def _forward_boundaries(seq: np.ndarray, gaps: np.ndarray, anchor: Anchor) -> np.ndarray:

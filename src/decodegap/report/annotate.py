@@ -14,22 +14,25 @@ includes `baseTimeNanoseconds` wherever the file wrote it, `Trace.base_ns`), so 
 from __future__ import annotations
 
 import gzip
-import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
-from decodegap import shapes as shape_info
-from decodegap.breakdown import infer_layers
+from decodegap.ops import shapes as shape_info
+from decodegap.breakdown.breakdown import infer_layers
 from decodegap.errors import ParameterError, UserError
-from decodegap.kernel_names import short_kernel_name
-from decodegap.repetition import name_classes
+from decodegap.ops.kernel_names import short_kernel_name
+from decodegap.steps.repetition import name_classes
 from decodegap.trace.json_events import Reader
 from decodegap.trace.read import TruncatedStream, iter_text_chunks
+
+if TYPE_CHECKING:
+    from decodegap.pipeline import Report
 
 # A pid no process can have (Linux pids stop at 2**22), so decodegap's track never merges with the trace's own.
 PID = 0xDEC0DE
@@ -160,8 +163,8 @@ def _agrees(k, entry: dict, finding, root: bool) -> bool:
         checks.append(abs(k.calls_per_step - calls) <= 0.006)
     if isinstance(ms, (int, float)):
         checks.append(abs(k.ms_per_step - ms) <= 0.0006)
-    elif root:
-        checks.append(math.isclose(k.ms_per_step, finding.ms_per_step, rel_tol=1e-9))
+    elif root:  # the finding's own time, as the report rounds it
+        checks.append(abs(k.ms_per_step - finding.ms_per_step) <= 0.00006)
     if isinstance(shapes, list) and k.input_shapes is not None:
         checks.append([s for s, _ in k.input_shapes] == shapes)
     return bool(checks) and all(checks)
@@ -171,11 +174,12 @@ def blamed_groups(rank, finding) -> list:
     """The kernel groups (breakdown.KernelGroup) a finding blames. Evidence names a kernel in full or shortened;
     when that names several groups, the ones its numbers describe."""
     out = []
-    for entry in _kernel_entries(finding.evidence):
+    evidence = finding.evidence.as_dict()
+    for entry in _kernel_entries(evidence):
         name = entry["kernel"]
         named = [k for k in rank.breakdown.kernels if k.name == name or short_kernel_name(k.name) == name]
         if len(named) > 1:
-            named = [k for k in named if _agrees(k, entry, finding, entry is finding.evidence)] or named
+            named = [k for k in named if _agrees(k, entry, finding, entry is evidence)] or named
         out += [k for k in named if k not in out]
     return out
 
@@ -370,13 +374,13 @@ def check_target(src: str | Path, out: str | Path) -> None:
                              "never changed)", out=str(out))
 
 
-def write_overlay(report, out: str | Path) -> list[Path]:
+def write_overlay(report: Report, out: str | Path) -> list[Path]:
     """Annotate every trace file of a pipeline Report: a file input gives the file `out`; a folder input gives a
     folder `out` holding each rank's file under its path relative to the input folder. Returns what was written."""
     out = Path(out)
     check_target(report.path, out)
     for r in report.ranks:
-        if any(w.startswith("the trace is truncated") for w in r.trace.warnings):
+        if r.trace.truncated:
             raise UserError(f"{r.trace.path}: cannot annotate a truncated trace (its events would not close)")
     if report.path.is_dir():
         targets = [(r, out / r.trace.path.relative_to(report.path)) for r in report.ranks]
@@ -408,8 +412,8 @@ class RankTrace:
 
 
 def _with_events(path: Path) -> RankTrace:
-    from decodegap.breakdown import compute_breakdown
-    from decodegap.steps import find_steps
+    from decodegap.breakdown.breakdown import compute_breakdown
+    from decodegap.steps.steps import find_steps
     from decodegap.trace import load_trace
     from decodegap.trace.link import link
 
