@@ -121,16 +121,17 @@ def _launches_of(trace: Trace, links: Links, rows: np.ndarray) -> np.ndarray:
     return np.sort(trace.runtime.ts_ns[rt]) if len(rt) else np.empty(0, np.int64)
 
 
-def group(times: np.ndarray, sorted_when: np.ndarray) -> np.ndarray:
+def group(times: np.ndarray, sorted_when: np.ndarray, last: bool = False) -> np.ndarray:
     """Occurrences with (almost) no launches between them are one anchor (GPT-2's token and position embeddings):
-    the first time of each group."""
+    the first time of each group, or the last (`last`, for anchors that close a forward)."""
     if len(times) < 2:
         return times
     launches = np.diff(np.searchsorted(sorted_when, times))
     widest = launches.max()
     if widest == 0:
-        return times[:1]
-    keep = np.concatenate(([True], launches >= GROUP_GAP * widest))
+        return times[-1:] if last else times[:1]
+    apart = launches >= GROUP_GAP * widest
+    keep = np.concatenate((apart, [True])) if last else np.concatenate(([True], apart))
     return times[keep]
 
 
@@ -176,7 +177,7 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
             times = times[(times >= window[0]) & (times <= window[1])]
         if not len(times):
             continue
-        found[fid] = group(times, sorted_when) if family.role == "start" else _group_end(times, sorted_when)
+        found[fid] = group(times, sorted_when, last=family.role == "end")
     for fid, anchors in found.items():
         result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names)
         if result is not None:
@@ -200,18 +201,6 @@ def _with_closing(times: np.ndarray, sorted_when: np.ndarray, role: str) -> np.n
         return times[: after[0] + 1] if len(after) else times
     before = np.flatnonzero(times < sorted_when[0])
     return times[before[-1]:] if len(before) else times
-
-
-def _group_end(times: np.ndarray, sorted_when: np.ndarray) -> np.ndarray:
-    """Like group, for end anchors: the last time of each group."""
-    if len(times) < 2:
-        return times
-    launches = np.diff(np.searchsorted(sorted_when, times))
-    widest = launches.max()
-    if widest == 0:
-        return times[-1:]
-    keep = np.concatenate((launches >= GROUP_GAP * widest, [True]))
-    return times[keep]
 
 
 def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Family, seq: np.ndarray,

@@ -103,6 +103,8 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
             outside = sum(len(positions[n]) - r >= k for n, (k, r) in fixed.items())
             if outside > OUTSIDE_NAMES * len(fixed):  # the runs outside the blocks are a layer the cut left out
                 continue
+            if sum(m == c for _, m, _, _ in periodic.values()) < MIN_BACKERS + 1:
+                continue  # a layer runs more than the one kernel that counted it: one name alone is no layer
             candidates[c] = _Blocks(c, cuts, backers, periodic, sum(r for *_, r in periodic.values()),
                                     sum(r for _, m, _, r in periodic.values() if m == c))
     if not candidates:
