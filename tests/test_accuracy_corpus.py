@@ -25,14 +25,9 @@ TRUTHS = sorted(CORPUS.glob("*.truth.json"))
 # Read wrong today (issue 20 stays open for them): each is a strict xfail, so a fix that makes one right fails here
 # until it is taken off this list. Steps are right in all of them; the layer count or its kinds are not.
 KNOWN_WRONG = {
-    "deepseek_v3_compiled_generate": "kinds 1+1+6 for 1+7: the compiled first MoE layer fuses kernels of its own",
-    "deepseek_v3_train_profstep": "a training iteration's MoE forward counts 3 layers (its dense layer is left out)",
     "gemma3_sample_padded": "kinds 6 for 5+1: the one full-attention layer is taken for the sliding layers' kind",
     "jamba_eager_generate": "3 layers for 4 (mamba, MoE and attention layers in one stack)",
     "lfm2_eager_generate": "3 layers for 6: conv and attention layers counted as pairs",
-    "mixtral_train_nomarkers": "31 layers for 4: identical iterations make the per-expert launches look per-layer",
-    "qwen3_compiled_hand": "kinds 2+4 for 6: Inductor fuses the edge layers' kernels with the forward's own",
-    "qwen3_moe_train_nomarkers": "kinds 2+2 for 4 (as mixtral_train_nomarkers)",
     "qwen3_next_eager_generate": "kinds 2+2 for 1+3 (linear- and full-attention layers)",
 }
 # The five ways step detection used to fail silently (issue 20), each on a trace the project made itself.

@@ -16,10 +16,13 @@ The input is a sequence of name ids per forward (normalised kernel names; a grap
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from decodegap.ops.categories import categorize
 
 MIN_BACKERS = 1  # names whose occurrences propose a layer count (the partition then has to prove itself)
 EDGE_FUSED_NAMES = 2  # names an edge layer may differ by from its neighbour and still be of its kind
@@ -29,6 +32,7 @@ NEAR_EXPLAINED = 0.9  # a finer partition explaining this share of a coarser one
 OUTSIDE_NAMES = 1 / 3  # share of per-layer names with a layer's worth of runs outside the blocks: a layer left out
 FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
 CUT_OFF = 0.9  # a last layer's block under this share of the shortest other layer was cut off by the forward's tail
+_COMPILED = re.compile(r"^(triton|cpp)_")  # kernels a compiler generated (Inductor), named for the ops it fused
 KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
 
 
@@ -91,30 +95,44 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     by_count: dict[int, list[int]] = {}
     for n, p in positions.items():
         by_count.setdefault(len(p), []).append(n)
-    candidates = {}
+    gemm = {n for n in positions if names and categorize(names[n]) == "gemm"}
+    candidates: list[_Blocks] = []
     for c, group in by_count.items():
         if len(group) < MIN_BACKERS or c * 2 > len(seq):
             continue
         backers = _interleaved(group, positions)
         if len(backers) >= MIN_BACKERS:
-            cuts = np.array([positions[n] for n in backers]).min(axis=0)  # each block from its earliest backer
-            periodic = _periodic(positions, cuts, len(ids))
-            fixed = {n: (k, r) for n, (k, _, _, r) in periodic.items() if k}
-            outside = sum(len(positions[n]) - r >= k for n, (k, r) in fixed.items())
-            if outside > OUTSIDE_NAMES * len(fixed):  # the runs outside the blocks are a layer the cut left out
-                continue
-            if sum(m == c for _, m, _, _ in periodic.values()) < MIN_BACKERS + 1:
-                continue  # a layer runs more than the one kernel that counted it: one name alone is no layer
-            candidates[c] = _Blocks(c, cuts, backers, periodic, sum(r for *_, r in periodic.values()),
-                                    sum(r for _, m, _, r in periodic.values() if m == c))
+            blocks = _partition(c, backers, positions, len(ids), gemm)
+            if blocks.valid:
+                candidates.append(blocks)
     if not candidates:
         return NO_LAYERS
     # The layers are the partition whose blocks run the most work in common: the blocks between one layer's norms
     # (its attention part, its MLP part) share little, and a count that leaves a layer out (the MoE layers' own count
     # leaves the dense one) is no partition (_periodic: too many names run outside its blocks).
-    best = max(candidates.values(), key=lambda b: (b.common, b.count))
-    best = _finer(best, candidates)
+    candidates = [b for b in candidates if not _leaves_out_first(b, candidates)]
+    # A finer count explaining clearly fewer kernels than a coarser one is a loop inside the layers (an eager MoE
+    # layer's experts, all taken when a training batch routes tokens to every one), not the layers.
+    candidates = [b for b in candidates
+                  if all(b.explained >= NEAR_EXPLAINED * o.explained for o in candidates if o.count < b.count)]
+    best = max(candidates, key=lambda b: (b.common, b.count))
+    best = _finer(best, candidates, positions, gemm)
     return _layers(best, ids, positions, names)
+
+
+def _partition(c: int, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int]) -> _Blocks:
+    cuts = np.array([positions[n] for n in backers]).min(axis=0)  # each block from its earliest backer
+    periodic = _periodic(positions, cuts, length)
+    fixed = {n: (k, r) for n, (k, _, _, r) in periodic.items() if k}
+    outside = sum(len(positions[n]) - r >= k for n, (k, r) in fixed.items())
+    # No partition: the runs outside the blocks are a layer the cut left out; or a layer would run no more than the
+    # one kernel that counted it (one name alone is no layer).
+    valid = outside <= OUTSIDE_NAMES * len(fixed) and sum(m == c for _, m, _, _ in periodic.values()) >= MIN_BACKERS + 1
+    # GEMMs run in every block of any partition (each part of a layer projects), so they show no work in common: the
+    # blocks between a layer's norms share their projections' GEMM kernel when a compiler or cuBLAS picks one tile.
+    return _Blocks(c, cuts, backers, periodic, sum(r for *_, r in periodic.values()),
+                   sum(r for n, (_, m, _, r) in periodic.items() if m == c and n not in gemm), valid,
+                   sum(r for n, (*_, r) in periodic.items() if n not in gemm))
 
 
 @dataclass(frozen=True)
@@ -126,6 +144,8 @@ class _Blocks:
 
     explained: int = 0  # kernels of the names that run a fixed number of times per block
     common: int = 0  # of those, the kernels of names every block runs
+    valid: bool = True  # a layer partition at all (_partition)
+    beside_gemm: int = 0  # the explained kernels but GEMMs'
 
 
 def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray, length: int) -> dict[int, tuple[int, int, int, int]]:
@@ -144,9 +164,12 @@ def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray, length: int) -
         bucket = np.bincount(np.searchsorted(bounds, p, side="right"), minlength=c + 2)  # before, blocks, after
         inner, edge = bucket[1:c], int(bucket[0] + bucket[c])
         values = set(inner.tolist()) - {0}
-        if len(values) > MAX_COUNTS_PER_NAME or (not values and not edge):
+        loop = inner.min() > 0 and edge > 0  # every layer runs it, some data-dependent number of times (experts)
+        if (len(values) > MAX_COUNTS_PER_NAME and not loop) or (not values and not edge):
             continue
         last = max((v for v in values | {0} if 0 <= edge - v <= GLUE_RUNS), default=None)  # the last layer's runs
+        if last is None and values and 0 < edge < min(values):
+            last = edge  # a loop whose trip count depends on the data (experts that got tokens) ran fewer times
         if last is None:
             continue
         per_layer = np.append(inner, last)
@@ -161,15 +184,47 @@ def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray, length: int) -
     return out
 
 
-def _finer(best: _Blocks, candidates: dict[int, _Blocks]) -> _Blocks:
+def _leaves_out_first(blocks: _Blocks, others) -> bool:
+    """True when another partition counts these layers and more before them: its first blocks end before this one's
+    first cut and each of its other blocks holds one of this one's cuts (the dense layers that come before a stack of
+    MoE layers, whose own count leaves them out)."""
+    for other in others:
+        ahead = int(np.searchsorted(other.cuts, blocks.cuts[0], side="right")) - 1  # other's blocks before ours
+        if ahead < 1 or other.count != blocks.count + ahead:
+            continue
+        if other.explained < blocks.explained + ahead * other.explained / (2 * other.count):
+            continue  # it explains less than half a layer's worth more: it splits a layer, it adds none
+        held = np.searchsorted(other.cuts, blocks.cuts, side="right") - 1
+        if np.array_equal(held, np.arange(ahead, other.count)):
+            return True
+    return False
+
+
+def _finer(best: _Blocks, candidates: list[_Blocks], positions: dict[int, np.ndarray], gemm: set[int]) -> _Blocks:
     """A block of k layers (a hybrid stack's repeating group, alternating attention kinds) is k layers: the finer
-    partition explains about as many kernels and most of them run in every one of its blocks. A block of unlike
-    halves (attention and MLP, cut by the norms between them) stays one layer: little runs in every half."""
-    for c in sorted((c for c in candidates if c > best.count and c % best.count == 0), reverse=True):
-        fine = candidates[c]
-        if fine.explained >= NEAR_EXPLAINED * best.explained and fine.common >= FINER_COMMON * fine.explained:
+    partition explains about as many kernels, most of them run in every one of its blocks, and most of its blocks run
+    work of their own besides (each layer its own mixer). A block of unlike halves (attention and MLP, cut by the
+    norms between them) stays one layer: little runs in every half; so does a layer's loop (an MoE layer's experts),
+    whose blocks but one per layer run the loop's body alone."""
+    finer = [b for b in candidates if b.count > best.count and b.count % best.count == 0]
+    for fine in sorted(finer, key=lambda b: (b.count, b.common), reverse=True):
+        if (fine.explained >= NEAR_EXPLAINED * best.explained and fine.common >= FINER_COMMON * fine.beside_gemm
+                and _own_work_share(fine, positions, gemm) >= FINER_COMMON):
             return fine
     return best
+
+
+def _own_work_share(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[int]) -> float:
+    """Share of the blocks that run per-layer work not every block runs (GEMM tiles aside)."""
+    c = blocks.count
+    typical = int(np.median(np.diff(blocks.cuts))) if c > 1 else 0
+    bounds = np.append(blocks.cuts, int(blocks.cuts[-1]) + typical)
+    own = np.zeros(c, dtype=bool)
+    for n, (_, m, _, _) in blocks.periodic.items():
+        if m < c and n not in gemm:
+            block = np.searchsorted(bounds, positions[n], side="right") - 1
+            own[block[(block >= 0) & (block < c)]] = True
+    return float(own.mean())
 
 
 def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None) -> Layers:
@@ -217,7 +272,12 @@ def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[int
 def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dict[int, np.ndarray],
            names: list[str] | None) -> tuple[list[LayerKind], list[int]]:
     n_layers = len(starts)
-    present = [frozenset(ids[lo:hi].tolist()) for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)]
+    # The GEMM library picks its tile by the shape it gets (an expert's token count), so which GEMM kernel ran tells
+    # no layer kind from another: the GEMMs of a layer count as one name here.
+    gemm = {n for n in positions if names and categorize(names[n]) == "gemm"}
+    one_gemm = min(gemm, default=-1)
+    ran = [frozenset(ids[lo:hi].tolist()) for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)]
+    present = [frozenset(one_gemm if n in gemm else n for n in r) for r in ran]
     # The names that recur per layer (run at least twice in the forward) and are run by enough of its layers.
     share = Counter(n for s in present for n in s if n in positions)
     telling = {n for n, k in share.items() if KIND_PRESENCE * n_layers < k < n_layers}
@@ -231,7 +291,9 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
             continue
         others = [sig for i, sig in enumerate(signatures) if sig != signatures[edge] and i not in edges]
         closest = min(others, key=lambda sig: len(sig ^ signatures[edge]), default=None)
-        if closest is not None and len(closest ^ signatures[edge]) <= EDGE_FUSED_NAMES:
+        if closest is None or len(closest ^ signatures[edge]) > EDGE_FUSED_NAMES:
+            continue
+        if names and all(_COMPILED.match(names[n]) for n in closest ^ signatures[edge]):  # only a compiler fuses
             signatures[edge] = closest
     # The last layer's block runs into the once-per-forward tail; when it is shorter than every other layer it was
     # cut off there (the cuts sit inside the layers) and shows only part of its kind: a kind that runs all it runs.
@@ -243,8 +305,8 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
     kind_of = [index.setdefault(sig, len(index)) for sig in signatures]
     kinds = []
     for k in range(len(index)):
-        mine = [present[i] for i in range(n_layers) if kind_of[i] == k]
-        theirs = [present[i] for i in range(n_layers) if kind_of[i] != k]
+        mine = [ran[i] for i in range(n_layers) if kind_of[i] == k]
+        theirs = [ran[i] for i in range(n_layers) if kind_of[i] != k]
         own = frozenset.intersection(*mine) - frozenset().union(*theirs) if theirs else frozenset()
         first_at = {n: int(np.flatnonzero(ids == n)[0]) for n in own}
         labels = tuple(names[n] if names else str(n) for n in sorted(own, key=first_at.get)[:4])

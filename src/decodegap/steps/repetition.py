@@ -19,11 +19,19 @@ SIMILAR_SUBBLOCKS = 0.6  # kernel-mix overlap above which k sub-blocks of a bloc
 
 # Inductor numbers its kernels per graph position: triton_poi_fused_add_0, triton_red_fused_mean_12, cpp_fused_3.
 _COMPILER_NUMBERED = re.compile(r"^((?:triton|cpp)_[a-z]+_\w*?)_\d+$")
+_FUSED_NO_WORK = re.compile(r"_(embedding|_unsafe_view|view|reshape|expand|unsqueeze|squeeze|permute|transpose|alias|"
+                            r"as_strided|split_with_sizes)(?=_|$)")
 
 
 def normalized_name(name: str) -> str:
     m = _COMPILER_NUMBERED.match(name)
-    return m.group(1) if m else name
+    if not m:
+        return name
+    # Inductor names a fused kernel by every op its inputs came from, so the embedding lookup that starts the
+    # residual stream shows up in the first layers' norm kernels (`..._add_embedding_mean_mul_pow_rsqrt`), and a
+    # view of the input (`_unsafe_view`, `expand`) where the producer laid it out otherwise: the same per-layer work
+    # as `..._add_mean_mul_pow_rsqrt` in the later layers. Ops that only look up or re-view do no fused work.
+    return _FUSED_NO_WORK.sub("", m.group(1))
 
 
 def name_classes(names: list[str]) -> tuple[np.ndarray, list[str]]:

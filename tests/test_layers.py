@@ -1,0 +1,103 @@
+"""Layers of one forward (steps/layers.py) on kernel sequences built here, layer by layer, so the truth (how many
+layers, of which kinds) is the builder's: dense layers before MoE layers whose experts all run (a training batch),
+a last layer whose expert loop runs fewer times, GEMM tiles that change with an expert's token count, and the names
+Inductor gives the same per-layer work in the first layers and in the rest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from decodegap.steps.layers import count_layers
+from decodegap.steps.repetition import name_classes, normalized_name
+
+PROLOGUE = ["void at::native::indexSelectLargeIndex<c10::BFloat16>", "void at::native::FillFunctor<long>",
+            "void at::native::FillFunctor<long>"]
+TAIL = ["void at::native::rsqrt_kernel_cuda", "void at::native::mean_kernel_cuda", "nvjet_sm90_tst_256x8_lm_head_TNT",
+        "void at::native::reduce_kernel<ArgMaxOps<float>>"]
+
+
+def _norm() -> list[str]:
+    return ["void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",
+            "void at::native::rsqrt_kernel_cuda", "void at::native::mul_kernel_cuda"]
+
+
+def _attention() -> list[str]:
+    return _norm() + ["nvjet_sm90_tst_64x8_qkv_TNT", "void at::native::rotary_cat_kernel",
+                      "void pytorch_flash::flash_fwd_kernel", "nvjet_sm90_tst_64x8_o_proj_TNT",
+                      "void at::native::CUDAFunctor_add<c10::BFloat16>"] + _norm()
+
+
+def _dense() -> list[str]:
+    return _attention() + ["nvjet_sm90_tst_128x8_up_TNT", "void at::native::silu_kernel",
+                           "nvjet_sm90_tst_64x8_down_TNT", "void at::native::CUDAFunctor_add<c10::BFloat16>"]
+
+
+def _moe(experts: int, tile: str = "4x1") -> list[str]:
+    out = _attention() + ["nvjet_sm90_tst_64x8_router_TNT", "void at::native::softmax_warp_forward<float>",
+                          "void at::native::sbtopk::gatherTopK<float>"]
+    for _ in range(experts):  # one launch group per expert that got tokens (eager HF MoE)
+        out += ["void at::native::index_elementwise_kernel<128, 4>", f"nvjet_sm90_tst_64x16_64x16_{tile}_v_bz_TNN",
+                "void at::native::silu_kernel", f"nvjet_sm90_tst_16x64_64x16_{tile}_h_bz_TNT",
+                "void at::native::indexFuncLargeIndex<c10::BFloat16>"]
+    return out + ["void at::native::CUDAFunctor_add<c10::BFloat16>"]
+
+
+def _count(layers: list[list[str]]):
+    seq = PROLOGUE + [k for layer in layers for k in layer] + TAIL
+    mapping, canonical = name_classes(sorted(set(seq)))
+    index = {n: int(mapping[i]) for i, n in enumerate(sorted(set(seq)))}
+    return count_layers(np.array([index[n] for n in seq]), canonical)
+
+
+def _kinds(found) -> list[int]:
+    return sorted(k.count for k in found.kinds) or [found.count]
+
+
+def test_a_dense_layer_before_moe_layers_whose_experts_all_run_is_a_layer():
+    # A training batch routes tokens to every expert: the expert loops repeat exactly, and the MoE layers' own count
+    # (3, with far more work in common than the 4 layers have) leaves the dense layer before them out.
+    found = _count([_dense()] + [_moe(8) for _ in range(3)])
+    assert found.count == 4 and _kinds(found) == [1, 3]
+    assert found.kind_of[0] != found.kind_of[1] and len(set(found.kind_of[1:])) == 1
+
+
+def test_dense_layers_first_then_moe_layers():
+    found = _count([_dense(), _dense()] + [_moe(8) for _ in range(5)])
+    assert found.count == 7 and _kinds(found) == [2, 5]
+
+
+def test_a_last_layer_whose_expert_loop_runs_fewer_times_is_still_a_layer():
+    # One expert got no tokens in the last layer: its loop runs 7 times, the others' 8.
+    found = _count([_moe(8), _moe(8), _moe(8), _moe(7)])
+    assert found.count == 4 and _kinds(found) == [4]
+
+
+@pytest.mark.parametrize("experts", [[8, 8, 8, 8], [6, 8, 7, 8, 8, 5]])
+def test_expert_loops_are_not_layers(experts):
+    found = _count([_moe(e) for e in experts])
+    assert found.count == len(experts)
+
+
+def test_the_gemm_tile_an_experts_token_count_picks_tells_no_kind():
+    found = _count([_moe(8, "4x1"), _moe(8, "4x1"), _moe(8, "4x2"), _moe(8, "4x2")])
+    assert found.count == 4 and _kinds(found) == [4]
+
+
+@pytest.mark.parametrize("name, same_as", [
+    ("triton_per_fused__to_copy__unsafe_view_add_embedding_mean_mul_pow_rsqrt_3",
+     "triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_11"),
+    ("triton_poi_fused__to_copy_add_clone_expand_mean_mul_pow_rsqrt_unsqueeze_view_4",
+     "triton_poi_fused__to_copy__unsafe_view_add_clone_expand_mean_mul_pow_rsqrt_unsqueeze_view_19"),
+])
+def test_inductor_names_for_no_work_ops_are_the_same_kernel(name, same_as):
+    assert normalized_name(name) == normalized_name(same_as)
+
+
+@pytest.mark.parametrize("name, other", [
+    ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_3", "triton_poi_fused__to_copy_add_mean_mul_pow_rsqrt_3"),
+    ("triton_poi_fused_cat_2", "triton_poi_fused_mul_silu_2"),
+    ("void at::native::embedding_backward_kernel", "void at::native::backward_kernel"),
+])
+def test_names_that_differ_in_work_stay_apart(name, other):
+    assert normalized_name(name) != normalized_name(other)
