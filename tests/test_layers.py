@@ -73,8 +73,10 @@ def test_a_last_layer_whose_expert_loop_runs_fewer_times_is_still_a_layer():
     assert found.count == 4 and _kinds(found) == [4]
 
 
-@pytest.mark.parametrize("experts", [[8, 8, 8, 8], [6, 8, 7, 8, 8, 5]])
+@pytest.mark.parametrize("experts", [[8, 8, 8, 8], [8, 8, 7, 8, 8, 8], [6, 6, 6, 6, 6]])
 def test_expert_loops_are_not_layers(experts):
+    # One forward (or identical training iterations): nothing tells the per-expert launches from per-layer work but
+    # the layers' structure. An expert idle in one layer leaves its loop one short there.
     found = _count([_moe(e) for e in experts])
     assert found.count == len(experts)
 

@@ -5,13 +5,20 @@ launch group per expert that got tokens, so kernel counts and positions shift fr
 So layers are read from counts, not from a repeating sequence:
 - a name is data-independent when it runs the same number of times in every forward of one phase (with one forward
   to look at, every name is taken as such);
-- a candidate layer count c is one that at least two such names share *and* interleave on: occurrence j of each
-  falls in block j (the blocks begin at the earliest of them);
-- the layer count is the candidate that explains the most kernels (names running a fixed k times in every block):
-  a norm that runs 2L+1 times does not make half-layers, an eager MoE's expert groups do not make layers; a block of
-  k alike sub-blocks is k alternating layers;
+- a candidate layer count c is one that such names share *and* interleave on: occurrence j of each falls in block j
+  (the blocks begin at the earliest of them); a name is per-layer work for it when the blocks run it a fixed number
+  of times (0 in a kind without it; one other number in some, as an expert loop with an idle expert);
+- a count is no partition when a layer's worth of its per-layer work runs outside its blocks, or when another count
+  holds its layers and more before them (the dense layers before a stack of MoE layers, whose own count is smaller);
+  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers;
+- the layers are the partition whose blocks run the most non-GEMM work in common (a norm that runs 2L+1 times does
+  not make half-layers, an eager MoE's expert groups do not make layers); a block of k layers of a few kinds (a
+  hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
+  them and most of them run work of their own besides;
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
   the names that recur per layer (present in more than a quarter of the layers) are one kind; one line per kind.
+  Which GEMM tile ran tells no kind (cuBLAS picks it by shape), nor do the kernels a compiler fused into an edge
+  layer with the once-per-forward work.
 The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
 
 from __future__ import annotations
@@ -107,14 +114,14 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
                 candidates.append(blocks)
     if not candidates:
         return NO_LAYERS
-    # The layers are the partition whose blocks run the most work in common: the blocks between one layer's norms
-    # (its attention part, its MLP part) share little, and a count that leaves a layer out (the MoE layers' own count
-    # leaves the dense one) is no partition (_periodic: too many names run outside its blocks).
+    # A count that leaves a layer out is no partition: the MoE layers' own count leaves the dense ones before them.
     candidates = [b for b in candidates if not _leaves_out_first(b, candidates)]
     # A finer count explaining clearly fewer kernels than a coarser one is a loop inside the layers (an eager MoE
     # layer's experts, all taken when a training batch routes tokens to every one), not the layers.
     candidates = [b for b in candidates
                   if all(b.explained >= NEAR_EXPLAINED * o.explained for o in candidates if o.count < b.count)]
+    # The layers are the partition whose blocks run the most work in common: the blocks between one layer's norms
+    # (its attention part, its MLP part) share little.
     best = max(candidates, key=lambda b: (b.common, b.count))
     best = _finer(best, candidates, positions, gemm)
     return _layers(best, ids, positions, names)
@@ -164,8 +171,7 @@ def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray, length: int) -
         bucket = np.bincount(np.searchsorted(bounds, p, side="right"), minlength=c + 2)  # before, blocks, after
         inner, edge = bucket[1:c], int(bucket[0] + bucket[c])
         values = set(inner.tolist()) - {0}
-        loop = inner.min() > 0 and edge > 0  # every layer runs it, some data-dependent number of times (experts)
-        if (len(values) > MAX_COUNTS_PER_NAME and not loop) or (not values and not edge):
+        if len(values) > MAX_COUNTS_PER_NAME or (not values and not edge):
             continue
         last = max((v for v in values | {0} if 0 <= edge - v <= GLUE_RUNS), default=None)  # the last layer's runs
         if last is None and values and 0 < edge < min(values):
