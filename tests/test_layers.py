@@ -67,6 +67,37 @@ def test_dense_layers_first_then_moe_layers():
     assert found.count == 7 and _kinds(found) == [2, 5]
 
 
+@pytest.mark.parametrize("dense, moe, experts", [(3, 5, 8), (2, 6, 4), (1, 10, 16), (4, 4, 2)])
+def test_dense_layers_then_moe_layers_in_any_proportion(dense, moe, experts):
+    found = _count([_dense()] * dense + [_moe(experts) for _ in range(moe)])
+    assert found.count == dense + moe and _kinds(found) == sorted([dense, moe])
+    assert found.kind_of == (0,) * dense + (1,) * moe  # the last MoE layer is read whole, not cut at a dense one's length
+
+
+def _rotary() -> list[str]:
+    return ["void at::native::mul_kernel_cuda", "void at::native::neg_kernel_cuda",
+            "void at::native::CatArrayBatchedCopy", "void at::native::mul_kernel_cuda",
+            "void at::native::CUDAFunctor_add<c10::BFloat16>"]
+
+
+def _llama() -> list[str]:
+    """A dense layer as eager HF runs it: two norms alike, rotary for q and k, the cache's cat, SDPA, a gated MLP."""
+    attention = (_norm() + ["nvjet_sm90_tst_64x8_q_TNT", "nvjet_sm90_tst_64x8_k_TNT", "nvjet_sm90_tst_64x8_v_TNT"]
+                 + _rotary() + _rotary() + ["void at::native::CatArrayBatchedCopy"] * 2
+                 + ["void pytorch_flash::flash_fwd_kernel", "nvjet_sm90_tst_64x8_o_proj_TNT",
+                    "void at::native::CUDAFunctor_add<c10::BFloat16>"])
+    return attention + _norm() + ["nvjet_sm90_tst_128x8_gate_TNT", "void at::native::silu_kernel",
+                                  "nvjet_sm90_tst_128x8_up_TNT", "void at::native::mul_kernel_cuda",
+                                  "nvjet_sm90_tst_64x8_down_TNT", "void at::native::CUDAFunctor_add<c10::BFloat16>"]
+
+
+@pytest.mark.parametrize("layers", [4, 16, 32])
+def test_a_layers_attention_and_mlp_halves_are_not_two_layers(layers):
+    # The norm before each half runs 2L times (+1, the final norm): its blocks are halves that share the norm only.
+    found = _count([_llama()] * layers)
+    assert found.count == layers and _kinds(found) == [layers]
+
+
 def test_a_last_layer_whose_expert_loop_runs_fewer_times_is_still_a_layer():
     # One expert got no tokens in the last layer: its loop runs 7 times, the others' 8.
     found = _count([_moe(8), _moe(8), _moe(8), _moe(7)])

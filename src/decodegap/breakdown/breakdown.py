@@ -98,6 +98,7 @@ class Breakdown:
     ms_each: dict = field(default_factory=dict)  # wall time of each step, per phase
     layer_kinds: list[LayerKind] = field(default_factory=list)
     layer_starts: tuple[int, ...] = ()  # positions in the typical step's rows where each layer begins
+    layer_end: int = 0  # and where the last one ends (exclusive)
     typical_step: int | None = None  # index into the phase's steps of the step the layers were read from
     layer_kind_of: tuple[int, ...] = ()  # per layer of the typical step: index into layer_kinds (empty: one kind)
 
@@ -203,7 +204,8 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
         launch_us_per_kernel=_launch_cost_us(trace, links, rows), categories=categories, kernels=kernels,
         layers=found.count, layers_evidence=found.evidence, longest_gaps=_longest_gaps(trace, decode),
         phase=phase, counts=_counts(steps), ms_each=_ms_each(steps), layer_kinds=found.kinds,
-        layer_starts=found.starts, typical_step=len(decode) // 2 if decode else None, layer_kind_of=found.kind_of,
+        layer_starts=found.starts, layer_end=found.end, typical_step=len(decode) // 2 if decode else None,
+        layer_kind_of=found.kind_of,
     )
 
 

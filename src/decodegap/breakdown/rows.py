@@ -82,8 +82,7 @@ def layer_rows(trace: Trace, steps: Steps, b: Breakdown) -> list[LayerRow]:
     rows, gpu = step.rows, trace.gpu
     kinds = max(len(b.layer_kinds), 1)
     starts = list(b.layer_starts)
-    period = int(round((starts[-1] - starts[0]) / max(len(starts) - 1, 1))) if len(starts) > 1 else len(rows)
-    bounds = starts + [min(starts[-1] + period, len(rows))]
+    bounds = starts + [min(max(b.layer_end, starts[-1] + 1), len(rows))]
     out = []
     for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         if hi <= lo:

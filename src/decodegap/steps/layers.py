@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 
 import numpy as np
 
@@ -40,6 +41,7 @@ OUTSIDE_NAMES = 1 / 3  # share of per-layer names with a layer's worth of runs o
 FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
 CUT_OFF = 0.9  # a last layer's block under this share of the shortest other layer was cut off by the forward's tail
 _COMPILED = re.compile(r"^(triton|cpp)_")  # kernels a compiler generated (Inductor), named for the ops it fused
+ALIKE_LAYERS = 0.7  # how alike neighbouring layers of a hybrid group run at least (_alike_neighbours)
 KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
 
 
@@ -60,6 +62,7 @@ class Layers:
     starts: tuple[int, ...] = ()  # where each layer begins in the forward (its earliest per-layer kernel)
     kind_of: tuple[int, ...] = ()  # per layer: index into kinds (empty with one kind)
     backers: tuple[int, ...] = ()  # the name ids that counted the layers
+    end: int = 0  # where the last layer ends (exclusive): as long as the longest layer, or to its last kernel
 
 
 NO_LAYERS = Layers(None, "no per-layer work found: no kernel runs the same number of times in every layer")
@@ -123,7 +126,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # The layers are the partition whose blocks run the most work in common: the blocks between one layer's norms
     # (its attention part, its MLP part) share little.
     best = max(candidates, key=lambda b: (b.common, b.count))
-    best = _finer(best, candidates, positions, gemm)
+    best = _finer(best, candidates, ids, positions, gemm)
     return _layers(best, ids, positions, names)
 
 
@@ -206,7 +209,8 @@ def _leaves_out_first(blocks: _Blocks, others) -> bool:
     return False
 
 
-def _finer(best: _Blocks, candidates: list[_Blocks], positions: dict[int, np.ndarray], gemm: set[int]) -> _Blocks:
+def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
+           gemm: set[int]) -> _Blocks:
     """A block of k layers (a hybrid stack's repeating group, alternating attention kinds) is k layers: the finer
     partition explains about as many kernels, most of them run in every one of its blocks, and most of its blocks run
     work of their own besides (each layer its own mixer). A block of unlike halves (attention and MLP, cut by the
@@ -215,9 +219,21 @@ def _finer(best: _Blocks, candidates: list[_Blocks], positions: dict[int, np.nda
     finer = [b for b in candidates if b.count > best.count and b.count % best.count == 0]
     for fine in sorted(finer, key=lambda b: (b.count, b.common), reverse=True):
         if (fine.explained >= NEAR_EXPLAINED * best.explained and fine.common >= FINER_COMMON * fine.beside_gemm
-                and _own_work_share(fine, positions, gemm) >= FINER_COMMON):
+                and _own_work_share(fine, positions, gemm) >= FINER_COMMON
+                and _alike_neighbours(fine, ids, positions, gemm) >= ALIKE_LAYERS):
             return fine
     return best
+
+
+def _alike_neighbours(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int]) -> float:
+    """How alike neighbouring blocks run (the median matching share of their per-layer kernel sequences, GEMMs as one
+    name): layers of two kinds differ in a few kernels (the attention kernel), a layer's halves in most."""
+    per_layer = np.isin(ids, np.fromiter(positions, dtype=np.int64))
+    names = np.where(np.isin(ids, np.fromiter(gemm, dtype=np.int64, count=len(gemm))), -1, ids)
+    cuts = blocks.cuts.tolist()
+    runs = [names[lo:hi][per_layer[lo:hi]].tolist() for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
+    shares = [SequenceMatcher(None, a, b, autojunk=False).ratio() for a, b in zip(runs[:-1], runs[1:], strict=True)]
+    return float(np.median(shares)) if shares else 1.0
 
 
 def _own_work_share(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[int]) -> float:
@@ -250,16 +266,16 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
                 starts[j] = min(starts[j], int(runs[len(runs) - b]))
     last = int(max(int(positions[n][-1]) for n in blocks.backers))
     period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
-    # The last layer runs as long as a typical one: its work after the last per-layer kernel (the MoE block after the
+    # The last layer runs as long as the longest one: its work after the last per-layer kernel (the MoE block after the
     # norm that counted it) is still the layer's, not the once-per-forward tail.
-    typical = int(np.median(np.diff(starts))) if c > 1 else last + 1 - int(starts[0])
+    typical = int(np.diff(starts).max()) if c > 1 else last + 1 - int(starts[0])
     ends = np.append(starts[1:], min(max(last + 1, int(starts[-1]) + typical), len(ids)))
     kinds, kind_of = _kinds(ids, starts, ends, positions, names)
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
     if len(kinds) > 1:
         evidence += "; " + describe_kinds(kinds)
     return Layers(c, evidence, period, int(starts[0]), last, kinds, tuple(int(s) for s in starts),
-                  tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers))
+                  tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers), int(ends[-1]))
 
 
 def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[int]:
