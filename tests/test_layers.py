@@ -1,15 +1,19 @@
 """Layers of one forward (steps/layers.py) on kernel sequences built here, layer by layer, so the truth (how many
 layers, of which kinds) is the builder's: dense layers before MoE layers whose experts all run (a training batch),
-a last layer whose expert loop runs fewer times, GEMM tiles that change with an expert's token count, and the names
-Inductor gives the same per-layer work in the first layers and in the rest."""
+a last layer whose expert loop runs fewer times, GEMM tiles that change with an expert's token count, a layer's
+halves, and the names Inductor gives the same per-layer work in the first layers and in the rest; and, end to end,
+tracegen's dense + eager MoE forwards."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from decodegap.pipeline import analyze_path
+from decodegap.report.json import report_dict
 from decodegap.steps.layers import count_layers
 from decodegap.steps.repetition import name_classes, normalized_name
+from tracegen import engine_forwards, write
 
 PROLOGUE = ["void at::native::indexSelectLargeIndex<c10::BFloat16>", "void at::native::FillFunctor<long>",
             "void at::native::FillFunctor<long>"]
@@ -71,7 +75,7 @@ def test_dense_layers_first_then_moe_layers():
 def test_dense_layers_then_moe_layers_in_any_proportion(dense, moe, experts):
     found = _count([_dense()] * dense + [_moe(experts) for _ in range(moe)])
     assert found.count == dense + moe and _kinds(found) == sorted([dense, moe])
-    assert found.kind_of == (0,) * dense + (1,) * moe  # the last MoE layer is read whole, not cut at a dense one's length
+    assert found.kind_of == (0,) * dense + (1,) * moe  # the last MoE layer read whole, not cut at a dense one's length
 
 
 def _rotary() -> list[str]:
@@ -110,6 +114,15 @@ def test_expert_loops_are_not_layers(experts):
     # the layers' structure. An expert idle in one layer leaves its loop one short there.
     found = _count([_moe(e) for e in experts])
     assert found.count == len(experts)
+
+
+@pytest.mark.parametrize("seed", [261, 7])
+def test_a_dense_mlps_own_gemms_tell_its_kind_from_a_moe_layer(tmp_path, seed):
+    # Three dense layers, then one eager MoE layer whose expert loop varies per forward (tracegen's truth): only the
+    # dense MLP's GEMMs, once per layer, tell the kinds apart; the MoE layer's router and top-k run once a forward.
+    doc = engine_forwards(forwards=8, layers=4, batch=1, seed=seed, moe_from=3, experts=64, top_k=4, inductor=True)
+    d = report_dict(analyze_path(write(doc, tmp_path / "dense_moe.json")))
+    assert d["layers"] == 4 and sorted(k["count"] for k in d["layer_kinds"]) == [1, 3]
 
 
 def test_the_gemm_tile_an_experts_token_count_picks_tells_no_kind():

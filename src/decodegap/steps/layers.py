@@ -294,11 +294,14 @@ def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[int
 def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dict[int, np.ndarray],
            names: list[str] | None) -> tuple[list[LayerKind], list[int]]:
     n_layers = len(starts)
-    # The GEMM library picks its tile by the shape it gets (an expert's token count), so which GEMM kernel ran tells
-    # no layer kind from another: the GEMMs of a layer count as one name here.
-    gemm = {n for n in positions if names and categorize(names[n]) == "gemm"}
-    one_gemm = min(gemm, default=-1)
+    # The GEMM library picks its tile by the shape it gets (an expert's token count), so which GEMM kernel a layer's
+    # loop ran tells no layer kind from another: the GEMMs a layer runs more than once count as one name here (a dense
+    # MLP's own GEMMs, once per layer, still tell it from an MoE layer).
     ran = [frozenset(ids[lo:hi].tolist()) for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)]
+    looped = {int(n) for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)
+              for n, k in Counter(ids[lo:hi].tolist()).items() if k > 1}
+    gemm = {n for n in positions if n in looped and names and categorize(names[n]) == "gemm"}
+    one_gemm = min(gemm, default=-1)
     present = [frozenset(one_gemm if n in gemm else n for n in r) for r in ran]
     # The names that recur per layer (run at least twice in the forward) and are run by enough of its layers.
     share = Counter(n for s in present for n in s if n in positions)
