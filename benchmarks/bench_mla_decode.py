@@ -343,6 +343,11 @@ def side_by_side(copy_gbps: float, shapes: list[tuple[int, int, list[int]]], pag
                 ref = reference(q[:n_ref], cache, p.table[:n_ref], p.lens[:n_ref], SM_SCALE, KV_SCALE, ctx,
                                 False)[0].float()
                 path = cuda_path(q, cache) or "triton"
+                if path == "mma":
+                    from decodegap.kernels.mla_decode_sm90 import TOK_VARIANT, default_variant
+
+                    slots = q.shape[0] * p.table.shape[1] * page_size
+                    path = "tok" if default_variant(q.device.index or 0, slots) == TOK_VARIANT else "mma"
                 if path == "wgmma":
                     from decodegap.kernels.mla_decode_sm90 import default_wgmma_variant
 
@@ -490,8 +495,9 @@ def main() -> int:
         "",
         "## Side by side (same caches; µs per call, CUDA graph replay; % of copy bandwidth)",
         "",
-        "`decodegap` = mla_decode's default path (`mma`: the <= 16-head FP8 CUDA kernel, `wgmma`: the 17+-head "
-        "wgmma kernel, `triton`: the portable kernels); `Triton` = backend='triton'; FlashInfer "
+        "`decodegap` = mla_decode's default path (`tok`: the <= 16-head FP8 tokens-major wgmma kernel, `mma`: the "
+        "<= 16-head mma.sync kernel, `wgmma`: the 17+-head wgmma kernel, `triton`: the portable kernels); "
+        "`Triton` = backend='triton'; FlashInfer "
         f"{PEER_VERSION or '(not importable)'} BatchMLAPagedAttentionWrapper (its backends fa3 / fa2, planned once "
         "per shape outside the timing), bf16 q, FP8 caches with kv-per-tensor scales. Errors: the first <= 4 "
         "sequences of each row against the float32 reference.",

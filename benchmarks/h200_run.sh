@@ -3,13 +3,16 @@
 # check and A/B of the wgmma variants (the fastest FP8 one is used for the rest of the call), the MLA kernel tests
 # on CUDA, the side-by-side table against FlashInfer (fa3, fa2) with every decodegap path, the demo's three KV
 # reads at full GLM-5 geometry, and ncu on the wgmma kernel (H=128, FP8 and BF16) and the <= 16-head FP8 kernel.
-# Logs under $OUT; a short table last. Produced benchmarks/results/mla_decode_flashinfer_h200_2026-12-01.md (issue 22).
+# Logs under $OUT; a short table last. Produced benchmarks/results/mla_decode_flashinfer_h200_2026-12-01.md and
+# mla_decode_tok_h200_2026-12-01.md (issue 22).
 # Carry: .whl (msgspec, which the device image lacks: `pip download --no-deps --only-binary=:all: --python-version
 # 3.12 --platform manylinux_2_17_x86_64 -d .whl msgspec==0.20.0` here) and .flashinfer_peer (the pruned FlashInfer
 # copy of ../shared/tools/flashinfer_peer.sh DIR, with the four MLA modules prebuilt into flashinfer/data/aot/ by
 # benchmarks/mla_flashinfer_aot.sh; without them FlashInfer JIT-builds them here, about a minute each).
-# Steps: STEPS="probe tests bench demo ncu" (default all).
-STEPS=${STEPS:-probe tests bench demo ncu}
+# Steps: STEPS="probe tok tests bench demo ncu ncu16" (default all). tok: the <= 16-head tokens-major kernel's smoke
+# and A/B (benchmarks/mla_tok_ab.py, TOK_SHAPES=... to choose); ncu16: ncu on it at B=32 ctx 4096 (with the merge
+# kernel) and B=128 ctx 16384 (H=16); DEMO_TOK=1: the demo again with the tokens-major kernel forced.
+STEPS=${STEPS:-probe tok tests bench demo ncu ncu16}
 T0=$(date +%s)
 since() { echo "== $1 $(( $(date +%s) - T0 )) s"; }
 SITE=/tmp/site
@@ -35,6 +38,15 @@ if [[ " $STEPS " == *" probe "* ]]; then
   echo "FP8 wgmma variant for the rest of this call: ${DECODEGAP_MLA_WGMMA_FP8:-default}"
   since probe
 fi
+if [[ " $STEPS " == *" tok "* ]]; then
+  (cd benchmarks && timeout 60 python3 mla_tok_ab.py --smoke-only > $OUT/tok_ab.txt 2>&1); rc=$?
+  echo "tok smoke rc=$rc"; grep -E "smoke|tok kernel|Error|error:" $OUT/tok_ab.txt | head -12
+  if [ $rc -eq 0 ]; then
+    (cd benchmarks && timeout 200 python3 mla_tok_ab.py ${TOK_SHAPES:+--shapes $TOK_SHAPES} $TOK_AB_ARGS >> $OUT/tok_ab.txt 2>&1)
+    echo "tok ab rc=$?"; grep -E "^\| [0-9]|^copy" $OUT/tok_ab.txt | cut -c1-160
+  fi
+  since tok
+fi
 if [[ " $STEPS " == *" tests "* ]]; then
   DECODEGAP_TEST_DEVICE=cuda timeout 180 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_mla_decode.py \
     > $OUT/gpu_tests.txt 2>&1
@@ -49,6 +61,10 @@ fi
 if [[ " $STEPS " == *" demo "* ]]; then
   timeout 150 python3 -m decodegap demo --compare --scale full --cuda-graph --timed 20 --steps 3 --warmup 2 \
     --no-shapes > $OUT/demo.txt 2>&1; echo "demo rc=$?"; tail -8 $OUT/demo.txt
+  if [ -n "$DEMO_TOK" ]; then  # again with the tokens-major kernel forced (the demo's B=1 runs mma.sync by default)
+    DECODEGAP_MLA_FP8_VARIANT=3 timeout 150 python3 -m decodegap demo --compare --scale full --cuda-graph --timed 20 \
+      --steps 3 --warmup 2 --no-shapes > $OUT/demo_tok.txt 2>&1; echo "demo (tok forced) rc=$?"; tail -8 $OUT/demo_tok.txt
+  fi
   since demo
 fi
 if [[ " $STEPS " == *" ncu "* ]]; then
@@ -67,6 +83,27 @@ if [[ " $STEPS " == *" ncu "* ]]; then
       | sed 's/  */ /g' | head -14
   done
   since ncu
+fi
+if [[ " $STEPS " == *" ncu16 "* ]]; then
+  NCU16="ncu --clock-control none --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
+    --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active,regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum.per_second,regex:^l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum$"
+  (cd benchmarks
+   timeout 90 $NCU16 -k regex:mla_decode_tok python3 ncu_mla_decode.py --heads 16 > $OUT/ncu_h16_tok.txt 2>&1
+   timeout 90 ${NCU16/--launch-count 1/--launch-count 2} -k "regex:mla_decode_tok|mla_decode_merge" python3 \
+     ncu_mla_decode.py --heads 16 --inline-max 0 > $OUT/ncu_h16_tok_merge.txt 2>&1
+   timeout 120 $NCU16 -k regex:mla_decode_tok python3 ncu_mla_decode.py --heads 16 --batch 128 --ctx 16384 \
+     > $OUT/ncu_h16_tok_b128.txt 2>&1)
+  grep -E "^  [a-zA-Z_].*\(|^    Duration" $OUT/ncu_h16_tok_merge.txt | sed 's/  */ /g' | cut -c1-100
+  for f in $OUT/ncu_h16_tok.txt $OUT/ncu_h16_tok_b128.txt; do
+    echo "-- $(basename $f)"
+    grep -E "^    (Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issued Warp|Issue Slots Busy|Executed Ipc A|Theoretical Occ)" $f \
+      | sed 's/  */ /g' | head -12
+    grep -E "dram__bytes_read|sm__pipe_tensor_cycles_active|bank_conflicts|stalled_(long_scoreboard|barrier|wait|math_pipe_throttle|short_scoreboard|mio_throttle|lg_throttle|dispatch_stall|membar|selected|no_instruction|gmma)_per" $f \
+      | sed 's/  */ /g;s/smsp__average_warps_issue_stalled_//;s/_per_issue_active.ratio//' | head -16
+    grep -E "inst_executed_pipe_" $f | sed 's/  */ /g' | sort -t' ' -k4 -rn | awk '$NF+0 > 3' | head -8
+  done
+  since ncu16
 fi
 if [ -f $OUT/mla_decode_h200.md ]; then
   sed -n '/^## Side by side/,$p' $OUT/mla_decode_h200.md | grep -E "^\||^- " | cut -c1-230

@@ -24,7 +24,12 @@ def main() -> None:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--variant", type=int)
     ap.add_argument("--calls", type=int, default=4)
+    ap.add_argument("--inline-max", type=int, help="mla_decode_sm90.TOK_INLINE_MAX_SPLITS (0: always the merge kernel)")
     args = ap.parse_args()
+    if args.inline_max is not None:
+        from decodegap.kernels import mla_decode_sm90
+
+        mla_decode_sm90.TOK_INLINE_MAX_SPLITS = args.inline_max
     p = make_pools(args.batch, args.ctx, 64)
     q = torch.randn(args.batch, args.heads, HEAD_DIM, device=DEVICE).to(BF16)
     cache = p.fp8 if args.cache == "fp8" else p.bf16

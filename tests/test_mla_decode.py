@@ -398,10 +398,12 @@ CUDA_CASES = [
     (3, 1, 1, [9, 33, 0], 1.7, 2),               # one head, an empty sequence
     (2, 12, 64, [64, 65], 1.0, 1),               # one split, page boundaries, heads not a multiple of 8
     (4, 16, 16, [1500, 700, 31, 2048], 0.8, None),  # the heuristic's split count
+    (2, 4, 64, [2500, 900], 1.3, 24),            # more splits than the tokens-major kernel combines itself
+    (1, 16, 64, [4000], 0.6, 16),                # the most it combines itself
 ]
 
 
-@pytest.mark.parametrize("variant", [0, 1, 2])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("batch,heads,page_size,lens,kv_scale,num_splits", CUDA_CASES,
                          ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[5]}" for c in CUDA_CASES])
 def test_cuda_kernel_matches_reference(variant, batch, heads, page_size, lens, kv_scale, num_splits):
@@ -415,6 +417,10 @@ def test_cuda_kernel_matches_reference(variant, batch, heads, page_size, lens, k
                                  backend="cuda", cuda_variant=variant)
     assert res is out
     check_against_reference(case, res, lse)
+    # the same function again without the lse (the tokens-major kernel's combine then has no lse pointer)
+    again = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, kv_scale,
+                              num_splits=num_splits, backend="cuda", cuda_variant=variant)
+    assert rel_err(again, res) < 1e-6
 
 
 def test_cuda_kernel_is_the_default_for_fp8_up_to_16_heads():
@@ -432,6 +438,87 @@ def test_cuda_kernel_is_the_default_for_fp8_up_to_16_heads():
     assert not uses_cuda_kernel(q16, fp8, config=default_config(16, FP8))  # an explicit Triton tile
     with pytest.raises(ValueError, match="backend='cuda' needs"):
         cuda_path(q16, bf16, backend="cuda")
+
+
+def test_tok_kernel_is_the_default_on_sm90_for_large_problems():
+    needs_sm90()
+    from decodegap.kernels import mla_decode_sm90 as sm90
+
+    dev = torch.cuda.current_device()
+    assert sm90.default_variant(dev) == sm90.TOK_VARIANT  # a large problem
+    assert sm90.default_variant(dev, sm90.TOK_MIN_SLOTS) == sm90.TOK_VARIANT
+    assert sm90.default_variant(dev, sm90.TOK_MIN_SLOTS - 1) == sm90.MMA_DEFAULT_VARIANT
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["merge", "inline"])
+def test_tok_kernel_large_scores(inline, monkeypatch):
+    """The tokens-major kernel on scores that grow along the sequence (the lazy max moves many times) and a large
+    score scale, merged by the Triton kernel or combined in the kernel."""
+    needs_sm90()
+    from decodegap.kernels import mla_decode_sm90 as sm90
+    from decodegap.kernels.mla_decode_triton import mla_decode_triton
+
+    monkeypatch.setattr(sm90, "TOK_INLINE_MAX_SPLITS", 32 if inline else 0)
+    case = make_case(2, 16, 64, FP8, [3000, 2000], 1.0)
+    ramp = torch.linspace(0.2, 3.0, case.kv_cache.shape[0] * 64, device=DEVICE).view(-1, 64, 1)
+    case.kv_cache = (case.kv_cache.float() * ramp).clamp(-448, 448).to(FP8)
+    ref, ref_lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, 0.3, kv_scale=1.0,
+                              impl="reference", return_lse=True)
+    for variant in sm90.TOK_VARIANTS:
+        for splits in (None, 4, 30):
+            out, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, 0.3, 1.0,
+                                         return_lse=True, num_splits=splits, backend="cuda", cuda_variant=variant)
+            assert torch.isfinite(out.float()).all()
+            assert rel_err(out, ref) < REL_TOL
+            assert torch.allclose(lse, ref_lse, rtol=1e-3, atol=2e-2)
+
+
+@pytest.mark.parametrize("batch,heads,page_size,lens,kv_scale,num_splits", CUDA_CASES,
+                         ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[5]}" for c in CUDA_CASES])
+def test_tok_kernel_in_kernel_combine(batch, heads, page_size, lens, kv_scale, num_splits, monkeypatch):
+    """The tokens-major kernel's own combine (opt-in: TOK_INLINE_MAX_SPLITS) on every CUDA case, NaN-poisoned
+    partials and output: the last CTA of each sequence merges them."""
+    needs_sm90()
+    from decodegap.kernels import mla_decode_sm90 as sm90
+    from decodegap.kernels.mla_decode_triton import mla_decode_triton
+
+    monkeypatch.setattr(sm90, "TOK_INLINE_MAX_SPLITS", 32)
+    case = make_case(batch, heads, page_size, FP8, lens, kv_scale)
+    for variant in sm90.TOK_VARIANTS:
+        out = torch.full((batch, heads, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
+        res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, kv_scale,
+                                     return_lse=True, num_splits=num_splits, out=out, poison_workspace=True,
+                                     backend="cuda", cuda_variant=variant)
+        check_against_reference(case, res, lse)
+        again = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, kv_scale,
+                                  num_splits=num_splits, backend="cuda", cuda_variant=variant)
+        assert rel_err(again, res) < 1e-6
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["merge", "inline"])
+def test_tok_kernel_under_cuda_graph_capture(inline, monkeypatch):
+    """The tokens-major kernel captured once and replayed on new inputs (its per-call counters too)."""
+    needs_sm90()
+    from decodegap.kernels import mla_decode_sm90 as sm90
+    from decodegap.kernels.mla_decode_triton import mla_decode_triton
+
+    monkeypatch.setattr(sm90, "TOK_INLINE_MAX_SPLITS", 32 if inline else 0)
+    case = make_case(4, 16, 64, FP8, [300, 5, 1000, 64], 0.8)
+
+    def call():
+        return mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.8,
+                                 return_lse=True, backend="cuda", cuda_variant=sm90.TOK_VARIANT)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for _ in range(2):
+        case.q.copy_(torch.randn_like(case.q.float()).to(BF16))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_against_reference(case, out, lse)
 
 
 def test_cuda_kernel_under_cuda_graph_capture():
@@ -467,9 +554,9 @@ def test_cuda_kernel_reads_a_pool_past_2_31_elements():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["mma", "wgmma"])
+@pytest.mark.parametrize("which", ["mma", "wgmma", "tok"])
 def test_cuda_source_compiles_for_sm90(which):
-    """The CUDA sources build for sm_90 (the wgmma one for sm_90a) wherever nvcc exists (no GPU needed), as they
+    """The CUDA sources build for sm_90 (the wgmma ones for sm_90a) wherever nvcc exists (no GPU needed), as they
     will at first use: at most a few spilled words (the wgmma FP8 variant 2's producer, at 88 registers), and the
     wgmma kernels' pipelines unserialized (ptxas says C7518 when it serializes them)."""
     from decodegap.kernels import mla_decode_sm90
@@ -479,7 +566,8 @@ def test_cuda_source_compiles_for_sm90(which):
         pytest.skip("nvcc not installed")
     import tempfile
 
-    source = mla_decode_sm90._SOURCE if which == "mma" else mla_decode_sm90._WGMMA_SOURCE
+    source = {"mma": mla_decode_sm90._SOURCE, "wgmma": mla_decode_sm90._WGMMA_SOURCE,
+              "tok": mla_decode_sm90._TOK_SOURCE}[which]
     arch = ["-arch=sm_90"] if which == "mma" else list(mla_decode_sm90._WGMMA_GENCODE)
     with tempfile.TemporaryDirectory() as tmp:
         res = subprocess.run([nvcc, "-O3", "-std=c++17", *arch, "-cubin", "-Xptxas", "-v", "-o",
@@ -521,6 +609,7 @@ def test_without_nvcc_the_triton_path_runs(monkeypatch, tmp_path):
     monkeypatch.setattr(mla_decode_sm90, "_nvcc", lambda: None)
     monkeypatch.setenv("DECODEGAP_CACHE_DIR", str(tmp_path))  # no library built there
     mla_decode_sm90._library.cache_clear()
+    mla_decode_sm90._tok_library.cache_clear()
     mla_decode_sm90.kernel_info.cache_clear()
     try:
         case = make_case(2, 16, 16, FP8, [40, 9], 0.8)
@@ -531,6 +620,7 @@ def test_without_nvcc_the_triton_path_runs(monkeypatch, tmp_path):
         check_against_reference(case, out, lse)
     finally:
         mla_decode_sm90._library.cache_clear()
+        mla_decode_sm90._tok_library.cache_clear()
         mla_decode_sm90.kernel_info.cache_clear()
 
 

@@ -1,19 +1,22 @@
-"""The CUDA fast paths on Hopper: FP8 caches with 1..16 heads (mla_decode_sm90.cu, mma.sync, bandwidth-bound) and
-17+ heads on FP8 or BF16 caches (mla_decode_sm90_wgmma.cu, warpgroup MMA with 64 heads as M, compute-bound).
-Both write split-KV partials that the Triton merge kernel combines (the wgmma kernel writes the output itself when
-there is one split).
+"""The CUDA fast paths on Hopper: FP8 caches with 1..16 heads (mla_decode_sm90_tok.cu, FP8 wgmma with the tokens as
+M, bandwidth-bound; the older mma.sync kernel mla_decode_sm90.cu stays as variants 0-2 and as the fallback where
+the wgmma build is unavailable) and 17+ heads on FP8 or BF16 caches (mla_decode_sm90_wgmma.cu, warpgroup MMA with
+64 heads as M, compute-bound). They write split-KV partials that the Triton merge kernel combines (the wgmma
+kernel writes the output itself when there is one split; the tokens-major kernel can combine up to
+TOK_INLINE_MAX_SPLITS splits itself, the last CTA of each sequence merging the others' partials: off by default,
+measured slower than the merge kernel).
 
-Build: at first use, `nvcc -O3 -arch=sm_90 -shared` compiles the .cu file (about 2 s; the wgmma file with
-`-gencode=arch=compute_90a,code=sm_90a`, about 4 s) into
+Build: at first use, `nvcc -O3 -shared` compiles the .cu file (`-arch=sm_90` for the mma.sync file, about 2 s; the
+wgmma files with `-gencode=arch=compute_90a,code=sm_90a`, about 4 s each) into
 $DECODEGAP_CACHE_DIR or ~/.cache/decodegap/ (one library per source hash and architecture; written to a temporary
 name and renamed, so parallel processes are safe), and ctypes loads it. It needs no torch headers: it links the
 CUDA runtime statically and launches on torch's current stream, so it works under CUDA-graph capture.
-Fallback: where nvcc is missing, the build fails, the GPU is not sm_90, or DECODEGAP_MLA_CUDA=0 (both kernels;
-DECODEGAP_MLA_WGMMA=0 the wgmma one alone), `applies()` / `applies_wgmma()` are False and mla_decode uses the
+Fallback: where nvcc is missing, the build fails, the GPU is not sm_90, or DECODEGAP_MLA_CUDA=0 (all kernels;
+DECODEGAP_MLA_WGMMA=0 the two wgmma ones), `applies()` / `applies_wgmma()` are False and mla_decode uses the
 portable Triton kernels (one warning says why, when a build was attempted).
-DECODEGAP_MLA_CUDA=1 also tries the <= 16-head kernel on other GPUs of compute capability 8.9 or newer (built for
-their architecture; measured only on the H200); the wgmma kernel needs sm_90 exactly (wgmma and setmaxnreg are
-sm_90a instructions).
+DECODEGAP_MLA_CUDA=1 also tries the <= 16-head mma.sync kernel on other GPUs of compute capability 8.9 or newer
+(built for their architecture; measured only on the H200); the wgmma kernels need sm_90 exactly (wgmma and
+setmaxnreg are sm_90a instructions).
 """
 
 from __future__ import annotations
@@ -33,12 +36,27 @@ import torch
 
 _SOURCE = Path(__file__).with_name("mla_decode_sm90.cu")
 _WGMMA_SOURCE = Path(__file__).with_name("mla_decode_sm90_wgmma.cu")
+_TOK_SOURCE = Path(__file__).with_name("mla_decode_sm90_tok.cu")
 _WGMMA_GENCODE = ("-gencode=arch=compute_90a,code=sm_90a",)
 WGMMA_MIN_HEADS = 17  # fewer heads: the <= 16-head kernel (FP8) or Triton (BF16)
-# Variants (DG_VARIANTS in the .cu file): 0 the default (pipelined, V by PRMT, 3 CTAs per SM), 1 V by movmatrix
-# (2 CTAs per SM), 2 as 0 unpipelined.
-VARIANTS = (0, 1, 2)
-DEFAULT_VARIANT = 0
+# Variants of the <= 16-head FP8 path: 0-2 the mma.sync kernel (DG_VARIANTS in mla_decode_sm90.cu: 0 pipelined, V
+# by PRMT, 3 CTAs per SM; 1 V by movmatrix, 2 CTAs per SM; 2 as 0 unpipelined), 3 and 4 the tokens-major wgmma
+# kernel (mla_decode_sm90_tok.cu; 3: TMA loads where the page size allows, else cp.async; 4: cp.async always), 3
+# the default where it builds (sm_90); default_variant() says which one runs.
+VARIANTS = (0, 1, 2, 3, 4)
+TOK_VARIANT = 3
+TOK_VARIANTS = {3: 0, 4: 1}  # -> the variant argument of dg_mla_tok_*
+MMA_DEFAULT_VARIANT = 0
+# The tokens-major kernel can combine up to this many splits itself (its last CTA per sequence merging the others'
+# partials, counted on per-call zeroed counters) instead of the Triton merge; 0 = never. Off by default: on the
+# H200 it measured slower than the merge kernel at every shape (B=32 ctx 4096: 45.8 vs 40.9 µs; the zeroing and the
+# last CTA's tail cost more than the second launch saves).
+TOK_INLINE_MAX_SPLITS = 0
+# Problems smaller than this many KV slots (batch x table span) run the mma.sync kernel: few tiles per CTA, where
+# the tokens-major kernel's per-CTA start (q in two e4m3 parts, the first tile's exact max) does not pay off. H200,
+# H=16 (benchmarks/results/mla_decode_tok_h200_2026-12-01.md): 4,096 slots (B=1, ctx 4096) 13.2 µs mma.sync vs
+# 14.9 tokens-major; 32,768 (B=8, ctx 4096) 25.3 vs 22.2; sizes in between were not measured.
+TOK_MIN_SLOTS = 16384
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,7 @@ class KernelInfo:
     block_n: int
     registers: int
     ctas_per_sm: int
+    max_inline_splits: int = 0  # the tokens-major kernel: the most splits it can combine itself
 
 
 def _nvcc() -> str | None:
@@ -117,12 +136,58 @@ def _library(device_index: int):
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_info(device_index: int, variant: int = DEFAULT_VARIANT) -> KernelInfo:
+def _tok_library(device_index: int):
+    """The loaded tokens-major wgmma library (<= 16 heads, FP8) for this device, or None (with one warning when a
+    build was tried and failed)."""
+    if "0" in (os.environ.get("DECODEGAP_MLA_CUDA", ""), os.environ.get("DECODEGAP_MLA_WGMMA", "")):
+        return None
+    if torch.cuda.get_device_capability(device_index) != (9, 0):
+        return None
+    try:
+        lib = ctypes.CDLL(str(build("sm_90a", source=_TOK_SOURCE, gencode=_WGMMA_GENCODE)))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        warnings.warn(f"decodegap: the tokens-major MLA decode kernel is unavailable ({e})", stacklevel=3)
+        return None
+    i, f, p, ll = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_longlong
+    lib.dg_mla_tok_prepare.argtypes = [i] + [ctypes.POINTER(ctypes.c_int)] * 5
+    lib.dg_mla_tok_prepare.restype = i
+    lib.dg_mla_tok_launch.argtypes = [i] + [p] * 9 + [ll] * 7 + [i] * 4 + [ll, f, f, p, ctypes.POINTER(i)]
+    lib.dg_mla_tok_launch.restype = i
+    return lib
+
+
+def default_variant(device_index: int, slots: int | None = None) -> int:
+    """The <= 16-head FP8 kernel mla_decode runs on this device for `slots` KV slots (batch x table span; None: a
+    large problem): the tokens-major one where it builds and the problem has at least TOK_MIN_SLOTS slots, else
+    the mma.sync one. DECODEGAP_MLA_FP8_VARIANT=N forces variant N (for A/B runs, e.g. the demo)."""
+    forced = os.environ.get("DECODEGAP_MLA_FP8_VARIANT", "")
+    if forced:
+        if int(forced) not in VARIANTS:
+            raise ValueError(f"DECODEGAP_MLA_FP8_VARIANT must be one of {VARIANTS}; got {forced!r}")
+        return int(forced)
+    if slots is not None and slots < TOK_MIN_SLOTS:
+        return MMA_DEFAULT_VARIANT
+    return TOK_VARIANT if _tok_library(device_index) is not None else MMA_DEFAULT_VARIANT
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_info(device_index: int, variant: int = MMA_DEFAULT_VARIANT) -> KernelInfo:
     """Registers and CTAs per SM of the compiled kernel (also sets its shared-memory limit, before any capture)."""
+    regs, per_sm, block_n = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if variant in TOK_VARIANTS:
+        lib = _tok_library(device_index)
+        if lib is None:
+            raise RuntimeError("the tokens-major MLA decode kernel is not available on this device")
+        smem, inline = ctypes.c_int(), ctypes.c_int()
+        with torch.cuda.device(device_index):
+            err = lib.dg_mla_tok_prepare(TOK_VARIANTS[variant], ctypes.byref(regs), ctypes.byref(per_sm),
+                                         ctypes.byref(block_n), ctypes.byref(smem), ctypes.byref(inline))
+        if err != 0:
+            raise RuntimeError(f"dg_mla_tok_prepare failed: CUDA error {err}")
+        return KernelInfo(variant, block_n.value, regs.value, max(1, per_sm.value), inline.value)
     lib = _library(device_index)
     if lib is None:
         raise RuntimeError("the CUDA MLA decode kernel is not available on this device")
-    regs, per_sm, block_n = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     with torch.cuda.device(device_index):
         err = lib.dg_mla_fp8_prepare(variant, ctypes.byref(regs), ctypes.byref(per_sm), ctypes.byref(block_n))
     if err != 0:
@@ -137,16 +202,20 @@ def applies(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         return False
     if kv_cache.data_ptr() % 16 or kv_cache.stride(0) % 16 or kv_cache.stride(1) % 16:
         return False
-    return _library(q.device.index if q.device.index is not None else torch.cuda.current_device()) is not None
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return _library(device_index) is not None or _tok_library(device_index) is not None
 
 
 def launch_stage1(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                   part: torch.Tensor, part_lse: torch.Tensor, q_scale: float, s_scale: float,
-                  num_splits: int, variant: int = DEFAULT_VARIANT) -> None:
+                  num_splits: int, variant: int = MMA_DEFAULT_VARIANT) -> None:
     """Partials [B, H, S, 512] fp16 (sum(p v) / sum(p) in cache units: times kv_scale is the split's output)
     and their log2-sum-exp [B, H, S] fp32 (the Triton merge's layout) on the current stream. q must be
-    contiguous; the scales are mla_decode_triton's (q * q_scale in fp16, scores * s_scale)."""
+    contiguous; the scales are mla_decode_triton's (q * q_scale in fp16, scores * s_scale). The mma.sync variants
+    (0-2); the tokens-major one is launch_tok."""
     batch, num_heads, _ = q.shape
+    if variant in TOK_VARIANTS:
+        raise ValueError(f"variant {variant} (tokens-major) runs through launch_tok")
     if part.dtype != torch.float16 or part_lse.dtype != torch.float32:
         raise TypeError("the CUDA stage 1 writes fp16 partials and fp32 lse")
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
@@ -159,6 +228,35 @@ def launch_stage1(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
         torch.cuda.current_stream(q.device).cuda_stream)
     if err != 0:
         raise RuntimeError(f"the CUDA MLA decode kernel failed to launch: CUDA error {err}")
+
+
+def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+               part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+               counters: torch.Tensor | None, qk_scale: float, out_scale: float, num_splits: int,
+               variant: int = TOK_VARIANT) -> bool:
+    """The tokens-major kernel (FP8, <= 16 heads) on the current stream: partials [B, H, S, 512] fp16 (sum(p v) /
+    sum(p) in cache units) and their log2-sum-exp [B, H, S] fp32; with `counters` (int32 [>= B], zeros), also the
+    combine: the bf16 output (times out_scale) and, when `lse` is given, the natural-log lse [B, H]. q must be
+    contiguous; qk_scale = sm_scale * kv_scale * log2(e). Returns whether the loads ran through TMA."""
+    batch, num_heads, _ = q.shape
+    if part.dtype != torch.float16 or part_lse.dtype != torch.float32:
+        raise TypeError("the tokens-major kernel writes fp16 partials and fp32 lse")
+    if counters is not None and (counters.dtype != torch.int32 or counters.numel() < batch):
+        raise TypeError("counters must be int32 zeros, one per sequence")
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    kernel_info(device_index, variant)  # shared-memory limit set once, outside any capture
+    lib = _tok_library(device_index)
+    used_tma = ctypes.c_int()
+    err = lib.dg_mla_tok_launch(
+        TOK_VARIANTS[variant], q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(),
+        part.data_ptr(), part_lse.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else None,
+        counters.data_ptr() if counters is not None else None, q.stride(0), q.stride(1), kv_cache.stride(0),
+        kv_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1), num_heads, num_splits, batch,
+        kv_cache.shape[1], kv_cache.shape[0], qk_scale, out_scale, torch.cuda.current_stream(q.device).cuda_stream,
+        ctypes.byref(used_tma))
+    if err != 0:
+        raise RuntimeError(f"the tokens-major MLA decode kernel failed to launch: CUDA error {err}")
+    return bool(used_tma.value)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -439,9 +439,7 @@ def num_splits_for(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.T
     batch, num_heads, _ = q.shape
     path = cuda_path(q, kv_cache, config, backend)
     if path == "mma":
-        from decodegap.kernels.mla_decode_sm90 import DEFAULT_VARIANT
-
-        return _cuda_splits(q, kv_cache, block_table, DEFAULT_VARIANT if cuda_variant is None else cuda_variant)
+        return _cuda_splits(q, kv_cache, block_table, _cuda_variant(q, kv_cache, block_table, cuda_variant))
     if path == "wgmma":
         return _wgmma_splits(q, kv_cache, block_table, wgmma_variant)
     cfg = config or default_config(num_heads, kv_cache.dtype)
@@ -491,11 +489,8 @@ def mla_decode_triton(
     q = q.contiguous()  # tiny; the kernel assumes unit stride in the last dim
     path = cuda_path(q, kv_cache, config, backend)
     if path == "mma":
-        from decodegap.kernels.mla_decode_sm90 import DEFAULT_VARIANT
-
         return _mla_decode_cuda(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_scale, return_lse,
-                                num_splits, poison_workspace,
-                                DEFAULT_VARIANT if cuda_variant is None else cuda_variant)
+                                num_splits, poison_workspace, _cuda_variant(q, kv_cache, block_table, cuda_variant))
     if path == "wgmma":
         return _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_scale, return_lse,
                                  num_splits, poison_workspace, wgmma_variant)
@@ -536,11 +531,24 @@ def _workspace(batch: int, num_heads: int, num_splits: int, device, poison: bool
     return part, part_lse
 
 
+def _cuda_variant(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, variant: int | None) -> int:
+    """The <= 16-head FP8 kernel variant to run: the given one, else the device's default for this problem size
+    (mla_decode_sm90.default_variant; the table's span, never the lengths' values: no device sync)."""
+    from decodegap.kernels import mla_decode_sm90 as sm90
+
+    if variant is not None:
+        return variant
+    return sm90.default_variant(q.device.index if q.device.index is not None else torch.cuda.current_device(),
+                                q.shape[0] * block_table.shape[1] * kv_cache.shape[1])
+
+
 def _mla_decode_cuda(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_scale, return_lse, num_splits,
                      poison_workspace, variant):
     """The sm_90 CUDA stage 1 (FP8, <= 16 heads; mla_decode_sm90.py) and the Triton merge. It always writes
     partials, also for one split: the merge then computes the lse (one split's partials are 1/300 of its KV at
-    16 heads and 4k tokens)."""
+    16 heads and 4k tokens). The tokens-major kernel (variants 3, 4) can combine up to TOK_INLINE_MAX_SPLITS
+    splits itself (off by default): the last CTA of each sequence to finish (counted on per-call zeroed int32
+    counters) merges them."""
     from decodegap.kernels import mla_decode_sm90 as sm90
 
     batch, num_heads, _ = q.shape
@@ -549,6 +557,17 @@ def _mla_decode_cuda(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_
     # fp16 partials of sum(p v) / sum(p) in cache units (|x| <= 448): half the traffic of fp32, within 2^-11;
     # the merge applies kv_scale.
     part, part_lse = _workspace(batch, num_heads, num_splits, q.device, poison_workspace, torch.float16)
+    if variant in sm90.TOK_VARIANTS:
+        info = sm90.kernel_info(q.device.index if q.device.index is not None else torch.cuda.current_device(),
+                                variant)
+        inline = num_splits <= min(sm90.TOK_INLINE_MAX_SPLITS, info.max_inline_splits)
+        # per call: zeros from the stream-ordered allocator, so concurrent calls and graph replays never share them
+        counters = torch.zeros(batch, dtype=torch.int32, device=q.device) if inline else None
+        sm90.launch_tok(q, kv_cache, block_table, seq_lens, part, part_lse, out, lse if return_lse else None,
+                        counters, float(sm_scale) * float(kv_scale) * _LOG2E, float(kv_scale), num_splits, variant)
+        if not inline:
+            _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale))
+        return (out, lse) if return_lse else out
     q_scale, s_scale = _score_scales(sm_scale, kv_scale, tl.float16)
     sm90.launch_stage1(q, kv_cache, block_table, seq_lens, part, part_lse, q_scale, s_scale, num_splits, variant)
     _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale))

@@ -1,0 +1,127 @@
+"""The <= 16-head FP8 path on the H200: a correctness smoke of the tokens-major wgmma kernel (variants 3 and 4), then
+an A/B against the mma.sync kernel (variant 0), its cp.async loads (variant 4), its in-kernel combine instead of the
+Triton merge, and other split counts (CUDA graph replay, do_bench medians with the L2 flushed, % of copy
+bandwidth); `[default]` marks what mla_decode runs at that size.
+
+    PYTHONPATH=src python3 benchmarks/mla_tok_ab.py [--smoke-only] [--shapes 32x4096:16,...]
+
+Exit 1 when a smoke case is wrong (then no timing): run it under a short timeout before the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from decodegap.kernels import mla_decode_sm90 as sm90
+from decodegap.kernels.mla_decode import HEAD_DIM, reference
+from decodegap.kernels.mla_decode_triton import mla_decode_triton, num_splits_for
+
+SHAPES = "1x4096:16,8x4096:16,16x4096:16,1x65536:16,32x4096:16+8,32x16384:16,128x4096:16,128x16384:16+8"
+
+
+def smoke() -> bool:
+    ok = True
+    fp8 = torch.float8_e4m3fn
+    for variant, heads, batch, ctx, page, splits in [
+            (v, *c) for v in sm90.TOK_VARIANTS
+            for c in [(16, 4, 1000, 64, None), (8, 3, 333, 16, 3), (1, 2, 64, 1, 1), (12, 2, 2100, 64, 20),
+                      (16, 1, 4096, 64, None), (16, 3, 1000, 32, 2), (16, 2, 300, 128, 1)]]:
+        pages = batch * (-(-ctx // page))
+        cache = (torch.randn(pages, page, HEAD_DIM, device="cuda") * 0.6).to(fp8)
+        table = torch.randperm(pages, device="cuda").view(batch, -1).int()
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        lens[0] = max(1, ctx - 37)
+        q = torch.randn(batch, heads, HEAD_DIM, device="cuda").bfloat16()
+        ref, ref_lse = reference(q, cache, table, lens, 1 / 16, 0.8, ctx, True)
+        out, lse = mla_decode_triton(q, cache, table, lens, 1 / 16, 0.8, return_lse=True, num_splits=splits,
+                                     backend="cuda", cuda_variant=variant)
+        torch.cuda.synchronize()
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        lse_err = (lse - ref_lse).abs().max().item()
+        good = err < 2e-2 and lse_err < 2e-2 and bool(torch.isfinite(out.float()).all())
+        ok &= good
+        print(f"smoke tok v{variant} H={heads} B={batch} ctx={ctx} page={page} splits={splits}: rel. error {err:.2e}, "
+              f"max |lse error| {lse_err:.2e} {'ok' if good else 'WRONG'}", flush=True)
+    return ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke-only", action="store_true")
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--h128-splits", action="store_true",
+                    help="also the 128-head wgmma kernel (FP8, BF16) at B=32 ctx 4096 and B=128 ctx 16384 over split "
+                    "counts around its heuristic's")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        return 2
+    info = sm90.kernel_info(0, sm90.TOK_VARIANT)
+    print(f"tok kernel: {info.registers} registers, {info.ctas_per_sm} CTAs/SM, BN {info.block_n}, combines up to "
+          f"{info.max_inline_splits} splits itself", flush=True)
+    if not smoke():
+        return 1
+    if args.smoke_only:
+        return 0
+    from bench_mla_decode import BF16, DEVICE, KV_SCALE, SM_SCALE, bytes_moved, copy_bandwidth_gbps, make_pools, \
+        time_graph
+
+    copy = copy_bandwidth_gbps()
+    print(f"copy {copy:.0f} GB/s")
+    print("| B | ctx | H | variant | splits | µs | % copy | err vs fp32 ref (first <= 4 seqs) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for part in args.shapes.split(","):
+        shape, _, hs = part.partition(":")
+        batch, ctx = map(int, shape.split("x"))
+        p = make_pools(batch, ctx, 64)
+        for heads in [int(h) for h in hs.split("+")]:
+            q = torch.randn(batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
+            a = (p.table, p.lens, SM_SCALE, KV_SCALE)
+            n = min(batch, 4)
+            ref = reference(q[:n], p.fp8, p.table[:n], p.lens[:n], SM_SCALE, KV_SCALE, ctx, False)[0].float()
+            base = num_splits_for(q, p.fp8, p.table, cuda_variant=sm90.TOK_VARIANT)
+            default = sm90.default_variant(0, batch * p.table.shape[1] * 64)
+            cands = [("mma.sync v0", 0, None, None), ("tok v3 (TMA)", 3, None, None),
+                     ("tok v3 (TMA), in-kernel combine", 3, None, 32), ("tok v4 (cp.async)", 4, None, None)]
+            cands = [(n + (" [default]" if v == default and m is None else ""), v, s, m) for n, v, s, m in cands]
+            for s in sorted({max(1, base // 2), 2 * base} - {base}):
+                cands.append((f"tok v3, {s} splits", 3, s, None))
+            for name, variant, splits, inline_max in cands:
+                old = sm90.TOK_INLINE_MAX_SPLITS
+                if inline_max is not None:
+                    sm90.TOK_INLINE_MAX_SPLITS = inline_max
+                try:
+                    used = splits or num_splits_for(q, p.fp8, p.table, cuda_variant=variant)
+                    ms, out = time_graph(lambda q=q, p=p, a=a, s=splits, v=variant: mla_decode_triton(
+                        q, p.fp8, *a, num_splits=s, backend="cuda", cuda_variant=v))
+                finally:
+                    sm90.TOK_INLINE_MAX_SPLITS = old
+                err = ((out[:n].float() - ref).norm() / ref.norm()).item()
+                pct = 100 * bytes_moved(batch, ctx, heads, 1) / (ms * 1e-3) / 1e9 / copy
+                print(f"| {batch} | {ctx} | {heads} | {name} | {used} | {ms * 1e3:.1f} | {pct:.0f}% | {err:.1e} |",
+                      flush=True)
+            del q
+        del p
+        torch.cuda.empty_cache()
+    if args.h128_splits:
+        for batch, ctx in ((32, 4096), (128, 16384)):
+            p = make_pools(batch, ctx, 64)
+            q = torch.randn(batch, 128, HEAD_DIM, device=DEVICE).to(BF16)
+            a = (p.table, p.lens, SM_SCALE, KV_SCALE)
+            for kv_name, cache in (("fp8", p.fp8), ("bf16", p.bf16)):
+                base = num_splits_for(q, cache, p.table)
+                for splits in sorted({base, base + 1, 2 * base, 3 * base, 4 * base}):
+                    ms, _ = time_graph(lambda q=q, c=cache, a=a, s=splits: mla_decode_triton(q, c, *a, num_splits=s))
+                    pct = 100 * bytes_moved(batch, ctx, 128, 1 if kv_name == "fp8" else 2) / (ms * 1e-3) / 1e9 / copy
+                    tag = " [default]" if splits == base else ""
+                    print(f"| {batch} | {ctx} | 128 | wgmma {kv_name}{tag} | {splits} | {ms * 1e3:.1f} | {pct:.0f}% "
+                          "| |", flush=True)
+            del p, q
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

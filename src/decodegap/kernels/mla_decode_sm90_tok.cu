@@ -1,0 +1,733 @@
+// MLA decode for few heads (1..16, an engine's tensor-parallel rank) over a paged FP8 (e4m3) latent cache on Hopper:
+// warpgroup MMA with the 64 tokens of a KV tile as the M dimension, so the few heads waste no tensor work. Built at
+// first use by mla_decode_sm90.py (nvcc -gencode arch=compute_90a,code=sm_90a, a shared library called through
+// ctypes).
+//
+// One CTA = one warpgroup (128 threads) = one (sequence, KV split), all heads; 2 CTAs per SM. Per 64-token tile:
+//  - The raw 8-bit rows (through the block table) land in a stage laid out as wgmma reads it: latent dims as 4
+//    chunks [64 tokens][128 B] with the 128-byte swizzle, the 64 rope dims as [64 tokens][64 B] with the 64-byte
+//    swizzle. TMA (pages of 16, 32 or a multiple of 64 slots): warp 0 issues 5 tensor copies per page run (3D
+//    tensor maps over [pages][slots][576 B]), completing on the stage's mbarrier; rows past the slice's end are
+//    zeroed in shared memory after they land. Other page sizes: cp.async, 16 bytes a thread, dead rows
+//    zero-filled. Two stages: tile t + 1 loads while t computes.
+//  - Scores^T [64 tokens, 32] = K [64, 576] . Q2^T with FP8 wgmma straight from that stage (m64n32k32 e4m3, 18
+//    k-steps): K is never widened. Q2 holds q as two e4m3 parts, rows 0-15 hi = e4m3(q * sigma) and rows 16-31
+//    lo = e4m3((q * sigma - hi) * 16) (sigma a power of two per CTA): hi + lo / 16 keeps q's 8 significant bits
+//    (bf16) for all but tiny elements, so a score is q . k to about bf16 precision with fp32 accumulation.
+//  - Online softmax per head in the log2 domain with a lazy reference max (it moves only when a score exceeds it
+//    by 8, so p <= 256): one CTA-wide vote per tile (__syncthreads_or), the exact max exchange only when it moves.
+//    P^T [16 heads, 64 tokens] goes to shared memory as fp16 (the B operand of the next product).
+//  - Out^T [512 dims, 16 heads] += V^T [512, 64] . P^T: 8 M-tiles x 4 k-steps of m64n16k16 f16 wgmma with V^T
+//    from registers: each thread reads 16 bytes of 4 token rows (one 16-byte unit of its warp's 128-dim chunk),
+//    pairs two tokens' bytes with PRMT and widens each pair with one cvt (e4m3 -> f16 is exact). Thread (warp w,
+//    g, c) owns output dims 128 w + 16 g + (0..15) of heads 2c, 2c + 1, 8 + 2c, 9 + 2c.
+// Output: per-split partials [B, H, S, 512] fp16 (sum(p v) / sum(p) in cache units, |x| <= 448) and their
+// log2-sum-exp [B, H, S] fp32 (the layout the Triton merge kernel reads); with `counters`, the last CTA of each
+// sequence to finish (an atomic count per sequence, reset by that CTA) combines the splits itself and writes the
+// bf16 output (times out_scale) and the natural-log lse: no second launch.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kBN = 64;                            // tokens per KV tile (the wgmma M)
+constexpr int kLatChunk = kBN * 128;               // one 128-dim chunk of a tile: 8,192
+constexpr int kRope = 4 * kLatChunk;               // the rope part of a tile, [64][64 B]: at 32,768
+constexpr int kStageBytes = kRope + kBN * 64;      // 36,864
+constexpr int kQRows = 32;                         // q hi (heads 0-15) and lo (16-31)
+constexpr int kQChunk = kQRows * 128;              // 4,096
+constexpr int kQRope = 4 * kQChunk;                // 16,384
+constexpr int kQBytes = kQRope + kQRows * 64;      // 18,432
+constexpr int kPBytes = 16 * 128;                  // P^T [16 heads][64 tokens] fp16: 2,048
+constexpr int kMaxInlineSplits = 32;               // the in-kernel combine's weight table
+
+struct Args {
+  CUtensorMap tm_lat;   // [pages][page_size][576 B] u8, box [128 B][box_rows][1], 128-byte swizzle (TMA only)
+  CUtensorMap tm_rope;  // the same tensor, box [64 B][box_rows][1], 64-byte swizzle
+  const uint16_t* q;  // bf16 [B, H, 576]
+  const uint8_t* kv;  // e4m3 [pages, page_size, 576]
+  const int* table;   // [B, max_pages]
+  const int* lens;    // [B]
+  __half* part;       // [B, H, S, 512]
+  float* part_lse;    // [B, H, S] log2 units
+  uint16_t* out;      // bf16 [B, H, 512] (strides below): written by the combine
+  float* lse;         // [B, H] natural log, or null
+  int* counters;      // [B] zeros, or null (then no combine: the Triton merge runs after)
+  long long stride_qb, stride_qh, stride_page, stride_slot, stride_tb, stride_ob, stride_oh;
+  int num_heads, num_splits, page_size, page_shift;  // page_shift: log2(page_size), or -1
+  int box_rows;  // TMA: rows per tensor copy (min(page_size, 64))
+  float qk_scale, out_scale;  // qk_scale = sm_scale * kv_scale * log2(e)
+};
+
+template <int STAGES>
+struct Layout {
+  static constexpr int kStage = 0;
+  static constexpr int kQ = STAGES * kStageBytes;
+  static constexpr int kP = kQ + kQBytes;
+  static constexpr int kRed = kP + kPBytes;                 // [4 warps][16 heads] floats (max / sum exchange)
+  static constexpr int kW = kRed + 4 * 16 * 4;              // the combine's weights [16][kMaxInlineSplits]
+  static constexpr int kFlag = kW + 16 * kMaxInlineSplits * 4;
+  static constexpr int kBar = kFlag + 16;                   // the stages' full mbarriers (TMA)
+  static constexpr int kAlloc = kBar + 8 * STAGES + 1024;   // + slack to align the base to 1024
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// wgmma shared-memory matrix descriptor (K-major; swizzle: 1 = 128 B, 2 = 64 B; addresses 18 bits, >> 4).
+template <int SWIZZLE>
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (static_cast<uint64_t>(SWIZZLE) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{ .reg .pred p;\n"
+      "LAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra DONE;\n"
+      "bra LAB_WAIT;\n"
+      "DONE:\n"
+      "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int x, int y, int z, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// Four e4m3 (bytes 0..3) -> f16x2 of bytes 0,1 (lo) and of bytes 2,3 (hi): one cvt per two elements.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
+      : "=r"(lo), "=r"(hi) : "r"(x));
+}
+// Two floats -> two e4m3 (x0 in the low byte), round to nearest, saturated to +-448.
+__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float x0, float x1) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(x1), "f"(x0));
+  return r;
+}
+__device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t x) {
+  uint32_t h;
+  asm("{ .reg .b16 l; cvt.u16.u32 l, %1; cvt.rn.f16x2.e4m3x2 %0, l; }" : "=r"(h) : "r"(x));
+  return __half22float2(*reinterpret_cast<__half2*>(&h));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2 ulp, exp2(-inf) = 0
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// S^T (+)= K . Q2^T, one k-step of 32 e4m3: d[4j + f] = (token 16 warp + g + 8 (f >> 1), column 8j + 2c + (f & 1)).
+__device__ __forceinline__ void wgmma_qk(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+      "%16, %17, p, 1, 1; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// Out^T tile (+)= V^T (A from registers) . P^T (B, K-major in shared memory), m64n16k16 f16.
+__device__ __forceinline__ void wgmma_pv(float (&d)[8], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, "
+      "0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// A descriptor as (low word, high word): the 14-bit address field sits in the low word and never carries out of it
+// (shared memory < 256 KB), so a k-step's offset is one 32-bit add of (bytes >> 4).
+__device__ __forceinline__ uint64_t desc_at(uint2 d, uint32_t off_bytes) {
+  return static_cast<uint64_t>(d.x + (off_bytes >> 4)) | (static_cast<uint64_t>(d.y) << 32);
+}
+template <int SWIZZLE>
+__device__ __forceinline__ uint2 desc_words(uint32_t addr, uint32_t sbo) {
+  const uint64_t d = make_desc<SWIZZLE>(addr, sbo);
+  return make_uint2(static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32));
+}
+
+// The tile's scores: 18 k-steps (16 latent, 2 rope), one async group in one basic block.
+__device__ __forceinline__ void score_tile(float (&sc)[16], uint2 dk, uint2 dkr, uint2 dq, uint2 dqr) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 16; ++ks)
+    wgmma_qk(sc, desc_at(dk, (ks >> 2) * kLatChunk + (ks & 3) * 32), desc_at(dq, (ks >> 2) * kQChunk + (ks & 3) * 32),
+             ks > 0);
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) wgmma_qk(sc, desc_at(dkr, 32 * ks), desc_at(dqr, 32 * ks), 1);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(sc);
+}
+
+template <int STAGES, bool TMA>
+__global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_constant__ Args a) {
+  using L = Layout<STAGES>;
+  static_assert(2 * L::kAlloc <= 232448, "two CTAs per SM");
+  constexpr float kInf = INFINITY;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const uint32_t sbase = smem_u32(smem);
+
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  const int split = blockIdx.x;
+  const long long b = blockIdx.y;
+  const int H = a.num_heads, S = a.num_splits;
+  const int seq_len = a.lens[b];
+  const int split_len = ((seq_len + S - 1) / S + kBN - 1) / kBN * kBN;
+  const int start = split * split_len;
+  const int end = min(start + split_len, seq_len);
+  const int ntiles = end > start ? (end - start + kBN - 1) / kBN : 0;
+
+  // Copies: thread (row, sub) copies the 16-byte units u = sub + 2k (k = 0..17) of token row `row` of every tile.
+  const int row = tid >> 1, sub = tid & 1;
+  const int* trow = a.table + b * a.stride_tb;
+  auto page_of = [&](int t) -> int {  // -1: past the slice's end (zero-filled, never read from HBM)
+    const int n = start + t * kBN + row;
+    if (t >= ntiles || n >= end) return -1;
+    return trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size];
+  };
+  auto issue = [&](int t, int stage, int page) {
+    const int n = start + t * kBN + row;
+    const uint8_t* src = a.kv;
+    if (page >= 0) {
+      const int slot = a.page_shift >= 0 ? n & (a.page_size - 1) : n % a.page_size;
+      src = a.kv + (long long)page * a.stride_page + (long long)slot * a.stride_slot;
+    }
+    const int bytes = page >= 0 ? 16 : 0;
+    const uint32_t dst = sbase + L::kStage + stage * kStageBytes;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {  // latent: chunk k >> 2, unit (2k & 7) + sub, 128-byte swizzle
+      const int unit = ((2 * k) & 7) + sub;
+      cp_async16(dst + (k >> 2) * kLatChunk + row * 128 + ((unit ^ (row & 7)) << 4), src + 16 * (2 * k + sub), bytes);
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {  // rope: unit 2k + sub of the 64-byte row, 64-byte swizzle
+      const int unit = 2 * k + sub;
+      cp_async16(dst + kRope + row * 64 + ((unit ^ ((row >> 1) & 3)) << 4), src + 512 + 16 * unit, bytes);
+    }
+  };
+  // TMA: warp 0 issues a tile's copies, lane r the page run r (box_rows rows: one page, or 64 rows of one); the
+  // page ids of the next tile to issue are loaded one tile ahead.
+  const uint32_t bar_full = sbase + L::kBar;
+  auto run_page = [&](int t) -> int {  // this lane's run of tile t: its page, or -1
+    const int n = start + t * kBN + lane * a.box_rows;
+    if (t >= ntiles || lane * a.box_rows >= kBN || n >= end) return -1;
+    return trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size];
+  };
+  auto issue_tma = [&](int t, int stage, int page) {  // warp 0
+    const int tok0 = start + t * kBN;
+    const int runs = (min(kBN, end - tok0) + a.box_rows - 1) / a.box_rows;
+    const uint32_t bar = bar_full + 8 * stage;
+    if (lane == 0) mbar_expect_tx(bar, runs * a.box_rows * 576);
+    if (page >= 0) {
+      const int n = tok0 + lane * a.box_rows;
+      const int slot = a.page_shift >= 0 ? n & (a.page_size - 1) : n % a.page_size;
+      const uint32_t dst = sbase + L::kStage + stage * kStageBytes;
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc)
+        tma_load_3d(dst + cc * kLatChunk + lane * a.box_rows * 128, &a.tm_lat, 128 * cc, slot, page, bar);
+      tma_load_3d(dst + kRope + lane * a.box_rows * 64, &a.tm_rope, 512, slot, page, bar);
+    }
+  };
+  int page_next = -1;
+  if constexpr (TMA) {
+    if (w == 0) {
+      if (lane == 0) {
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st) mbar_init(bar_full + 8 * st, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      }
+      __syncwarp();
+      int pages[STAGES];
+#pragma unroll
+      for (int st = 0; st < STAGES; ++st) pages[st] = run_page(st);  // all loads in flight together
+#pragma unroll
+      for (int st = 0; st < STAGES; ++st)
+        if (st < ntiles) issue_tma(st, st, pages[st]);
+      page_next = run_page(STAGES);
+    }
+  } else {
+    int pages[STAGES - 1];
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) pages[st] = page_of(st);
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (st < ntiles) issue(st, st, pages[st]);
+      cp_async_commit();
+    }
+    page_next = page_of(STAGES - 1);
+  }
+
+  // Q2 = [q hi; q lo] in e4m3, [32 rows][576] in the stage's layout; head rows past H are zeros. 1152 units of
+  // 8 dims (16 heads x 72), 9 per thread, held in registers across the CTA-wide max.
+  float* red = reinterpret_cast<float*>(smem + L::kRed);
+  float sigma;
+  {
+    uint4 qv[9];
+    float mx = 0.f;
+#pragma unroll
+    for (int k = 0; k < 9; ++k) {
+      const int i = tid + kThreads * k, h = i / 72, u = i - 72 * h;
+      qv[k] = h < H ? *reinterpret_cast<const uint4*>(a.q + b * a.stride_qb + (long long)h * a.stride_qh + 8 * u)
+                    : make_uint4(0u, 0u, 0u, 0u);
+      const uint32_t wds[4] = {qv[k].x, qv[k].y, qv[k].z, qv[k].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(wds[e] << 16)), fabsf(__uint_as_float(wds[e] & 0xffff0000u))));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[w] = mx;
+    __syncthreads();
+    mx = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    // sigma = 2^(7 - floor(log2 mx)): |q| * sigma < 256 <= 448, the top of e4m3's range
+    const int e = mx > 0.f ? ((__float_as_uint(mx) >> 23) & 0xff) - 127 : 0;
+    sigma = __uint_as_float(static_cast<uint32_t>(127 + min(max(7 - e, -100), 100)) << 23);
+#pragma unroll
+    for (int k = 0; k < 9; ++k) {
+      const int i = tid + kThreads * k, h = i / 72, u = i - 72 * h;
+      const uint32_t wds[4] = {qv[k].x, qv[k].y, qv[k].z, qv[k].w};
+      uint32_t hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
+#pragma unroll
+      for (int e2 = 0; e2 < 4; ++e2) {
+        const float x0 = __uint_as_float(wds[e2] << 16) * sigma, x1 = __uint_as_float(wds[e2] & 0xffff0000u) * sigma;
+        const uint32_t hb = f32x2_to_e4m3x2(x0, x1);
+        const float2 hf = e4m3x2_to_f32x2(hb);
+        const uint32_t lb = f32x2_to_e4m3x2((x0 - hf.x) * 16.f, (x1 - hf.y) * 16.f);
+        hi[e2 >> 1] |= hb << (16 * (e2 & 1));
+        lo[e2 >> 1] |= lb << (16 * (e2 & 1));
+      }
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {
+        const int r = h + 16 * part;
+        uint32_t addr;
+        if (u < 64) {
+          const int unit = (u & 15) >> 1;
+          addr = L::kQ + (u >> 4) * kQChunk + r * 128 + ((unit ^ (r & 7)) << 4) + (u & 1) * 8;
+        } else {
+          const int unit = (u - 64) >> 1;
+          addr = L::kQ + kQRope + r * 64 + ((unit ^ ((r >> 1) & 3)) << 4) + (u & 1) * 8;
+        }
+        *reinterpret_cast<uint2*>(smem + addr) = part ? make_uint2(lo[0], lo[1]) : make_uint2(hi[0], hi[1]);
+      }
+    }
+  }
+  // scores in log2 units: (hi + lo / 16) * s_eff
+  const float s_eff = a.qk_scale / sigma;
+  fence_proxy_async();  // Q2's generic stores, read by wgmma
+  __syncthreads();      // also: everyone read red before it is reused
+
+  float o[8][8];  // Out^T M-tile i: o[i][4j + 2h + e] = (dim 128w + 16g + 2i + h, head 8j + 2c + e)
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o[i][k] = 0.f;
+  float m_ref[4] = {-kInf, -kInf, -kInf, -kInf}, l_run[4] = {0.f, 0.f, 0.f, 0.f};  // heads 8j + 2c + e: [2j + e]
+  const uint32_t pbase = sbase + L::kP;
+  const uint2 dq = desc_words<1>(sbase + L::kQ, 1024), dqr = desc_words<2>(sbase + L::kQ + kQRope, 512);
+  const uint2 dp = desc_words<1>(pbase, 1024);
+  uint8_t* psm = smem + L::kP;
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int s = t % STAGES;
+    const uint32_t stage = sbase + L::kStage + s * kStageBytes;
+    if constexpr (TMA) {
+      if (t > 0) {
+        __syncthreads();  // everyone is done with tile t - 1: its stage is free
+        const int next = t + STAGES - 1;
+        if (w == 0) {
+          if (next < ntiles) issue_tma(next, next % STAGES, page_next);
+          page_next = run_page(next + 1);
+        }
+      }
+      mbar_wait(bar_full + 8 * s, (t / STAGES) & 1);  // tile t has landed
+      const int live = end - (start + t * kBN);
+      if (live < kBN) {  // the slice's last tile: rows past its end hold other data (or nothing yet): zeros
+        for (int i = tid; i < (kBN - live) * 36; i += kThreads) {
+          const int r = live + i / 36, u = i % 36;
+          const uint32_t addr = u < 32 ? stage + (u >> 3) * kLatChunk + r * 128 + (u & 7) * 16
+                                       : stage + kRope + r * 64 + (u - 32) * 16;
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+        }
+        fence_proxy_async();
+        __syncthreads();
+      }
+    } else {
+      cp_async_wait<STAGES - 2>();  // this thread's copies of tile t have landed
+      fence_proxy_async();          // ... and are visible to wgmma
+      __syncthreads();              // everyone's; everyone is done with tile t - 1 (its stage is free)
+      const int next = t + STAGES - 1;
+      if (next < ntiles) issue(next, next % STAGES, page_next);
+      cp_async_commit();
+      page_next = page_of(next + 1);
+    }
+
+    float sc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sc[i] = 0.f;
+    const uint2 dk = desc_words<1>(stage, 1024), dkr = desc_words<2>(stage + kRope, 512);
+    score_tile(sc, dk, dkr, dq, dqr);
+
+    // sv[4j + f]: token row 16w + g + 8 (f >> 1), head 8j + 2c + (f & 1)
+    const int tok = start + t * kBN + 16 * w + g;
+    const bool live0 = tok < end, live1 = tok + 8 < end;
+    float sv[8];
+    bool grow = false;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const float x = fmaf(sc[4 * (j + 2) + f], 0.0625f, sc[4 * j + f]) * s_eff;
+        sv[4 * j + f] = (f >> 1 ? live1 : live0) ? x : -kInf;
+        grow |= sv[4 * j + f] > m_ref[2 * j + (f & 1)] + 8.f;  // also the first live score (m_ref = -inf)
+      }
+    float p[8];
+    auto write_p = [&]() {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          const int hh = 2 * j + (f & 1);
+          p[4 * j + f] = fast_exp2(sv[4 * j + f] - (m_ref[hh] == -kInf ? 0.f : m_ref[hh]));
+          const int n = 8 * j + 2 * c + (f & 1), tt = 16 * w + g + 8 * (f >> 1);
+          *reinterpret_cast<__half*>(psm + n * 128 + (((tt >> 3) ^ (n & 7)) << 4) + (tt & 7) * 2) =
+              __float2half_rn(p[4 * j + f]);
+        }
+      fence_proxy_async();  // P's generic stores, read by wgmma
+    };
+    write_p();  // with the reference max as it stands: kept unless a score outgrew it
+    if (__syncthreads_or(grow)) {
+      // Rare: the tile's exact max per head (the 4 warps' maxima through shared memory), rescale, P again.
+      float mx[4];
+#pragma unroll
+      for (int hh = 0; hh < 4; ++hh) {
+        const int j = hh >> 1, e = hh & 1;
+        mx[hh] = fmaxf(sv[4 * j + e], sv[4 * j + 2 + e]);
+#pragma unroll
+        for (int o2 = 4; o2 < 32; o2 <<= 1) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], o2));
+      }
+      if (g == 0) {
+#pragma unroll
+        for (int hh = 0; hh < 4; ++hh) red[16 * w + 8 * (hh >> 1) + 2 * c + (hh & 1)] = mx[hh];
+      }
+      __syncthreads();
+      float alpha[4];
+#pragma unroll
+      for (int hh = 0; hh < 4; ++hh) {
+        const int n = 8 * (hh >> 1) + 2 * c + (hh & 1);
+        const float tm = fmaxf(fmaxf(red[n], red[16 + n]), fmaxf(red[32 + n], red[48 + n]));
+        const float m_new = fmaxf(m_ref[hh], tm);
+        alpha[hh] = m_ref[hh] == -kInf ? 1.f : fast_exp2(m_ref[hh] - m_new);
+        m_ref[hh] = m_new;
+        l_run[hh] *= alpha[hh];
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o[i][k] *= alpha[2 * (k >> 2) + (k & 1)];
+      write_p();
+      __syncthreads();  // P rewritten; red read by everyone
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) l_run[2 * (k >> 2) + (k & 1)] += p[k];
+
+    // Out^T += V^T . P^T. k-step kk = tokens 16kk .. 16kk + 15; this thread reads 16 bytes (unit g of chunk w: dims
+    // 128w + 16g ..) of rows r = 16kk + 2c, +1 (A regs 0, 1) and + 8, + 9 (A regs 2, 3).
+    const uint32_t vbase = stage + w * kLatChunk;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int r = 16 * kk + 2 * c;
+      const uint4 x0 = lds128(vbase + r * 128 + ((g ^ (2 * c)) << 4));
+      const uint4 x1 = lds128(vbase + (r + 1) * 128 + ((g ^ (2 * c + 1)) << 4));
+      const uint4 x2 = lds128(vbase + (r + 8) * 128 + ((g ^ (2 * c)) << 4));
+      const uint4 x3 = lds128(vbase + (r + 9) * 128 + ((g ^ (2 * c + 1)) << 4));
+      const uint32_t a0[4] = {x0.x, x0.y, x0.z, x0.w}, a1[4] = {x1.x, x1.y, x1.z, x1.w};
+      const uint32_t a2[4] = {x2.x, x2.y, x2.z, x2.w}, a3[4] = {x3.x, x3.y, x3.z, x3.w};
+      uint32_t va[8][4];  // [M-tile i][A reg]: tile i = dims byte 2i (rows g) and 2i + 1 (rows g + 8)
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+        e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x5140), va[2 * qq][0], va[2 * qq][1]);
+        e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x7362), va[2 * qq + 1][0], va[2 * qq + 1][1]);
+        e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x5140), va[2 * qq][2], va[2 * qq][3]);
+        e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x7362), va[2 * qq + 1][2], va[2 * qq + 1][3]);
+      }
+      if (kk >= 2) wgmma_wait<1>();  // k-step kk - 2's products are done (bounds the A registers in flight)
+      wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < 8; ++i) wgmma_pv(o[i], va[i], desc_at(dp, 32 * kk));
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 8; ++i) fence_regs(o[i]);
+  }
+  if constexpr (!TMA) cp_async_wait<0>();
+
+  // Epilogue: the sums over the tile's 64 rows (lanes g, then the 4 warps), identical in every thread.
+  __syncthreads();  // red free
+#pragma unroll
+  for (int hh = 0; hh < 4; ++hh) {
+#pragma unroll
+    for (int o2 = 4; o2 < 32; o2 <<= 1) l_run[hh] += __shfl_xor_sync(0xffffffffu, l_run[hh], o2);
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 4; ++hh) red[16 * w + 8 * (hh >> 1) + 2 * c + (hh & 1)] = l_run[hh];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int hh = 0; hh < 4; ++hh) {
+    const int n = 8 * (hh >> 1) + 2 * c + (hh & 1);
+    const float l = (red[n] + red[16 + n]) + (red[32 + n] + red[48 + n]);
+    if (n >= H) continue;
+    const long long slot = (b * H + n) * S + split;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int j = hh >> 1, e = hh & 1;
+    uint32_t u[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      u[i] = pack_f16x2(o[i][4 * j + e] * inv, o[i][4 * j + 2 + e] * inv);  // dims 2i, 2i + 1
+    }
+    uint4* dst = reinterpret_cast<uint4*>(a.part + slot * 512 + 128 * w + 16 * g);
+    dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
+    dst[1] = make_uint4(u[4], u[5], u[6], u[7]);
+    if (w == 0 && g == 0) a.part_lse[slot] = l > 0.f ? m_ref[hh] + log2f(l) : -kInf;
+  }
+  if (a.counters == nullptr) return;
+
+  // In-kernel combine: the last of the sequence's S CTAs merges the partials (as the Triton merge does).
+  int* flag = reinterpret_cast<int*>(smem + L::kFlag);
+  __threadfence();  // this CTA's partials are visible device-wide before it counts itself in
+  __syncthreads();
+  if (tid == 0) *flag = atomicAdd(a.counters + b, 1) == S - 1;
+  __syncthreads();
+  if (!*flag) return;
+  __threadfence();
+  float* wts = reinterpret_cast<float*>(smem + L::kW);  // [16 heads][S]: exp2(lse_s - max)
+  if (tid < 16) {
+    const int n = tid;
+    float m = -kInf, lsum = 0.f;
+    if (n < H) {
+      const float* pl = a.part_lse + (b * H + n) * S;
+      for (int s2 = 0; s2 < S; ++s2) m = fmaxf(m, __ldcg(pl + s2));
+      const float mr = m == -kInf ? 0.f : m;
+      for (int s2 = 0; s2 < S; ++s2) {
+        const float wv = fast_exp2(__ldcg(pl + s2) - mr);
+        wts[n * kMaxInlineSplits + s2] = wv;
+        lsum += wv;
+      }
+      red[n] = lsum > 0.f ? a.out_scale / lsum : 0.f;
+      if (a.lse != nullptr) a.lse[b * H + n] = lsum > 0.f ? (m + log2f(lsum)) * 0.6931471805599453f : -kInf;
+    }
+  }
+  __syncthreads();
+  // Thread tid combines the 8-dim groups (head, dg) = item tid + 128k (k = 0..7 while < 64 H): all of its loads
+  // of two splits in flight per round trip to L2.
+  float acc[8][8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[k][e] = 0.f;
+  for (int s0 = 0; s0 < S; s0 += 2) {
+    uint4 v[8][2];
+    float wv[8][2];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int item = tid + kThreads * k, n = item >> 6, dg = item & 63;
+#pragma unroll
+      for (int ds = 0; ds < 2; ++ds) {
+        const bool ok = item < H * 64 && s0 + ds < S;
+        v[k][ds] = ok ? __ldcg(reinterpret_cast<const uint4*>(a.part + ((b * H + n) * S + s0 + ds) * 512 + 8 * dg))
+                      : make_uint4(0u, 0u, 0u, 0u);
+        wv[k][ds] = ok ? wts[n * kMaxInlineSplits + s0 + ds] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+#pragma unroll
+      for (int ds = 0; ds < 2; ++ds) {
+        const uint32_t vw[4] = {v[k][ds].x, v[k][ds].y, v[k][ds].z, v[k][ds].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&vw[e]));
+          acc[k][2 * e] = fmaf(wv[k][ds], f.x, acc[k][2 * e]);
+          acc[k][2 * e + 1] = fmaf(wv[k][ds], f.y, acc[k][2 * e + 1]);
+        }
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int item = tid + kThreads * k, n = item >> 6, dg = item & 63;
+    if (item >= H * 64) continue;
+    const float sc2 = red[n];
+    *reinterpret_cast<uint4*>(a.out + b * a.stride_ob + (long long)n * a.stride_oh + 8 * dg) =
+        make_uint4(pack_bf16x2(acc[k][0] * sc2, acc[k][1] * sc2), pack_bf16x2(acc[k][2] * sc2, acc[k][3] * sc2),
+                   pack_bf16x2(acc[k][4] * sc2, acc[k][5] * sc2), pack_bf16x2(acc[k][6] * sc2, acc[k][7] * sc2));
+  }
+}
+
+template <int STAGES, bool TMA>
+int prepare(int* regs, int* per_sm, int* smem_bytes) {
+  auto kernel = mla_decode_tok_sm90<STAGES, TMA>;
+  constexpr int smem = Layout<STAGES>::kAlloc;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  cudaFuncAttributes attr;
+  err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) return err;
+  *regs = attr.numRegs;
+  *smem_bytes = smem;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, smem);
+}
+
+template <int STAGES, bool TMA>
+int launch(const Args& a, int batch, cudaStream_t stream) {
+  constexpr int smem = Layout<STAGES>::kAlloc;
+  mla_decode_tok_sm90<STAGES, TMA><<<dim3(a.num_splits, batch), kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// [pages][page_size][576] bytes, box [inner][box_rows][1].
+bool encode_map(CUtensorMap* map, const void* kv, long long pages, int page_size, long long stride_slot,
+                long long stride_page, int inner, CUtensorMapSwizzle swizzle, int box_rows) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[3] = {576, static_cast<cuuint64_t>(page_size), static_cast<cuuint64_t>(pages)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_slot), static_cast<cuuint64_t>(stride_page)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(inner), static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(kv), dims, strides, box, elem,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// Variants: 0 = loads by TMA where the page size allows it (16, 32 or a multiple of 64 slots, 16-byte strides),
+// else cp.async; 1 = cp.async always. Returns a cudaError_t (cudaErrorInvalidValue for an unknown variant).
+// max_inline_splits: the most splits the in-kernel combine takes.
+extern "C" int dg_mla_tok_prepare(int variant, int* regs, int* per_sm, int* block_n, int* smem_bytes,
+                                  int* max_inline_splits) {
+  *block_n = kBN;
+  *max_inline_splits = kMaxInlineSplits;
+  if (variant == 0) {
+    const int err = prepare<2, true>(regs, per_sm, smem_bytes);
+    if (err != cudaSuccess) return err;
+  }
+  if (variant == 0 || variant == 1) return prepare<2, false>(regs, per_sm, smem_bytes);
+  return cudaErrorInvalidValue;
+}
+
+// Returns a cudaError_t; *used_tma says which loads ran.
+extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, const void* table, const void* lens,
+                                 void* part, void* part_lse, void* out, void* lse, void* counters,
+                                 long long stride_qb, long long stride_qh, long long stride_page,
+                                 long long stride_slot, long long stride_tb, long long stride_ob,
+                                 long long stride_oh, int num_heads, int num_splits, int batch, int page_size,
+                                 long long num_pages, float qk_scale, float out_scale, void* stream, int* used_tma) {
+  *used_tma = 0;
+  if (num_heads < 1 || num_heads > 16 || (counters != nullptr && num_splits > kMaxInlineSplits))
+    return cudaErrorInvalidValue;
+  if (variant != 0 && variant != 1) return cudaErrorInvalidValue;
+  Args a{};
+  a.q = static_cast<const uint16_t*>(q);
+  a.kv = static_cast<const uint8_t*>(kv);
+  a.table = static_cast<const int*>(table);
+  a.lens = static_cast<const int*>(lens);
+  a.part = static_cast<__half*>(part);
+  a.part_lse = static_cast<float*>(part_lse);
+  a.out = static_cast<uint16_t*>(out);
+  a.lse = static_cast<float*>(lse);
+  a.counters = static_cast<int*>(counters);
+  a.stride_qb = stride_qb;
+  a.stride_qh = stride_qh;
+  a.stride_page = stride_page;
+  a.stride_slot = stride_slot;
+  a.stride_tb = stride_tb;
+  a.stride_ob = stride_ob;
+  a.stride_oh = stride_oh;
+  a.num_heads = num_heads;
+  a.num_splits = num_splits;
+  a.page_size = page_size;
+  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
+  a.box_rows = page_size < kBN ? page_size : kBN;
+  a.qk_scale = qk_scale;
+  a.out_scale = out_scale;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool tma_ok = variant == 0 && (page_size % kBN == 0 || page_size == 16 || page_size == 32) &&
+                      reinterpret_cast<uintptr_t>(kv) % 16 == 0 && stride_slot % 16 == 0 && stride_page % 16 == 0 &&
+                      encode_map(&a.tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 128,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, a.box_rows) &&
+                      encode_map(&a.tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 64,
+                                 CU_TENSOR_MAP_SWIZZLE_64B, a.box_rows);
+  if (tma_ok) {
+    *used_tma = 1;
+    return launch<2, true>(a, batch, st);
+  }
+  return launch<2, false>(a, batch, st);
+}
