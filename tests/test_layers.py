@@ -147,3 +147,28 @@ def test_inductor_names_for_no_work_ops_are_the_same_kernel(name, same_as):
 ])
 def test_names_that_differ_in_work_stay_apart(name, other):
     assert normalized_name(name) != normalized_name(other)
+
+
+def _grid():
+    for layers in (4, 12, 30):
+        for moe in (None, 0, 1, 3):
+            for style in ("eager", "inductor", "piecewise", "sglang"):
+                for alternate in ((False, True) if moe is None else (False,)):
+                    yield pytest.param(layers, moe, style, alternate,
+                                       id=f"{layers}L-{'dense' if moe is None else f'moe_from{moe}'}-{style}"
+                                          + ("-alternating" if alternate else ""))
+
+
+@pytest.mark.parametrize("layers, moe_from, style, alternate", list(_grid()))
+def test_every_stack_and_loop_of_the_generator_is_read_right(tmp_path, layers, moe_from, style, alternate):
+    """tracegen's forwards in every combination of depth, dense + eager MoE stack, compiler naming, piecewise graphs and
+    engine annotations: the generator's layer count and kinds, and its 5 decode forwards."""
+    kw = dict(forwards=5, layers=layers, batch=8, seed=layers * 7 + (moe_from or 0), alternate=alternate,
+              inductor=style == "inductor", graph="piecewise" if style == "piecewise" else None,
+              annotation="sglang" if style == "sglang" else None)
+    if moe_from is not None:
+        kw.update(moe_from=moe_from, experts=16, top_k=2)
+    d = report_dict(analyze_path(write(engine_forwards(**kw), tmp_path / "forwards.json")))
+    want = [layers // 2] * 2 if alternate else sorted(x for x in (moe_from, layers - (moe_from or 0)) if x)
+    assert d["steps"]["decode"]["count"] == 5 and d["layers"] == layers
+    assert (sorted(k["count"] for k in d["layer_kinds"]) or [layers]) == want
