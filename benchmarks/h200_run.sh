@@ -11,7 +11,9 @@
 # benchmarks/mla_flashinfer_aot.sh; without them FlashInfer JIT-builds them here, about a minute each).
 # Steps: STEPS="probe tok tests bench demo ncu ncu16" (default all). tok: the <= 16-head tokens-major kernel's smoke
 # and A/B (benchmarks/mla_tok_ab.py, TOK_SHAPES=... to choose); ncu16: ncu on it at B=32 ctx 4096 (with the merge
-# kernel) and B=128 ctx 16384 (H=16); DEMO_TOK=1: the demo again with the tokens-major kernel forced.
+# kernel) and B=128 ctx 16384 (H=16); DEMO_TOK=1: the demo again with the tokens-major kernel forced; ncu128: the
+# two H=128 ncu runs of ncu alone. probe's A/B picks the fastest FP8 and BF16 wgmma variants for the rest of the call
+# (DECODEGAP_MLA_WGMMA_FP8 / _BF16); a variant wrong in the smoke check is left out of it.
 STEPS=${STEPS:-probe tok tests bench demo ncu ncu16}
 T0=$(date +%s)
 since() { echo "== $1 $(( $(date +%s) - T0 )) s"; }
@@ -31,11 +33,13 @@ since setup
 
 if [[ " $STEPS " == *" probe "* ]]; then
   timeout 60 python3 benchmarks/mla_wgmma_probe.py > $OUT/probe.txt 2>&1; echo "probe rc=$?"; tail -4 $OUT/probe.txt
-  (cd benchmarks && timeout 90 python3 mla_wgmma_smoke.py --ab --pick /tmp/fp8_variant > /tmp/smoke.txt 2>&1)
-  rc=$?; cat /tmp/smoke.txt >> $OUT/probe.txt; echo "smoke rc=$rc"; tail -14 /tmp/smoke.txt
+  (cd benchmarks && timeout 150 python3 mla_wgmma_smoke.py --ab --pick /tmp/fp8_variant --pick-bf16 /tmp/bf16_variant \
+    > /tmp/smoke.txt 2>&1)
+  rc=$?; cat /tmp/smoke.txt >> $OUT/probe.txt; echo "smoke rc=$rc"; grep -E "WRONG|ab:|rel. error" /tmp/smoke.txt | cut -c1-120; tail -1 /tmp/smoke.txt
   if [ $rc -ne 0 ]; then export DECODEGAP_MLA_WGMMA=0; echo "wgmma kernel off for the rest of this call"; fi
   if [ -s /tmp/fp8_variant ]; then export DECODEGAP_MLA_WGMMA_FP8=$(cat /tmp/fp8_variant); fi
-  echo "FP8 wgmma variant for the rest of this call: ${DECODEGAP_MLA_WGMMA_FP8:-default}"
+  if [ -s /tmp/bf16_variant ]; then export DECODEGAP_MLA_WGMMA_BF16=$(cat /tmp/bf16_variant); fi
+  echo "wgmma variants for the rest of this call: FP8 ${DECODEGAP_MLA_WGMMA_FP8:-default}, BF16 ${DECODEGAP_MLA_WGMMA_BF16:-default}"
   since probe
 fi
 if [[ " $STEPS " == *" tok "* ]]; then
@@ -67,15 +71,18 @@ if [[ " $STEPS " == *" demo "* ]]; then
   fi
   since demo
 fi
-if [[ " $STEPS " == *" ncu "* ]]; then
+if [[ " $STEPS " == *" ncu "* || " $STEPS " == *" ncu128 "* ]]; then
   NCU="ncu --clock-control none --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
     --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,regex:^l1tex__data_pipe_lsu_wavefronts_mem_shared.sum$,regex:^l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum$"
   (cd benchmarks
    timeout 60 $NCU -k regex:wgmma python3 ncu_mla_decode.py --heads 128 > $OUT/ncu_h128_fp8.txt 2>&1
    timeout 60 $NCU -k regex:wgmma python3 ncu_mla_decode.py --heads 128 --cache bf16 > $OUT/ncu_h128_bf16.txt 2>&1
-   timeout 60 $NCU -k regex:mla_decode_fp8 python3 ncu_mla_decode.py --heads 16 > $OUT/ncu_h16_fp8.txt 2>&1)
+   if [[ " $STEPS " == *" ncu "* ]]; then
+     timeout 60 $NCU -k regex:mla_decode_fp8 python3 ncu_mla_decode.py --heads 16 > $OUT/ncu_h16_fp8.txt 2>&1
+   fi)
   for f in $OUT/ncu_h128_fp8.txt $OUT/ncu_h128_bf16.txt $OUT/ncu_h16_fp8.txt; do
+    [ -f $f ] || continue
     echo "-- $(basename $f)"
     grep -E "^    (Duration|DRAM Throughput|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issued Warp|Shared Memory Throughput|L1/TEX Hit|Executed Ipc A)" $f \
       | sed 's/  */ /g' | head -12

@@ -31,11 +31,12 @@ __global__ void __launch_bounds__(128, 1) probe_kernel(const uint16_t* q, const 
 #pragma unroll
   for (int i = 0; i < 16; ++i) sc[i] = 0.f;
   const uint64_t dq = make_desc(sbase, 16, 1024), dk = make_desc(sbase + kQBytes, 16, 1024);
-  score_tile<false, 0>(sc, dq, dk);
+  const uint32_t qa[1][4] = {{0u, 0u, 0u, 0u}};  // QR = 0: Q from shared memory only
+  score_tile<false, 0, 0>(sc, qa, dq, dk);
   float sc2[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) sc2[i] = 0.f;
-  score_tile<false, 1>(sc2, dq, dk);
+  score_tile<false, 1, 0>(sc2, qa, dq, dk);
 #pragma unroll
   for (int jj = 0; jj < 4; ++jj)
 #pragma unroll

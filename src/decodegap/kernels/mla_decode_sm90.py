@@ -263,15 +263,24 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # The wgmma kernel (mla_decode_sm90_wgmma.cu): 17+ heads, FP8 or BF16 caches, sm_90 only.
 
 
-# Variants (DG_WGMMA_CONFIGS in the .cu file): 0 BF16 caches (3 stages, cp.async); FP8 caches: 1 (2 stages + a
-# cp.async raw ring) or 2 (3 stages, loads through registers a tile ahead). DECODEGAP_MLA_WGMMA_FP8 picks the FP8 one.
-WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn}
-DEFAULT_WGMMA_FP8_VARIANT = 1  # the faster in the H200 A/B (125 vs 135 us, B=32 ctx 4096 H=128)
+# Variants (DG_WGMMA_CONFIGS in the .cu file): BF16 caches: 0 (3 stages, cp.async, Q in shared memory), 6 and 7
+# (14 of each consumer's 18 score k-steps with Q in registers, 3 / 4 stages); FP8 caches: 1 (2 stages + a cp.async
+# raw ring), 2 (3 stages, loads through registers a tile ahead), 3-5 (as 1 with 14 of 18 k-steps' Q in registers;
+# 2 stages, 3 stages, 3 stages + a 3-deep raw ring), 8 (as 3 with 16 of 18). DECODEGAP_MLA_WGMMA_FP8 /
+# DECODEGAP_MLA_WGMMA_BF16 pick one.
+WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
+                  4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
+                  8: torch.float8_e4m3fn}
+# FP8: 8, the fastest in the H200 A/B of 2026-12-01 (benchmarks/results/mla_decode_h128_h200_2026-12-01.md: 105.3
+# vs 119.7 us at B=32 ctx 4096 H=128, 1328 vs 1534 us at B=128 ctx 16384, 66.5 vs 73.9 us at H=64).
+# BF16: 0; 6 and 7 were 2-6% faster at B=32/128 with 128 heads but not at 64, and 6 slower at B=1 (26.8 vs ~24 us).
+DEFAULT_WGMMA_FP8_VARIANT = 8
+DEFAULT_WGMMA_BF16_VARIANT = 0
 
 
 def default_wgmma_variant(kv_dtype: torch.dtype) -> int:
     if kv_dtype != torch.float8_e4m3fn:
-        return 0
+        return int(os.environ.get("DECODEGAP_MLA_WGMMA_BF16") or DEFAULT_WGMMA_BF16_VARIANT)
     return int(os.environ.get("DECODEGAP_MLA_WGMMA_FP8") or DEFAULT_WGMMA_FP8_VARIANT)
 
 

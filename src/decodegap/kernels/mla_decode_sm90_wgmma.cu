@@ -148,6 +148,25 @@ __device__ __forceinline__ void wgmma_s(float (&d)[16], uint64_t da, uint64_t db
   }
 }
 
+// The same with A (16 x 16 of Q) from registers: the A-fragment layout of mma.m16n8k16 per warp (warp i of the
+// warpgroup: rows 16i ..), B K-major from shared memory (no transpose).
+template <bool F16>
+__device__ __forceinline__ void wgmma_s_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int accumulate) {
+  if constexpr (F16) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  } else {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  }
+}
+
 template <bool F16>
 __device__ __forceinline__ void wgmma_pv(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int accumulate) {
   if constexpr (F16) {
@@ -170,18 +189,38 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t x, float scale) {
   return pack2<true>(__uint_as_float(x << 16) * scale, __uint_as_float(x & 0xffff0000u) * scale);
 }
 
+// Q in shared memory: only the 64-dim chunks that hold a k-step some consumer reads from there (k-step ks of the 36
+// is consumer ks / 18's k-step ks % 18; the first QR of each consumer come from registers), packed in order:
+// consumer 0 reads chunks QR / 4 .. 4, consumer 1 chunks max((18 + QR) / 4, 5) .. 8 (chunk 4 holds k-steps 16-19).
+// Closed forms, no loops: the descriptor offsets in score_tile must fold to constants (a loop here was left to run
+// time by nvcc and split the wgmma group with branches: 25% slower).
+template <int QR>
+struct QMap {
+  static_assert(QR >= 0 && QR <= 16, "QR");
+  static constexpr int kLo0 = QR / 4, kN0 = 5 - kLo0, kLo1 = (18 + QR) / 4 > 5 ? (18 + QR) / 4 : 5;
+  static constexpr int kChunks = kN0 + 9 - kLo1;
+  __host__ __device__ static constexpr bool needed(int c) { return (c >= kLo0 && c <= 4) || c >= kLo1; }
+  __host__ __device__ static constexpr int pos(int c) { return c <= 4 ? c - kLo0 : kN0 + c - kLo1; }
+};
+
 // Partial scores of one tile over k-steps 18 WI .. 18 WI + 17 (k-step ks: chunk ks >> 2, 16 dims = 32 bytes at
-// (ks & 3) of the 128-byte row; descriptor addresses are in 16-byte units).
+// (ks & 3) of the 128-byte row; descriptor addresses are in 16-byte units). The first QR k-steps take Q from
+// registers (qa[k], loaded once per CTA), the others from shared memory.
 // The whole async group (fence, 18 wgmma, commit, wait) sits in one basic block: split across a branch, ptxas
 // serializes the wgmmas (a wait after each).
-template <bool F16, int WI>
-__device__ __forceinline__ void score_tile(float (&sc)[16], uint64_t dq, uint64_t dk) {
+template <bool F16, int WI, int QR>
+__device__ __forceinline__ void score_tile(float (&sc)[16], const uint32_t (&qa)[QR > 0 ? QR : 1][4], uint64_t dq,
+                                           uint64_t dk) {
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < 18; ++k) {
     const int ks = 18 * WI + k;
-    wgmma_s<F16>(sc, dq + (((ks >> 2) * (kM * 128) + (ks & 3) * 32) >> 4),
-                 dk + (((ks >> 2) * kChunkBytes + (ks & 3) * 32) >> 4), k > 0);
+    const uint64_t db = dk + (((ks >> 2) * kChunkBytes + (ks & 3) * 32) >> 4);
+    if (k < QR) {
+      wgmma_s_rs<F16>(sc, qa[k < QR ? k : 0], db, k > 0);
+    } else {
+      wgmma_s<F16>(sc, dq + ((QMap<QR>::pos(ks >> 2) * (kM * 128) + (ks & 3) * 32) >> 4), db, k > 0);
+    }
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -189,19 +228,31 @@ __device__ __forceinline__ void score_tile(float (&sc)[16], uint64_t dq, uint64_
 }
 
 // Shared memory, from a 1024-byte aligned base: Q, the KV stages, the FP8 raw ring, the score exchange, barriers.
-template <bool FP8, int W, int R, bool REGS>
+template <bool FP8, int W, int R, bool REGS, int QR>
 struct Layout {
   static constexpr int kQ = 0;
-  static constexpr int kStage = kQBytes;
+  static constexpr int kStage = QMap<QR>::kChunks * kM * 128;  // kQBytes with all of Q in shared memory
   static constexpr int kRaw = kStage + W * kStageBytes;
   static constexpr int kExch = kRaw + (FP8 && !REGS ? R * kRawBytes : 0);
   static constexpr int kBar = kExch + kExchBytes;
   static constexpr int kAlloc = kBar + 2 * W * 8 + 1024;  // + slack to align the base
 };
 
-template <bool FP8, int W, int R, bool REGS>
+// Registers per thread after setmaxnreg. The CTA holds what it was launched with, 168 x 384 = 64,512 (ptxas's
+// count under __launch_bounds__(384, 1)); producer + consumers must fit in that, or setmaxnreg.inc waits forever.
+// FP8 with more than 14 of Q's k-steps in registers needs 240 (at 232 ptxas serializes the wgmmas, C7512), which
+// leaves the producer the minimum, 24.
+template <bool FP8, bool REGS, int QR>
+struct Regs {
+  static constexpr int kProducer = REGS ? 88 : (FP8 && QR > 14 ? 24 : 40);
+  static constexpr int kConsumer = REGS ? 208 : (FP8 && QR > 14 ? 240 : 232);
+  static_assert(128 * kProducer + 256 * kConsumer <= 168 * kThreads, "registers");
+};
+
+template <bool FP8, int W, int R, bool REGS, int QR>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args a) {
-  using L = Layout<FP8, W, R, REGS>;
+  using L = Layout<FP8, W, R, REGS, QR>;
+  static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0), "Q k-steps in registers");
   static_assert(L::kAlloc <= 232448, "shared memory");
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -227,8 +278,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   }
   // Q [64 heads, 576] -> shared memory, swizzled; head rows past num_heads are zeros. FP8 caches: q * q_scale
   // in fp16 (exact: q_scale is a power of two); BF16: q as is.
-  for (int i = tid; i < kM * 72; i += kThreads) {
+  for (int i = tid; i < (QMap<QR>::kChunks > 0 ? kM * 72 : 0); i += kThreads) {
     const int row = i / 72, u = i - row * 72;  // 16-byte unit u = dims 8u .. 8u + 7
+    if (!QMap<QR>::needed(u >> 3)) continue;
     const int h = hb * kM + row;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (h < a.num_heads) {
@@ -240,18 +292,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
         v = x;
       }
     }
-    *reinterpret_cast<uint4*>(smem + L::kQ + (u >> 3) * (kM * 128) + swz(row, u & 7)) = v;
+    *reinterpret_cast<uint4*>(smem + L::kQ + QMap<QR>::pos(u >> 3) * (kM * 128) + swz(row, u & 7)) = v;
   }
   fence_proxy_async();  // Q's generic stores, read by wgmma (the async proxy)
   __syncthreads();
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
-    if constexpr (REGS) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
-    } else {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    }
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR>::kProducer));
     const int t = tw >> 2, sub = tw & 3;  // this thread's token row of every tile, and its quarter of the row
     const int* trow = a.table + b * a.stride_tb;
     // Page ids are loaded a tile before their row is copied: the table load is off the copy's critical path.
@@ -359,11 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   }
 
   // ------------------------------------------------------------------ consumers
-  if constexpr (REGS) {  // the CTA's 168 x 384 registers: 88 x 128 + 208 x 256 (else 40 x 128 + 232 x 256)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR>::kConsumer));
   const int w = wg - 1;  // dims: scores over k-steps 18w .. 18w + 17, output dims 256w .. 256w + 255
   const int lane = tw & 31, g = lane >> 2, c = lane & 3;
   float o[128];
@@ -371,6 +415,36 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float m_run[2] = {-kInf, -kInf}, l_run[2] = {0.f, 0.f};
   float* exch = reinterpret_cast<float*>(smem + L::kExch);
+  // Q's first QR k-steps of this warpgroup's 18 as wgmma A fragments (rows r and r + 8, dims 16 ks + 2c (+ 8)),
+  // straight from global memory; FP8 caches: q * q_scale in fp16, as the shared-memory copy.
+  uint32_t qa[QR > 0 ? QR : 1][4];
+  if constexpr (QR > 0) {
+    const int r = 16 * (tw >> 5) + g;
+    const int h0 = hb * kM + r, h1 = h0 + 8;
+    const uint16_t* q0 = a.q + b * a.stride_qb + (long long)h0 * a.stride_qh;
+    const uint16_t* q1 = a.q + b * a.stride_qb + (long long)h1 * a.stride_qh;
+#pragma unroll
+    for (int k = 0; k < QR; ++k) {
+      const int d = 16 * (18 * w + k) + 2 * c;
+      uint32_t x[4] = {0u, 0u, 0u, 0u};
+      if (h0 < a.num_heads) {
+        x[0] = __ldg(reinterpret_cast<const unsigned int*>(q0 + d));
+        x[2] = __ldg(reinterpret_cast<const unsigned int*>(q0 + d + 8));
+      }
+      if (h1 < a.num_heads) {
+        x[1] = __ldg(reinterpret_cast<const unsigned int*>(q1 + d));
+        x[3] = __ldg(reinterpret_cast<const unsigned int*>(q1 + d + 8));
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (FP8) {
+          qa[k][e] = bf16x2_to_f16x2(x[e], a.q_scale);
+        } else {
+          qa[k][e] = x[e];
+        }
+      }
+    }
+  }
   // Descriptors (K-major Q and K: 8-row groups 1024 bytes apart; V N-major: 64-dim chunks kChunkBytes apart).
   const uint64_t dq0 = make_desc(sbase + L::kQ, 16, 1024);
   const uint64_t dk0 = make_desc(sbase + L::kStage, 16, 1024);
@@ -385,9 +459,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 #pragma unroll
     for (int i = 0; i < 16; ++i) sc[i] = 0.f;
     if (w == 0) {  // warpgroup-uniform: compile-time descriptor offsets in each branch
-      score_tile<FP8, 0>(sc, dq0, dk0 + stage_off);
+      score_tile<FP8, 0, QR>(sc, qa, dq0, dk0 + stage_off);
     } else {
-      score_tile<FP8, 1>(sc, dq0, dk0 + stage_off);
+      score_tile<FP8, 1, QR>(sc, qa, dq0, dk0 + stage_off);
     }
 
     // The full scores: this warpgroup's partial + the other's (same thread mapping in both; a + b == b + a).
@@ -506,16 +580,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   }
 }
 
-// The configurations (variant: cache, stages, FP8 raw-ring depth, FP8 loads through registers):
-//  0: BF16, 3 stages (cp.async).
-//  1: FP8, 2 stages + a 2-deep cp.async raw ring (40 / 232 registers).
-//  2: FP8, 3 stages, loads through registers a tile ahead (88 / 208 registers).
-#define DG_WGMMA_CONFIGS(X) X(0, false, 3, 1, false) X(1, true, 2, 2, false) X(2, true, 3, 1, true)
+// The configurations (variant: cache, stages, FP8 raw-ring depth, FP8 loads through registers, how many of each
+// consumer's 18 score k-steps take Q from registers; registers per producer / consumer thread):
+//  0: BF16, 3 stages (cp.async); Q in shared memory (40 / 232).
+//  1: FP8, 2 stages + a 2-deep cp.async raw ring; Q in shared memory (40 / 232).
+//  2: FP8, 3 stages, loads through registers a tile ahead (88 / 208).
+//  3: as 1 with 14 of 18 k-steps' Q in registers (56 per consumer thread; 40 / 232): those score wgmmas read only
+//     K from shared memory, 2 KB less each; Q's shared copy shrinks to the 3 chunks the other k-steps read (24 KB).
+//  4: as 3 with 3 stages (in the 49 KB freed).   5: as 3 with 3 stages and a 3-deep raw ring.
+//  6: BF16, 3 stages, 14 of 18 k-steps' Q in registers (40 / 232).   7: as 6 with 4 stages.
+//  8: as 3 with 16 of 18 k-steps' Q in registers (24 / 240; Q's shared copy 16 KB).
+// (All 18 in registers, 72 per thread, does not fit: ptxas serializes the wgmmas even at 240.)
+#define DG_WGMMA_CONFIGS(X)                                                                                   \
+  X(0, false, 3, 1, false, 0) X(1, true, 2, 2, false, 0) X(2, true, 3, 1, true, 0) X(3, true, 2, 2, false, 14) \
+  X(4, true, 3, 2, false, 14) X(5, true, 3, 3, false, 14) X(6, false, 3, 1, false, 14)                       \
+  X(7, false, 4, 1, false, 14) X(8, true, 2, 2, false, 16)
 
-template <bool FP8, int W, int R, bool REGS>
+template <bool FP8, int W, int R, bool REGS, int QR>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
-  auto kernel = mla_decode_wgmma_sm90<FP8, W, R, REGS>;
-  constexpr int smem = Layout<FP8, W, R, REGS>::kAlloc;
+  auto kernel = mla_decode_wgmma_sm90<FP8, W, R, REGS, QR>;
+  constexpr int smem = Layout<FP8, W, R, REGS, QR>::kAlloc;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   cudaFuncAttributes attr;
@@ -526,11 +610,11 @@ int prepare(int* regs, int* per_sm, int* smem_bytes) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, smem);
 }
 
-template <bool FP8, int W, int R, bool REGS>
+template <bool FP8, int W, int R, bool REGS, int QR>
 int launch(const Args& a, int batch, cudaStream_t stream) {
-  constexpr int smem = Layout<FP8, W, R, REGS>::kAlloc;
+  constexpr int smem = Layout<FP8, W, R, REGS, QR>::kAlloc;
   const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
-  mla_decode_wgmma_sm90<FP8, W, R, REGS><<<grid, kThreads, smem, stream>>>(a);
+  mla_decode_wgmma_sm90<FP8, W, R, REGS, QR><<<grid, kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -539,10 +623,10 @@ int launch(const Args& a, int batch, cudaStream_t stream) {
 // Returns a cudaError_t (cudaErrorInvalidValue for an unknown variant). fp8 (out): whether it reads an e4m3 cache.
 extern "C" int dg_mla_wgmma_prepare(int variant, int* regs, int* per_sm, int* block_n, int* smem_bytes, int* fp8) {
   *block_n = kBN;
-#define DG_PREPARE(V, FP8, W, R, REGS) \
-  if (variant == V) {                   \
-    *fp8 = FP8;                         \
-    return prepare<FP8, W, R, REGS>(regs, per_sm, smem_bytes); \
+#define DG_PREPARE(V, FP8, W, R, REGS, QR) \
+  if (variant == V) {                       \
+    *fp8 = FP8;                             \
+    return prepare<FP8, W, R, REGS, QR>(regs, per_sm, smem_bytes); \
   }
   DG_WGMMA_CONFIGS(DG_PREPARE)
   return cudaErrorInvalidValue;
@@ -560,8 +644,8 @@ extern "C" int dg_mla_wgmma_launch(int variant, const void* q, const void* kv, c
          stride_ob, stride_oh, num_heads, num_splits, page_size,
          (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1, q_scale, s_scale, out_scale};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-#define DG_LAUNCH(V, FP8, W, R, REGS) \
-  if (variant == V) return launch<FP8, W, R, REGS>(a, batch, st);
+#define DG_LAUNCH(V, FP8, W, R, REGS, QR) \
+  if (variant == V) return launch<FP8, W, R, REGS, QR>(a, batch, st);
   DG_WGMMA_CONFIGS(DG_LAUNCH)
   return cudaErrorInvalidValue;
 }
