@@ -52,7 +52,7 @@ def copy_bandwidth_gbps() -> float:
     """Device-to-device copy of 2 GiB, counting bytes read + written."""
     x = torch.randn(2**30, device=DEVICE, dtype=BF16)
     y = torch.empty_like(x)
-    ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
+    ms = do_bench(lambda x=x, y=y: y.copy_(x), warmup=25, rep=200, return_mode="median")
     del x, y
     return 2 * 2**31 / (ms * 1e-3) / 1e9
 
@@ -149,7 +149,7 @@ def run_case(p: Pools, heads: int, copy_gbps: float, deadline: float,
             row.ms[name] = "skipped: time budget"
             continue
         try:
-            row.ms[name], out = time_eager(lambda: path(q, p.fp8, *args, p.ctx, False)[0])
+            row.ms[name], out = time_eager(lambda path=path: path(q, p.fp8, *args, p.ctx, False)[0])
             if name == "gather_cast":
                 row.err = rel_err(out_fp8, out)
             del out
@@ -215,7 +215,7 @@ def sweep(copy_gbps: float) -> tuple[list[list[str]], dict[tuple[str, int], Conf
             base = num_splits_for(q, cache, p.table, cfg)
             for splits in (base, 2 * base):
                 try:
-                    ms, _ = time_graph(lambda: mla_decode_triton(
+                    ms, _ = time_graph(lambda q=q, cache=cache, p=p, cfg=cfg, splits=splits: mla_decode_triton(
                         q, cache, p.table, p.lens, SM_SCALE, KV_SCALE, config=cfg, num_splits=splits))
                 except Exception as e:  # a config that does not fit (shared memory) is a result too
                     rows.append([str(heads), dtype, cfg_name(cfg), str(splits), f"failed: {type(e).__name__}", "", ""])
@@ -238,9 +238,10 @@ def page_size_rows(copy_gbps: float, cfg: Config | None) -> list[list[str]]:
     for page_size in (1, 16, 64):
         p = make_pools(32, 4096, page_size)
         q = torch.randn(32, 16, HEAD_DIM, device=DEVICE).to(BF16)
-        ms, _ = time_graph(lambda: mla_decode_triton(q, p.fp8, p.table, p.lens, SM_SCALE, KV_SCALE, config=cfg))
-        ms_t, _ = time_graph(lambda: mla_decode_triton(q, p.fp8, p.table, p.lens, SM_SCALE, KV_SCALE, config=cfg,
-                                                       backend="triton"))
+        ms, _ = time_graph(lambda q=q, p=p: mla_decode_triton(q, p.fp8, p.table, p.lens, SM_SCALE, KV_SCALE,
+                                                              config=cfg))
+        ms_t, _ = time_graph(lambda q=q, p=p: mla_decode_triton(q, p.fp8, p.table, p.lens, SM_SCALE, KV_SCALE,
+                                                                config=cfg, backend="triton"))
         gbps = bytes_moved(32, 4096, 16, 1) / (ms * 1e-3) / 1e9
         rows.append([str(page_size), f"{ms * 1e3:.1f}", f"{gbps:.0f}", f"{100 * gbps / copy_gbps:.0f}%",
                      f"{ms_t * 1e3:.1f}"])
@@ -353,9 +354,11 @@ def side_by_side(copy_gbps: float, shapes: list[tuple[int, int, list[int]]], pag
 
                     path += f" v{default_wgmma_variant(cache.dtype)}"
                 row = SideRow(batch, ctx, heads, kv_name, path, num_splits_for(q, cache, p.table))
-                row.ms["decodegap"], out = time_graph(lambda: mla_decode_triton(q, cache, *args))
+                row.ms["decodegap"], out = time_graph(lambda q=q, cache=cache, args=args: mla_decode_triton(q, cache,
+                                                                                                              *args))
                 row.err["decodegap"] = rel_err(out[:n_ref], ref)
-                row.ms["triton"], out = time_graph(lambda: mla_decode_triton(q, cache, *args, backend="triton"))
+                row.ms["triton"], out = time_graph(lambda q=q, cache=cache, args=args: mla_decode_triton(
+                    q, cache, *args, backend="triton"))
                 row.err["triton"] = rel_err(out[:n_ref], ref)
                 for backend in peers:
                     if peer_error is not None:
