@@ -11,8 +11,10 @@ from pathlib import Path
 
 from decodegap.errors import UserError
 
-CHUNK_BYTES = 1 << 23
-COMPRESSED_READ_BYTES = 1 << 16
+# The text is read a chunk at a time: a couple of megabytes, so a chunk, the records decoded from it and the passes
+# over them stay in the CPU's caches, and what is held at once stays small.
+CHUNK_BYTES = 1 << 21
+COMPRESSED_READ_BYTES = 1 << 18
 GZIP_WBITS = zlib.MAX_WBITS | 16
 # Memory per byte of trace text: the streaming decoder keeps only columns (about a sixth of the text), in every
 # layout. Text that must be held at once (one event that large, or damaged text the decoder cannot cut) is held with
@@ -84,16 +86,17 @@ def _open(path: Path):
 
 
 def _gunzip(f, path: Path) -> Iterator[bytes]:
-    """The decompressed text of a gzip file (one or more members) in chunks of about CHUNK_BYTES. zlib rather than
-    GzipFile: GzipFile.read loses what it decompressed before a cut, and a cut .gz must keep the same text as the
-    same cut .json. Raises TruncatedStream at a cut (after yielding what came before), UserError at damaged data."""
+    """The decompressed text of a gzip file (one or more members) in pieces of at most CHUNK_BYTES, each as zlib
+    made it (not gathered into bigger chunks: the reader holds what it needs, and a copy of the text would cost
+    time and memory). zlib rather than GzipFile: GzipFile.read loses what it decompressed before a cut, and a cut
+    .gz must keep the same text as the same cut .json. Raises TruncatedStream at a cut (after yielding what came
+    before), UserError at damaged data."""
     inflater = zlib.decompressobj(GZIP_WBITS)
-    data, out, produced = b"", bytearray(), 0  # out: the text of the chunk being filled
+    data, produced = b"", 0
     while True:
         if not data:
             data = f.read(COMPRESSED_READ_BYTES)
             if not data:
-                yield out
                 if inflater.eof:
                     return
                 raise TruncatedStream("the gzip stream ends early (truncated file)")
@@ -104,21 +107,19 @@ def _gunzip(f, path: Path) -> Iterator[bytes]:
                 continue
             inflater = zlib.decompressobj(GZIP_WBITS)
         try:
-            text = inflater.decompress(data, CHUNK_BYTES - len(out))
+            text = inflater.decompress(data, CHUNK_BYTES)
         except zlib.error as exc:
             if after_member:  # bytes that are no gzip follow a whole, checksummed member: the text ends there
-                yield out
                 return
-            if not produced + len(out):
+            if not produced:
                 raise UserError(f"{path}: not a readable gzip file ({exc})") from None
             # zlib notices most damage only at the checksum, after decoding past it: no text of it can be trusted
-            raise UserError(f"{path}: the gzip data is damaged (noticed after {produced + len(out)} bytes of text: "
+            raise UserError(f"{path}: the gzip data is damaged (noticed after {produced} bytes of text: "
                             f"{exc})") from None
         data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
-        out += text
-        if len(out) >= CHUNK_BYTES:
-            yield out
-            produced, out = produced + len(out), bytearray()
+        if text:
+            produced += len(text)
+            yield text
 
 
 def _plain(f) -> Iterator[bytes]:
