@@ -4,10 +4,12 @@ name), with a hard stop for files that would not fit in memory."""
 from __future__ import annotations
 
 import os
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
+from queue import Full, Queue
 
 from decodegap.errors import UserError
 
@@ -16,6 +18,7 @@ from decodegap.errors import UserError
 CHUNK_BYTES = 1 << 21
 COMPRESSED_READ_BYTES = 1 << 18
 GZIP_WBITS = zlib.MAX_WBITS | 16
+READ_AHEAD = 2  # pieces of text made ahead of the reader (at most CHUNK_BYTES each)
 # Memory per byte of trace text: the streaming decoder keeps only columns (about a sixth of the text), in every
 # layout. Text that must be held at once (one event that large, or damaged text the decoder cannot cut) is held with
 # its records. Refuse what cannot fit rather than swap.
@@ -149,6 +152,57 @@ def iter_text_chunks(path: Path, limit: int | None = None) -> Iterator[bytes]:
         yield b" " if _is_blank(chunk) else chunk
 
 
+def _ahead(pieces: Iterator[bytes], f) -> Iterator[tuple[bytes, int]]:
+    """(piece, how far the file is read) of `pieces`, made by a thread of their own up to READ_AHEAD pieces ahead:
+    zlib lets go of the interpreter while it inflates (and checks the CRC), so on a second core the text of the
+    next pieces is made while this one is decoded. What the thread raises is raised here, after the pieces made
+    before it; when the reader stops early, the thread stops at its next piece."""
+    queue: Queue = Queue(READ_AHEAD)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                queue.put(item, timeout=0.05)
+                return True
+            except Full:
+                pass
+        return False
+
+    def run() -> None:
+        try:
+            for piece in pieces:
+                if piece and not put((piece, f.tell())):
+                    return
+            put(_END)
+        except BaseException as exc:  # noqa: BLE001  (handed to the reader, which raises it)
+            put(_Raised(exc))
+        finally:
+            pieces.close()
+
+    thread = threading.Thread(target=run, name="decodegap-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = queue.get()
+            if item is _END:
+                return
+            if isinstance(item, _Raised):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+class _Raised:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_END = object()
+
+
 def _raw_chunks(path: Path, limit: int | None) -> Iterator[bytes]:
     total = 0
     on_read = ON_READ.get()
@@ -157,14 +211,12 @@ def _raw_chunks(path: Path, limit: int | None) -> Iterator[bytes]:
         f.seek(0)
         size = os.fstat(f.fileno()).st_size if on_read else 0
         try:
-            for chunk in (_gunzip(f, path) if compressed else _plain(f)):
-                if not chunk:
-                    continue
+            for chunk, at in _ahead(_gunzip(f, path) if compressed else _plain(f), f):
                 total += len(chunk)
                 if limit is not None and total > limit:
                     raise too_big(path, total, limit)
                 if on_read:
-                    on_read(path, f.tell(), size)
+                    on_read(path, at, size)
                 yield chunk
         except OSError as exc:
             raise UserError(f"{path}: cannot read ({exc})") from None
