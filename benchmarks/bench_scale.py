@@ -7,7 +7,8 @@ flow ids, ProfilerStep numbers), written (gzipped) in each layout under --workdi
 deleted once measured. The rank folder holds copies of the 1x trace named `rank-<n>`. Each measurement runs in a
 fresh subprocess, one at a time. json.load is measured up to --json-load-max-gb of text; beyond it (it needs ~7x the
 text in memory) its figures are extrapolated linearly from the largest two measured scales of the same layout, and
-marked `~`.
+marked `~`. The children import decodegap from compiled bytecode kept under --workdir, as an installed package does
+(--compile-each-run: as the environment says, which with PYTHONDONTWRITEBYTECODE compiles the source every run).
 
     python benchmarks/bench_scale.py ../shared/traces/mla_full_cast_steps.json.gz --workdir /tmp/decodegap_scale
 """
@@ -184,9 +185,24 @@ def make_folder(src: Path, workdir: Path, ranks: int) -> Path:
 
 # --- measuring --------------------------------------------------------------------------------------------------
 
+# The children import from compiled bytecode, as an installed package does (pip compiles it at install): with
+# PYTHONDONTWRITEBYTECODE set (as some shells and containers do) a checkout's source would be compiled again in
+# every run, ~0.2-0.3 s of each analysis. The bytecode goes under --workdir (never into the repository); main()
+# sets it up and warms it once before measuring. --compile-each-run measures with the environment as it is.
+CHILD_ENV: dict[str, str] | None = None
+
+
+def use_bytecode_cache(workdir: Path) -> None:
+    global CHILD_ENV
+    CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    CHILD_ENV["PYTHONPYCACHEPREFIX"] = str(workdir / "pycache")
+    subprocess.run([sys.executable, "-c", "import gzip, json, decodegap.api, decodegap.analysis, decodegap.pipeline"],
+                   env=CHILD_ENV, check=True)
+
+
 def measure(body: str, path: Path, *extra: str) -> dict:
     out = subprocess.run([sys.executable, "-c", RUNNER.format(body=body), str(path), *extra], capture_output=True,
-                         text=True)
+                         text=True, env=CHILD_ENV)
     if out.returncode:
         raise SystemExit(f"failed on {path}:\n{out.stderr[-3000:]}")
     result = {}
@@ -272,8 +288,14 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4, help="ranks in the folder table (0: no folder table)")
     parser.add_argument("--repeat", type=int, default=1, help="alternating runs per case (medians)")
     parser.add_argument("--no-ray", action="store_true")
+    parser.add_argument("--compile-each-run", action="store_true",
+                        help="import as the environment says (with PYTHONDONTWRITEBYTECODE, compiling every run)")
     args = parser.parse_args()
-    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores\n")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    if not args.compile_each_run:
+        use_bytecode_cache(args.workdir)
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; imports from "
+          f"{'source as the environment says' if args.compile_each_run else 'compiled bytecode'}\n")
     if args.scales or args.big_gb:
         layout_table(args)
     if args.ranks:

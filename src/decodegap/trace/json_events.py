@@ -31,6 +31,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import msgspec
@@ -542,8 +543,9 @@ def decode_trace(path: Path, consume: Consume) -> tuple[schema.TraceDocument, li
     reader = Reader(path, batches)
     truncated: str | None = None
     try:
-        for chunk in iter_text_chunks(path, text_limit_bytes()):
-            reader.feed(chunk)
+        with closing(iter_text_chunks(path, text_limit_bytes())) as chunks:  # closed at once when feed raises
+            for chunk in chunks:
+                reader.feed(chunk)
     except TruncatedStream as exc:
         truncated = str(exc)
     header, truncated = reader.finish(truncated)

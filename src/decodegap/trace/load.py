@@ -5,7 +5,8 @@ from __future__ import annotations
 import gc
 import re
 from contextlib import contextmanager
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, eq, itemgetter
 from pathlib import Path
 
 import msgspec
@@ -88,6 +89,11 @@ class _Interner:
         self.values: list = [first]
 
     def many(self, values: list) -> np.ndarray:
+        """The ids of values, in C: one lookup each, and a second pass only when the batch has new values."""
+        try:
+            return np.fromiter(map(self.ids.__getitem__, values), np.int32, len(values))
+        except KeyError:
+            pass
         ids = self.ids
         for value in dict.fromkeys(values):  # the batch's distinct values, at C speed
             if value not in ids:
@@ -115,6 +121,10 @@ class _TextInterner(_Interner):
         self.seen: dict = {first: 0}  # each text as read -> its id
 
     def many(self, values: list) -> np.ndarray:
+        try:
+            return np.fromiter(map(self.seen.__getitem__, values), np.int32, len(values))
+        except KeyError:
+            pass
         seen, ids = self.seen, self.ids
         for value in dict.fromkeys(values):
             if value not in seen:
@@ -154,20 +164,71 @@ def _tid(value) -> int:
     return hash(value) & 0x7FFFFFFF if value is not None else -1
 
 
-def _usable(batch: list) -> tuple[list[schema.Event], int, int]:
-    """Complete ('X') events with a sane start and duration, the count of non-objects and of events whose time is
-    missing, NaN, infinite, negative (durations) or beyond any clock."""
-    good = [e for e in batch if type(e) is schema.Event and e.ph == "X"]
-    odd = sum(1 for e in batch if type(e) is not schema.Event)
-    # The comparisons are False for NaN (a missing ts is NaN), so NaN and infinities fail them too.
-    usable = [e for e in good if -MAX_ABS_US <= e.ts <= MAX_ABS_US and 0.0 <= e.dur <= MAX_ABS_US]
-    bad_time = len(good) - len(usable)
-    for e in usable:
-        if type(e.args) is not schema.EventArgs:
-            e.args = schema.NO_ARGS
-        if type(e.name) is not str:
-            e.name = "" if e.name is None else str(e.name)
-    return usable, odd, bad_time
+# What each `cat` of an event feeds, as a small code per event (0: no table): the GPU kinds first, so a GPU
+# activity's kind is its code less one.
+_GPU_CODE = 1  # + KERNEL / MEMCPY / MEMSET
+CPU_OP_CODE, RUNTIME_CODE, ANNOTATION_CODE, GPU_ANNOTATION_CODE = 4, 5, 6, 7
+_TABLE_CODE = {"cpu_op": CPU_OP_CODE, "runtime": RUNTIME_CODE, "annotation": ANNOTATION_CODE,
+               "gpu_annotation": GPU_ANNOTATION_CODE}
+_PH, _CAT, _NAME, _TS, _DUR, _ARGS, _TID = map(attrgetter, ("ph", "cat", "name", "ts", "dur", "args", "tid"))
+_COLLECTIVE_NAME = attrgetter("collective_name")
+
+
+def _category_code(cat: str) -> int:
+    table = _CATEGORY_TABLE.get(cat) or _CATEGORY_TABLE.get(cat.lower())
+    if table == "gpu":
+        kind = _GPU_KIND.get(cat)
+        return _GPU_CODE + (_GPU_KIND[cat.lower()] if kind is None else kind)
+    return _TABLE_CODE.get(table, 0)
+
+
+def _only(values: list, kind: type) -> bool:
+    """Whether every value is exactly of `kind` (one C pass)."""
+    return set(map(type, values)) <= {kind}
+
+
+def _pick(items: list, rows: np.ndarray) -> list | tuple:
+    """items[i] for each row, in C."""
+    if len(rows) == len(items):
+        return items
+    if len(rows) == 1:
+        return [items[int(rows[0])]]
+    return itemgetter(*rows.tolist())(items)
+
+
+def _names(events) -> list[str]:
+    """The events' names as strings: none as "", a number as its text."""
+    names = list(map(_NAME, events))
+    if not _only(names, str):
+        names = [v if type(v) is str else "" if v is None else str(v) for v in names]
+    return names
+
+
+def _name_ids(interner: _Interner, events) -> np.ndarray:
+    """The ids of the events' names. The interner holds only strings, so a name of another type (a number, none)
+    is no key of it: the slow path, which writes it as a string first."""
+    try:
+        return np.fromiter(map(interner.ids.__getitem__, map(_NAME, events)), np.int32, len(events))
+    except KeyError:
+        return interner.many(_names(events))
+
+
+def _args(events) -> list[schema.EventArgs]:
+    """The events' args; args that are no object (a list, a string) as none."""
+    args = list(map(_ARGS, events))
+    if not _only(args, schema.EventArgs):
+        args = [a if type(a) is schema.EventArgs else schema.NO_ARGS for a in args]
+    return args
+
+
+def _tids(events) -> np.ndarray:
+    tids = list(map(_TID, events))
+    if _only(tids, int):
+        try:
+            return np.fromiter(tids, np.int64, len(tids))
+        except OverflowError:
+            pass
+    return np.fromiter(map(_tid, tids), np.int64, len(tids))
 
 
 class TableBuilder:
@@ -179,6 +240,7 @@ class TableBuilder:
         self.gpu: list[tuple[np.ndarray, ...]] = []
         self.ops: list[tuple[np.ndarray, ...]] = []
         self.op_args = _TextInterner()  # the distinct Input Dims / Input type texts
+        self.op_args.seen[b""] = 0  # an op without them: None
         self.op_dims: list[np.ndarray] = []  # ids into op_args, a chunk per batch
         self.op_types: list[np.ndarray] = []
         self.op_collective: dict[int, dict] = {}  # op row -> collective metadata, for the few ops that have it
@@ -187,58 +249,86 @@ class TableBuilder:
         self.annotations: list[tuple] = []
         self.odd = 0
         self.bad_time = 0
+        self.codes: dict[str, int] = {}  # each `cat` seen -> its table's code
 
     def add(self, batch: list) -> None:
-        events, odd, bad_time = _usable(batch)
-        self.odd += odd
-        self.bad_time += bad_time
-        groups: dict[str, list] = {"gpu": [], "cpu_op": [], "runtime": [], "annotation": [], "gpu_annotation": []}
-        for e in events:
-            table = _CATEGORY_TABLE.get(e.cat) or _CATEGORY_TABLE.get(e.cat.lower())
-            if table is not None:
-                groups[table].append(e)
-        names, shapes = self.names, self.shapes
-        if g := groups["gpu"]:
-            kinds = list(map(attrgetter("cat"), g))
+        """One batch of records into column chunks: the complete ('X') events with a sane start and duration, by
+        the table their category feeds; non-objects and events whose time is missing, NaN, infinite, negative
+        (durations) or beyond any clock are counted. Each field is read for a whole table at once (map and
+        attrgetter in C, numpy for the tests), never event by event in Python."""
+        events = batch
+        if not _only(batch, schema.Event):
+            events = [e for e in batch if type(e) is schema.Event]
+            self.odd += len(batch) - len(events)
+        n = len(events)
+        if not n:
+            return
+        codes = self.codes
+        try:
+            code = bytes(map(codes.__getitem__, map(_CAT, events)))
+        except KeyError:  # a category not seen before
+            for cat in dict.fromkeys(map(_CAT, events)):
+                if cat not in codes:
+                    codes[cat] = _category_code(cat)
+            code = bytes(map(codes.__getitem__, map(_CAT, events)))
+        code = np.frombuffer(code, np.int8)
+        complete = np.frombuffer(bytes(map(eq, map(_PH, events), repeat("X"))), bool)
+        ts, dur = _column(events, "ts", np.float64), _column(events, "dur", np.float64)
+        # The comparisons are False for NaN (a missing ts is NaN), so NaN and infinities fail them too.
+        sane = (ts >= -MAX_ABS_US) & (ts <= MAX_ABS_US) & (dur >= 0.0) & (dur <= MAX_ABS_US)
+        self.bad_time += int(np.count_nonzero(complete & ~sane))
+        code = np.where(complete & sane, code, 0)
+        names = self.names
+        rows = np.flatnonzero((code >= _GPU_CODE) & (code < _GPU_CODE + 3))
+        if len(rows):
+            g = _pick(events, rows)
+            args = _args(g)
             self.gpu.append((
-                np.fromiter((_GPU_KIND.get(c) or _GPU_KIND[c.lower()] for c in kinds), np.int8, len(g)),
-                names.many(list(map(attrgetter("name"), g))),
-                _column(g, "ts", np.float64),
-                _column(g, "dur", np.float64),
-                _ids_or_fallback(_column(g, "args.device", np.int32), g, "pid"),
-                _ids_or_fallback(_column(g, "args.stream", np.int64), g, "tid"),
-                _column(g, "args.correlation", np.int64),
-                _column(g, "args.external_id", np.int64),
-                shapes.many([bytes(r) for r in map(attrgetter("args.grid"), g)]),
-                shapes.many([bytes(r) for r in map(attrgetter("args.block"), g)]),
-                _column(g, "args.nbytes", np.int64),
+                (code[rows] - _GPU_CODE).astype(np.int8),
+                _name_ids(names, g),
+                ts[rows],
+                dur[rows],
+                _ids_or_fallback(_column(args, "device", np.int32), g, "pid"),
+                _ids_or_fallback(_column(args, "stream", np.int64), g, "tid"),
+                _column(args, "correlation", np.int64),
+                _column(args, "external_id", np.int64),
+                self.shapes.many(list(map(bytes, map(attrgetter("grid"), args)))),
+                self.shapes.many(list(map(bytes, map(attrgetter("block"), args)))),
+                _column(args, "nbytes", np.int64),
             ))
-        if ops := groups["cpu_op"]:
+        rows = np.flatnonzero(code == CPU_OP_CODE)
+        if len(rows):
+            ops = _pick(events, rows)
+            args = _args(ops)
             self.ops.append((
-                names.many(list(map(attrgetter("name"), ops))),
-                _column(ops, "ts", np.float64),
-                _column(ops, "dur", np.float64),
-                np.fromiter(map(_tid, map(attrgetter("tid"), ops)), np.int64, len(ops)),
-                _column(ops, "args.external_id", np.int64),
+                _name_ids(names, ops),
+                ts[rows],
+                dur[rows],
+                _tids(ops),
+                _column(args, "external_id", np.int64),
             ))
-            args = list(map(attrgetter("args"), ops))
-            self.op_dims.append(self.op_args.many([bytes(a.input_dims) if a.input_dims else None for a in args]))
-            self.op_types.append(self.op_args.many([bytes(a.input_type) if a.input_type else None for a in args]))
-            for i, a in enumerate(args):
-                if a.collective_name:
-                    self.op_collective[self.op_count + i] = _collective(a)
+            self.op_dims.append(self.op_args.many(list(map(bytes, map(attrgetter("input_dims"), args)))))
+            self.op_types.append(self.op_args.many(list(map(bytes, map(attrgetter("input_type"), args)))))
+            for i in compress(range(len(args)), map(_COLLECTIVE_NAME, args)):
+                self.op_collective[self.op_count + i] = _collective(args[i])
             self.op_count += len(ops)
-        if rt := groups["runtime"]:
+        rows = np.flatnonzero(code == RUNTIME_CODE)
+        if len(rows):
+            rt = _pick(events, rows)
+            args = _args(rt)
             self.runtime.append((
-                names.many(list(map(attrgetter("name"), rt))),
-                _column(rt, "ts", np.float64),
-                _column(rt, "dur", np.float64),
-                np.fromiter(map(_tid, map(attrgetter("tid"), rt)), np.int64, len(rt)),
-                _column(rt, "args.correlation", np.int64),
-                _column(rt, "args.external_id", np.int64),
+                _name_ids(names, rt),
+                ts[rows],
+                dur[rows],
+                _tids(rt),
+                _column(args, "correlation", np.int64),
+                _column(args, "external_id", np.int64),
             ))
-        for key, on_gpu in (("annotation", False), ("gpu_annotation", True)):
-            self.annotations.extend((e.name, e.ts, e.dur, on_gpu) for e in groups[key])
+        for table, on_gpu in ((ANNOTATION_CODE, False), (GPU_ANNOTATION_CODE, True)):
+            rows = np.flatnonzero(code == table)
+            if len(rows):
+                self.annotations.extend(zip(_names(_pick(events, rows)), ts[rows].tolist(), dur[rows].tolist(),
+                                            repeat(on_gpu)))
 
     def finish(self, path: Path, header: schema.TraceDocument, warnings: list[str]) -> Trace:
         if self.odd:

@@ -4,16 +4,21 @@ name), with a hard stop for files that would not fit in memory."""
 from __future__ import annotations
 
 import os
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
+from queue import Full, Queue
 
 from decodegap.errors import UserError
 
-CHUNK_BYTES = 1 << 23
-COMPRESSED_READ_BYTES = 1 << 16
+# The text is read a chunk at a time: a couple of megabytes, so a chunk, the records decoded from it and the passes
+# over them stay in the CPU's caches, and what is held at once stays small.
+CHUNK_BYTES = 1 << 21
+COMPRESSED_READ_BYTES = 1 << 18
 GZIP_WBITS = zlib.MAX_WBITS | 16
+READ_AHEAD = 2  # pieces of text made ahead of the reader (at most CHUNK_BYTES each)
 # Memory per byte of trace text: the streaming decoder keeps only columns (about a sixth of the text), in every
 # layout. Text that must be held at once (one event that large, or damaged text the decoder cannot cut) is held with
 # its records. Refuse what cannot fit rather than swap.
@@ -84,16 +89,17 @@ def _open(path: Path):
 
 
 def _gunzip(f, path: Path) -> Iterator[bytes]:
-    """The decompressed text of a gzip file (one or more members) in chunks of about CHUNK_BYTES. zlib rather than
-    GzipFile: GzipFile.read loses what it decompressed before a cut, and a cut .gz must keep the same text as the
-    same cut .json. Raises TruncatedStream at a cut (after yielding what came before), UserError at damaged data."""
+    """The decompressed text of a gzip file (one or more members) in pieces of at most CHUNK_BYTES, each as zlib
+    made it (not gathered into bigger chunks: the reader holds what it needs, and a copy of the text would cost
+    time and memory). zlib rather than GzipFile: GzipFile.read loses what it decompressed before a cut, and a cut
+    .gz must keep the same text as the same cut .json. Raises TruncatedStream at a cut (after yielding what came
+    before), UserError at damaged data."""
     inflater = zlib.decompressobj(GZIP_WBITS)
-    data, out, produced = b"", bytearray(), 0  # out: the text of the chunk being filled
+    data, produced = b"", 0
     while True:
         if not data:
             data = f.read(COMPRESSED_READ_BYTES)
             if not data:
-                yield out
                 if inflater.eof:
                     return
                 raise TruncatedStream("the gzip stream ends early (truncated file)")
@@ -104,21 +110,19 @@ def _gunzip(f, path: Path) -> Iterator[bytes]:
                 continue
             inflater = zlib.decompressobj(GZIP_WBITS)
         try:
-            text = inflater.decompress(data, CHUNK_BYTES - len(out))
+            text = inflater.decompress(data, CHUNK_BYTES)
         except zlib.error as exc:
             if after_member:  # bytes that are no gzip follow a whole, checksummed member: the text ends there
-                yield out
                 return
-            if not produced + len(out):
+            if not produced:
                 raise UserError(f"{path}: not a readable gzip file ({exc})") from None
             # zlib notices most damage only at the checksum, after decoding past it: no text of it can be trusted
-            raise UserError(f"{path}: the gzip data is damaged (noticed after {produced + len(out)} bytes of text: "
+            raise UserError(f"{path}: the gzip data is damaged (noticed after {produced} bytes of text: "
                             f"{exc})") from None
         data = inflater.unused_data if inflater.eof else inflater.unconsumed_tail
-        out += text
-        if len(out) >= CHUNK_BYTES:
-            yield out
-            produced, out = produced + len(out), bytearray()
+        if text:
+            produced += len(text)
+            yield text
 
 
 def _plain(f) -> Iterator[bytes]:
@@ -148,6 +152,57 @@ def iter_text_chunks(path: Path, limit: int | None = None) -> Iterator[bytes]:
         yield b" " if _is_blank(chunk) else chunk
 
 
+def _ahead(pieces: Iterator[bytes], f) -> Iterator[tuple[bytes, int]]:
+    """(piece, how far the file is read) of `pieces`, made by a thread of their own up to READ_AHEAD pieces ahead:
+    zlib lets go of the interpreter while it inflates (and checks the CRC), so on a second core the text of the
+    next pieces is made while this one is decoded. What the thread raises is raised here, after the pieces made
+    before it; when the reader stops early, the thread stops at its next piece."""
+    queue: Queue = Queue(READ_AHEAD)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                queue.put(item, timeout=0.05)
+                return True
+            except Full:
+                pass
+        return False
+
+    def run() -> None:
+        try:
+            for piece in pieces:
+                if piece and not put((piece, f.tell())):
+                    return
+            put(_END)
+        except BaseException as exc:  # noqa: BLE001  (handed to the reader, which raises it)
+            put(_Raised(exc))
+        finally:
+            pieces.close()
+
+    thread = threading.Thread(target=run, name="decodegap-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = queue.get()
+            if item is _END:
+                return
+            if isinstance(item, _Raised):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+class _Raised:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_END = object()
+
+
 def _raw_chunks(path: Path, limit: int | None) -> Iterator[bytes]:
     total = 0
     on_read = ON_READ.get()
@@ -156,14 +211,12 @@ def _raw_chunks(path: Path, limit: int | None) -> Iterator[bytes]:
         f.seek(0)
         size = os.fstat(f.fileno()).st_size if on_read else 0
         try:
-            for chunk in (_gunzip(f, path) if compressed else _plain(f)):
-                if not chunk:
-                    continue
+            for chunk, at in _ahead(_gunzip(f, path) if compressed else _plain(f), f):
                 total += len(chunk)
                 if limit is not None and total > limit:
                     raise too_big(path, total, limit)
                 if on_read:
-                    on_read(path, f.tell(), size)
+                    on_read(path, at, size)
                 yield chunk
         except OSError as exc:
             raise UserError(f"{path}: cannot read ({exc})") from None

@@ -19,15 +19,18 @@ IntLike = Union[int, str, None]
 class EventArgs(msgspec.Struct, kw_only=True, gc=False, frozen=True):
     # Plain ints with strict=False accept numbers written as strings; anything stranger (null, objects)
     # sends the file down the tolerant slow path in load.py.
+    # In the order Kineto writes them (its ops: External id, ..., Input type, ..., Input Dims; its kernels: External
+    # id, ..., device, ..., stream, correlation, ..., grid, block): msgspec looks each key up from the field after the
+    # last one it found, so a key in order is found at the first try, and an unknown key costs a look at every field.
     external_id: int = msgspec.field(default=-1, name="External id")
-    correlation: int = -1
+    # Kept as raw JSON text: used as grouping keys, parsed only for the few distinct values.
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
     device: int = -1
     stream: int = -1
-    # Kept as raw JSON text: used as grouping keys, parsed only for the few distinct values.
+    correlation: int = -1
     grid: msgspec.Raw = msgspec.Raw()
     block: msgspec.Raw = msgspec.Raw()
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
     nbytes: int = msgspec.field(default=-1, name="bytes")
     # Collective metadata that torch records on the communication op (record_param_comms / nccl:*).
     collective_name: Union[str, None] = msgspec.field(default=None, name="Collective name")
