@@ -82,7 +82,9 @@ def test_memory_grows_with_the_columns_not_the_text_in_a_minified_trace(tmp_path
     def reader(path):
         return lambda: decode_trace(path, lambda batch: None)
 
-    assert _peak_bytes(reader(large)) - _peak_bytes(reader(small)) < read.CHUNK_BYTES
+    # flat: 3 MB more text, and no more held than the pieces in flight (the inflating thread runs READ_AHEAD ahead,
+    # so which of them are alive at the peak depends on timing)
+    assert _peak_bytes(reader(large)) - _peak_bytes(reader(small)) < (read.READ_AHEAD + 1) * read.CHUNK_BYTES
 
     def tables(layout, steps):
         return _peak_bytes(lambda: load_trace(paths[layout, steps]))
