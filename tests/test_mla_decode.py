@@ -495,6 +495,25 @@ def test_tok_kernel_in_kernel_combine(batch, heads, page_size, lens, kv_scale, n
         assert rel_err(again, res) < 1e-6
 
 
+def _check_replays(case, call=None, replays: int = 1) -> None:
+    """`call` (the public entry on `case` by default) run once outside capture (build, compile, warm), captured, then
+    replayed on new inputs copied into the captured q: each replay matches the reference."""
+    if call is None:
+        def call():
+            return mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, kv_scale=0.8,
+                              return_lse=True, validate=False)
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for _ in range(replays):
+        case.q.copy_(torch.randn_like(case.q.float()).to(BF16))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_against_reference(case, out, lse)
+
+
 @pytest.mark.parametrize("inline", [False, True], ids=["merge", "inline"])
 def test_tok_kernel_under_cuda_graph_capture(inline, monkeypatch):
     """The tokens-major kernel captured once and replayed on new inputs (its per-call counters too)."""
@@ -509,32 +528,13 @@ def test_tok_kernel_under_cuda_graph_capture(inline, monkeypatch):
         return mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.8,
                                  return_lse=True, backend="cuda", cuda_variant=sm90.TOK_VARIANT)
 
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = call()
-    for _ in range(2):
-        case.q.copy_(torch.randn_like(case.q.float()).to(BF16))
-        graph.replay()
-        torch.cuda.synchronize()
-        check_against_reference(case, out, lse)
+    _check_replays(case, call, replays=2)
 
 
 def test_cuda_kernel_under_cuda_graph_capture():
     """Captured once, replayed on new inputs copied into the captured tensors: the same results as eager."""
     needs_sm90()
-    case = make_case(4, 16, 64, FP8, [300, 5, 1000, 64], 0.8)
-    args = (case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE)
-    mla_decode(*args, kv_scale=0.8, return_lse=True, validate=False)  # build, compile and warm outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = mla_decode(*args, kv_scale=0.8, return_lse=True, validate=False)
-    case.q.copy_(torch.randn_like(case.q.float()).to(BF16))
-    graph.replay()
-    torch.cuda.synchronize()
-    check_against_reference(case, out, lse)
+    _check_replays(make_case(4, 16, 64, FP8, [300, 5, 1000, 64], 0.8))
 
 
 def test_cuda_kernel_reads_a_pool_past_2_31_elements():
@@ -679,17 +679,7 @@ def test_wgmma_kernel_matches_reference(batch, heads, page_size, kv_dtype, lens,
 def test_wgmma_kernel_under_cuda_graph_capture(kv_dtype):
     """The public entry at 64 heads under capture, replayed on new inputs: the same results as the reference."""
     needs_wgmma()
-    case = make_case(4, 64, 64, kv_dtype, [300, 5, 1000, 64], 0.8)
-    args = (case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE)
-    mla_decode(*args, kv_scale=0.8, return_lse=True, validate=False)  # build, compile and warm outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = mla_decode(*args, kv_scale=0.8, return_lse=True, validate=False)
-    case.q.copy_(torch.randn_like(case.q.float()).to(BF16))
-    graph.replay()
-    torch.cuda.synchronize()
-    check_against_reference(case, out, lse)
+    _check_replays(make_case(4, 64, 64, kv_dtype, [300, 5, 1000, 64], 0.8))
 
 
 def test_wgmma_kernel_large_scores():

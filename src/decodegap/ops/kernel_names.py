@@ -22,6 +22,14 @@ _DTYPE_SHORT = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "
                 "c10::Float8_e5m2": "fp8e5m2"}
 
 
+_COMPILER_GENERATED = re.compile(r"^(triton|cpp)_")  # Inductor's kernels, named for the ops they fuse
+
+
+def compiler_generated(name: str) -> bool:
+    """A kernel a compiler generated (Inductor's `triton_poi_fused_...`, `cpp_fused_...`)."""
+    return _COMPILER_GENERATED.match(name) is not None
+
+
 @lru_cache(maxsize=None)
 def short_kernel_name(name: str, limit: int = 72) -> str:
     text = name.replace("(anonymous namespace)::", "")

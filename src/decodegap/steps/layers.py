@@ -23,7 +23,6 @@ The input is a sequence of name ids per forward (normalised kernel names; a grap
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
@@ -31,6 +30,7 @@ from difflib import SequenceMatcher
 import numpy as np
 
 from decodegap.ops.categories import categorize
+from decodegap.ops.kernel_names import compiler_generated
 
 MIN_BACKERS = 1  # names whose occurrences propose a layer count (the partition then has to prove itself)
 EDGE_FUSED_NAMES = 2  # names an edge layer may differ by from its neighbour and still be of its kind
@@ -40,7 +40,6 @@ NEAR_EXPLAINED = 0.9  # a finer partition explaining this share of a coarser one
 OUTSIDE_NAMES = 1 / 3  # share of per-layer names with a layer's worth of runs outside the blocks: a layer left out
 FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
 CUT_OFF = 0.9  # a last layer's block under this share of the shortest other layer was cut off by the forward's tail
-_COMPILED = re.compile(r"^(triton|cpp)_")  # kernels a compiler generated (Inductor), named for the ops it fused
 ALIKE_LAYERS = 0.7  # how alike neighbouring layers of a hybrid group run at least (_alike_neighbours)
 KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
 
@@ -132,7 +131,10 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
 
 def _partition(c: int, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int]) -> _Blocks:
     cuts = np.array([positions[n] for n in backers]).min(axis=0)  # each block from its earliest backer
-    periodic = _periodic(positions, cuts, length)
+    # The last block runs as long as a typical one (what follows it is the forward's tail).
+    typical = int(np.median(np.diff(cuts))) if c > 1 else length - int(cuts[0])
+    bounds = np.append(cuts, int(cuts[-1]) + typical)
+    periodic = _periodic(positions, bounds)
     fixed = {n: (k, r) for n, (k, _, _, r) in periodic.items() if k}
     outside = sum(len(positions[n]) - r >= k for n, (k, r) in fixed.items())
     # No partition: the runs outside the blocks are a layer the cut left out; or a layer would run no more than the
@@ -140,7 +142,7 @@ def _partition(c: int, backers: list[int], positions: dict[int, np.ndarray], len
     valid = outside <= OUTSIDE_NAMES * len(fixed) and sum(m == c for _, m, _, _ in periodic.values()) >= MIN_BACKERS + 1
     # GEMMs run in every block of any partition (each part of a layer projects), so they show no work in common: the
     # blocks between a layer's norms share their projections' GEMM kernel when a compiler or cuBLAS picks one tile.
-    return _Blocks(c, cuts, backers, periodic, sum(r for *_, r in periodic.values()),
+    return _Blocks(c, cuts, bounds, backers, periodic, sum(r for *_, r in periodic.values()),
                    sum(r for n, (_, m, _, r) in periodic.items() if m == c and n not in gemm), valid,
                    sum(r for n, (*_, r) in periodic.items() if n not in gemm))
 
@@ -149,6 +151,7 @@ def _partition(c: int, backers: list[int], positions: dict[int, np.ndarray], len
 class _Blocks:
     count: int
     cuts: np.ndarray  # where each block begins (its earliest backer)
+    bounds: np.ndarray  # the cuts and where the last block ends
     backers: list[int]  # names running once per block
     periodic: dict[int, tuple[int, int, int, int]]  # the names that run a fixed number of times per layer (_periodic)
 
@@ -158,17 +161,15 @@ class _Blocks:
     beside_gemm: int = 0  # the explained kernels but GEMMs'
 
 
-def _periodic(positions: dict[int, np.ndarray], cuts: np.ndarray, length: int) -> dict[int, tuple[int, int, int, int]]:
+def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int, tuple[int, int, int, int]]:
     """Names that run a fixed number of times in each layer of a kind (0 in a kind that does not run them: a MoE
     router in dense layers; another number in another kind: an attention layer's q/k norms beside a conv layer's),
     in two layers at least, with at most GLUE_RUNS runs outside the layers (the final norm has the per-layer norm's
     name): name -> (k per layer where fixed else 0, layers that run it, runs before the first cut, runs in layers).
     The blocks between cuts need not start where layers do: a block holds the end of one layer and the start of the
     next, so every block but the last holds one layer's worth, and the stretch before the first cut with the last
-    block (as long as a typical one) holds the last."""
-    c = len(cuts)
-    typical = int(np.median(np.diff(cuts))) if c > 1 else length - int(cuts[0])
-    bounds = np.append(cuts, int(cuts[-1]) + typical)
+    block (`bounds`: the cuts, then where the last block ends) holds the last."""
+    c = len(bounds) - 1
     out = {}
     for n, p in positions.items():
         bucket = np.bincount(np.searchsorted(bounds, p, side="right"), minlength=c + 2)  # before, blocks, after
@@ -239,12 +240,10 @@ def _alike_neighbours(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.
 def _own_work_share(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[int]) -> float:
     """Share of the blocks that run per-layer work not every block runs (GEMM tiles aside)."""
     c = blocks.count
-    typical = int(np.median(np.diff(blocks.cuts))) if c > 1 else 0
-    bounds = np.append(blocks.cuts, int(blocks.cuts[-1]) + typical)
     own = np.zeros(c, dtype=bool)
     for n, (_, m, _, _) in blocks.periodic.items():
         if m < c and n not in gemm:
-            block = np.searchsorted(bounds, positions[n], side="right") - 1
+            block = np.searchsorted(blocks.bounds, positions[n], side="right") - 1
             own[block[(block >= 0) & (block < c)]] = True
     return float(own.mean())
 
@@ -318,7 +317,7 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
         closest = min(others, key=lambda sig: len(sig ^ signatures[edge]), default=None)
         if closest is None or len(closest ^ signatures[edge]) > EDGE_FUSED_NAMES:
             continue
-        if names and all(_COMPILED.match(names[n]) for n in closest ^ signatures[edge]):  # only a compiler fuses
+        if names and all(compiler_generated(names[n]) for n in closest ^ signatures[edge]):  # only a compiler fuses
             signatures[edge] = closest
     # The last layer's block runs into the once-per-forward tail; when it is shorter than every other layer it was
     # cut off there (the cuts sit inside the layers) and shows only part of its kind: a kind that runs all it runs.
