@@ -450,22 +450,49 @@ def test_tok_kernel_is_the_default_on_sm90_for_large_problems():
     assert sm90.default_variant(dev, sm90.TOK_MIN_SLOTS - 1) == sm90.MMA_DEFAULT_VARIANT
 
 
-@pytest.mark.parametrize("inline", [False, True], ids=["merge", "inline"])
-def test_tok_kernel_large_scores(inline, monkeypatch):
+def test_tok_cluster_combine_applies(monkeypatch):
+    """The cluster combine runs where it fits (so the tests of it test it), up to 8 splits, and can be switched off."""
+    needs_sm90()
+    from decodegap.kernels import mla_decode_sm90 as sm90
+
+    dev = torch.cuda.current_device()
+    for variant in sm90.TOK_VARIANTS:
+        assert sm90.tok_max_clusters(dev, variant, 8) >= 1
+        assert sm90.tok_cluster_combine(dev, variant, 3, 3) and sm90.tok_cluster_combine(dev, variant, 8, 1)
+        assert not sm90.tok_cluster_combine(dev, variant, 9, 1)
+    monkeypatch.setenv("DECODEGAP_MLA_TOK_CLUSTER", "0")
+    assert not sm90.tok_cluster_combine(dev, sm90.TOK_VARIANT, 3, 3)
+
+
+# How the tokens-major kernel's splits are combined: the Triton merge kernel, the last CTA of each sequence
+# (TOK_INLINE_MAX_SPLITS), or each sequence's cluster through distributed shared memory (TOK_CLUSTER_MAX_SPLITS).
+COMBINES = {"merge": (0, 0), "inline": (32, 0), "cluster": (0, 8)}
+
+
+def _combine(monkeypatch, name: str) -> None:
+    from decodegap.kernels import mla_decode_sm90 as sm90
+
+    inline, cluster = COMBINES[name]
+    monkeypatch.setattr(sm90, "TOK_INLINE_MAX_SPLITS", inline)
+    monkeypatch.setattr(sm90, "TOK_CLUSTER_MAX_SPLITS", cluster)
+
+
+@pytest.mark.parametrize("combine", list(COMBINES))
+def test_tok_kernel_large_scores(combine, monkeypatch):
     """The tokens-major kernel on scores that grow along the sequence (the lazy max moves many times) and a large
     score scale, merged by the Triton kernel or combined in the kernel."""
     needs_sm90()
     from decodegap.kernels import mla_decode_sm90 as sm90
     from decodegap.kernels.mla_decode_triton import mla_decode_triton
 
-    monkeypatch.setattr(sm90, "TOK_INLINE_MAX_SPLITS", 32 if inline else 0)
+    _combine(monkeypatch, combine)
     case = make_case(2, 16, 64, FP8, [3000, 2000], 1.0)
     ramp = torch.linspace(0.2, 3.0, case.kv_cache.shape[0] * 64, device=DEVICE).view(-1, 64, 1)
     case.kv_cache = (case.kv_cache.float() * ramp).clamp(-448, 448).to(FP8)
     ref, ref_lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, 0.3, kv_scale=1.0,
                               impl="reference", return_lse=True)
     for variant in sm90.TOK_VARIANTS:
-        for splits in (None, 4, 30):
+        for splits in (None, 4, 8, 30):
             out, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, 0.3, 1.0,
                                          return_lse=True, num_splits=splits, backend="cuda", cuda_variant=variant)
             assert torch.isfinite(out.float()).all()
@@ -473,16 +500,18 @@ def test_tok_kernel_large_scores(inline, monkeypatch):
             assert torch.allclose(lse, ref_lse, rtol=1e-3, atol=2e-2)
 
 
+@pytest.mark.parametrize("combine", list(COMBINES))
 @pytest.mark.parametrize("batch,heads,page_size,lens,kv_scale,num_splits", CUDA_CASES,
                          ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[5]}" for c in CUDA_CASES])
-def test_tok_kernel_in_kernel_combine(batch, heads, page_size, lens, kv_scale, num_splits, monkeypatch):
-    """The tokens-major kernel's own combine (opt-in: TOK_INLINE_MAX_SPLITS) on every CUDA case, NaN-poisoned
-    partials and output: the last CTA of each sequence merges them."""
+def test_tok_kernel_combines(batch, heads, page_size, lens, kv_scale, num_splits, combine, monkeypatch):
+    """The tokens-major kernel's three ways of combining splits on every CUDA case, NaN-poisoned partials and
+    output: the Triton merge kernel; the last CTA of each sequence (opt-in: TOK_INLINE_MAX_SPLITS); each sequence's
+    cluster (TOK_CLUSTER_MAX_SPLITS, up to 8 splits; more take the merge kernel)."""
     needs_sm90()
     from decodegap.kernels import mla_decode_sm90 as sm90
     from decodegap.kernels.mla_decode_triton import mla_decode_triton
 
-    monkeypatch.setattr(sm90, "TOK_INLINE_MAX_SPLITS", 32)
+    _combine(monkeypatch, combine)
     case = make_case(batch, heads, page_size, FP8, lens, kv_scale)
     for variant in sm90.TOK_VARIANTS:
         out = torch.full((batch, heads, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
@@ -514,14 +543,15 @@ def _check_replays(case, call=None, replays: int = 1) -> None:
         check_against_reference(case, out, lse)
 
 
-@pytest.mark.parametrize("inline", [False, True], ids=["merge", "inline"])
-def test_tok_kernel_under_cuda_graph_capture(inline, monkeypatch):
-    """The tokens-major kernel captured once and replayed on new inputs (its per-call counters too)."""
+@pytest.mark.parametrize("combine", list(COMBINES))
+def test_tok_kernel_under_cuda_graph_capture(combine, monkeypatch):
+    """The tokens-major kernel captured once and replayed on new inputs (its per-call counters and its cluster
+    launch too)."""
     needs_sm90()
     from decodegap.kernels import mla_decode_sm90 as sm90
     from decodegap.kernels.mla_decode_triton import mla_decode_triton
 
-    monkeypatch.setattr(sm90, "TOK_INLINE_MAX_SPLITS", 32 if inline else 0)
+    _combine(monkeypatch, combine)
     case = make_case(4, 16, 64, FP8, [300, 5, 1000, 64], 0.8)
 
     def call():

@@ -2,9 +2,11 @@
 M, bandwidth-bound; the older mma.sync kernel mla_decode_sm90.cu stays as variants 0-2 and as the fallback where
 the wgmma build is unavailable) and 17+ heads on FP8 or BF16 caches (mla_decode_sm90_wgmma.cu, warpgroup MMA with
 64 heads as M, compute-bound). They write split-KV partials that the Triton merge kernel combines (the wgmma
-kernel writes the output itself when there is one split; the tokens-major kernel can combine up to
-TOK_INLINE_MAX_SPLITS splits itself, the last CTA of each sequence merging the others' partials: off by default,
-measured slower than the merge kernel).
+kernel writes the output itself when there is one split; the tokens-major kernel combines up to
+TOK_CLUSTER_MAX_SPLITS splits itself, the splits of a sequence being one thread-block cluster that merges its
+partials through distributed shared memory, so no partials reach HBM and no merge kernel runs; it can also combine
+up to TOK_INLINE_MAX_SPLITS splits by the last CTA of each sequence merging the others' partials from HBM: off by
+default, measured slower than the merge kernel).
 
 Build: at first use, `nvcc -O3 -shared` compiles the .cu file (`-arch=sm_90` for the mma.sync file, about 2 s; the
 wgmma files with `-gencode=arch=compute_90a,code=sm_90a`, about 4 s each) into
@@ -52,6 +54,10 @@ MMA_DEFAULT_VARIANT = 0
 # H200 it measured slower than the merge kernel at every shape (B=32 ctx 4096: 45.8 vs 40.9 µs; the zeroing and the
 # last CTA's tail cost more than the second launch saves).
 TOK_INLINE_MAX_SPLITS = 0
+# The tokens-major kernel's cluster combine: a sequence's splits (at most this many, the portable cluster size) run
+# as one cluster of CTAs that merge their partials through distributed shared memory at the end (no partials in
+# HBM, no merge kernel); used where it costs no extra wave of clusters. 0 (or DECODEGAP_MLA_TOK_CLUSTER=0): never.
+TOK_CLUSTER_MAX_SPLITS = 8
 # Problems smaller than this many KV slots (batch x table span) run the mma.sync kernel: few tiles per CTA, where
 # the tokens-major kernel's per-CTA start (q in two e4m3 parts, the first tile's exact max) does not pay off. H200,
 # H=16 (benchmarks/results/mla_decode_tok_h200_2026-12-01.md): 4,096 slots (B=1, ctx 4096) 13.2 µs mma.sync vs
@@ -151,8 +157,10 @@ def _tok_library(device_index: int):
     i, f, p, ll = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_longlong
     lib.dg_mla_tok_prepare.argtypes = [i] + [ctypes.POINTER(ctypes.c_int)] * 5
     lib.dg_mla_tok_prepare.restype = i
-    lib.dg_mla_tok_launch.argtypes = [i] + [p] * 9 + [ll] * 7 + [i] * 4 + [ll, f, f, p, ctypes.POINTER(i)]
+    lib.dg_mla_tok_launch.argtypes = [i] + [p] * 9 + [ll] * 7 + [i] * 4 + [ll, f, f, p, ctypes.POINTER(i), i]
     lib.dg_mla_tok_launch.restype = i
+    lib.dg_mla_tok_max_clusters.argtypes = [i, i, ctypes.POINTER(i)]
+    lib.dg_mla_tok_max_clusters.restype = i
     return lib
 
 
@@ -195,6 +203,31 @@ def kernel_info(device_index: int, variant: int = MMA_DEFAULT_VARIANT) -> Kernel
     return KernelInfo(variant, block_n.value, regs.value, max(1, per_sm.value))
 
 
+@functools.lru_cache(maxsize=None)
+def tok_max_clusters(device_index: int, variant: int, splits: int) -> int:
+    """How many clusters of `splits` CTAs of the tokens-major kernel (its cluster combine) fit on the GPU at once."""
+    kernel_info(device_index, variant)  # the shared-memory limit is set first
+    lib = _tok_library(device_index)
+    out = ctypes.c_int()
+    with torch.cuda.device(device_index):
+        err = lib.dg_mla_tok_max_clusters(TOK_VARIANTS[variant], splits, ctypes.byref(out))
+    return out.value if err == 0 else 0
+
+
+def tok_cluster_combine(device_index: int, variant: int, splits: int, batch: int) -> bool:
+    """Whether the tokens-major kernel combines its `splits` splits itself as one cluster per sequence: at most
+    TOK_CLUSTER_MAX_SPLITS (DECODEGAP_MLA_TOK_CLUSTER=0: never), and only where the clusters take no more waves than
+    the same CTAs without clusters would."""
+    if os.environ.get("DECODEGAP_MLA_TOK_CLUSTER", "") == "0" or not 1 <= splits <= TOK_CLUSTER_MAX_SPLITS:
+        return False
+    clusters = tok_max_clusters(device_index, variant, splits)
+    if clusters < 1:
+        return False
+    info = kernel_info(device_index, variant)
+    slots = info.ctas_per_sm * torch.cuda.get_device_properties(device_index).multi_processor_count
+    return -(-batch // clusters) <= -(-(batch * splits) // slots)
+
+
 def applies(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """Whether the fast path can run these arguments: FP8 cache, <= 16 heads, 16-byte aligned rows, a supported
     GPU, and a library that built."""
@@ -231,15 +264,20 @@ def launch_stage1(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
 
 
 def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-               part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+               part: torch.Tensor | None, part_lse: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor | None,
                counters: torch.Tensor | None, qk_scale: float, out_scale: float, num_splits: int,
-               variant: int = TOK_VARIANT) -> bool:
+               variant: int = TOK_VARIANT, cluster: bool = False) -> bool:
     """The tokens-major kernel (FP8, <= 16 heads) on the current stream: partials [B, H, S, 512] fp16 (sum(p v) /
     sum(p) in cache units) and their log2-sum-exp [B, H, S] fp32; with `counters` (int32 [>= B], zeros), also the
-    combine: the bf16 output (times out_scale) and, when `lse` is given, the natural-log lse [B, H]. q must be
-    contiguous; qk_scale = sm_scale * kv_scale * log2(e). Returns whether the loads ran through TMA."""
+    combine: the bf16 output (times out_scale) and, when `lse` is given, the natural-log lse [B, H]. With
+    `cluster` (1 <= num_splits <= TOK_CLUSTER_MAX_SPLITS), no partials: each sequence's splits combine as one
+    cluster and write the output and lse. q must be contiguous; qk_scale = sm_scale * kv_scale * log2(e). Returns
+    whether the loads ran through TMA."""
     batch, num_heads, _ = q.shape
-    if part.dtype != torch.float16 or part_lse.dtype != torch.float32:
+    if cluster:
+        if counters is not None or not 1 <= num_splits <= TOK_CLUSTER_MAX_SPLITS:
+            raise ValueError(f"the cluster combine takes 1..{TOK_CLUSTER_MAX_SPLITS} splits and no counters")
+    elif part is None or part_lse is None or part.dtype != torch.float16 or part_lse.dtype != torch.float32:
         raise TypeError("the tokens-major kernel writes fp16 partials and fp32 lse")
     if counters is not None and (counters.dtype != torch.int32 or counters.numel() < batch):
         raise TypeError("counters must be int32 zeros, one per sequence")
@@ -249,11 +287,12 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
     used_tma = ctypes.c_int()
     err = lib.dg_mla_tok_launch(
         TOK_VARIANTS[variant], q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(),
-        part.data_ptr(), part_lse.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else None,
+        part.data_ptr() if part is not None else None, part_lse.data_ptr() if part_lse is not None else None,
+        out.data_ptr(), lse.data_ptr() if lse is not None else None,
         counters.data_ptr() if counters is not None else None, q.stride(0), q.stride(1), kv_cache.stride(0),
         kv_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1), num_heads, num_splits, batch,
         kv_cache.shape[1], kv_cache.shape[0], qk_scale, out_scale, torch.cuda.current_stream(q.device).cuda_stream,
-        ctypes.byref(used_tma))
+        ctypes.byref(used_tma), int(cluster))
     if err != 0:
         raise RuntimeError(f"the tokens-major MLA decode kernel failed to launch: CUDA error {err}")
     return bool(used_tma.value)

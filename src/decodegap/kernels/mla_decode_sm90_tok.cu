@@ -46,6 +46,10 @@ constexpr int kQRope = 4 * kQChunk;                // 16,384
 constexpr int kQBytes = kQRope + kQRows * 64;      // 18,432
 constexpr int kPBytes = 16 * 128;                  // P^T [16 heads][64 tokens] fp16: 2,048
 constexpr int kMaxInlineSplits = 32;               // the in-kernel combine's weight table
+constexpr int kMaxClusterSplits = 8;               // the cluster combine: splits per cluster (the portable maximum)
+constexpr int kCPad = 516;                         // its fp32 partial's row stride per head (bank spread)
+static_assert(16 * kCPad * 4 <= kStageBytes, "the cluster combine's partial fits in stage 0");
+static_assert(16 * (2 + kMaxClusterSplits) * 4 <= 16 * kMaxInlineSplits * 4, "its weights fit in kW");
 
 struct Args {
   CUtensorMap tm_lat;   // [pages][page_size][576 B] u8, box [128 B][box_rows][1], 128-byte swizzle (TMA only)
@@ -126,6 +130,28 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
       "[%5];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
+}
+
+// Distributed shared memory (a cluster's CTAs): the address of `addr` in CTA `rank`'s shared memory, loads from it,
+// and the cluster-wide barrier (release / acquire: shared-memory writes before it are seen by loads after it).
+__device__ __forceinline__ uint32_t mapa_u32(uint32_t addr, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float ld_dsmem_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ld_dsmem_f32x4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
@@ -212,7 +238,7 @@ __device__ __forceinline__ void score_tile(float (&sc)[16], uint2 dk, uint2 dkr,
   fence_regs(sc);
 }
 
-template <int STAGES, bool TMA>
+template <int STAGES, bool TMA, bool CLUSTER>
 __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_constant__ Args a) {
   using L = Layout<STAGES>;
   static_assert(2 * L::kAlloc <= 232448, "two CTAs per SM");
@@ -230,6 +256,15 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
   const int start = split * split_len;
   const int end = min(start + split_len, seq_len);
   const int ntiles = end > start ? (end - start + kBN - 1) / kBN : 0;
+  // q's 1152 units of 8 dims (16 heads x 72), 9 per thread: loaded first, so that their latency overlaps the page
+  // ids' and the first tiles' (they are converted below, after the copies are issued).
+  uint4 qv[9];
+#pragma unroll
+  for (int k = 0; k < 9; ++k) {
+    const int i = tid + kThreads * k, h = i / 72, u = i - 72 * h;
+    qv[k] = h < H ? *reinterpret_cast<const uint4*>(a.q + b * a.stride_qb + (long long)h * a.stride_qh + 8 * u)
+                  : make_uint4(0u, 0u, 0u, 0u);
+  }
 
   // Copies: thread (row, sub) copies the 16-byte units u = sub + 2k (k = 0..17) of token row `row` of every tile.
   const int row = tid >> 1, sub = tid & 1;
@@ -311,18 +346,14 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
     page_next = page_of(STAGES - 1);
   }
 
-  // Q2 = [q hi; q lo] in e4m3, [32 rows][576] in the stage's layout; head rows past H are zeros. 1152 units of
-  // 8 dims (16 heads x 72), 9 per thread, held in registers across the CTA-wide max.
+  // Q2 = [q hi; q lo] in e4m3, [32 rows][576] in the stage's layout; head rows past H are zeros. q (qv, loaded
+  // above) is held in registers across the CTA-wide max.
   float* red = reinterpret_cast<float*>(smem + L::kRed);
   float sigma;
   {
-    uint4 qv[9];
     float mx = 0.f;
 #pragma unroll
     for (int k = 0; k < 9; ++k) {
-      const int i = tid + kThreads * k, h = i / 72, u = i - 72 * h;
-      qv[k] = h < H ? *reinterpret_cast<const uint4*>(a.q + b * a.stride_qb + (long long)h * a.stride_qh + 8 * u)
-                    : make_uint4(0u, 0u, 0u, 0u);
       const uint32_t wds[4] = {qv[k].x, qv[k].y, qv[k].z, qv[k].w};
 #pragma unroll
       for (int e = 0; e < 4; ++e)
@@ -528,100 +559,168 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
     for (int hh = 0; hh < 4; ++hh) red[16 * w + 8 * (hh >> 1) + 2 * c + (hh & 1)] = l_run[hh];
   }
   __syncthreads();
+  if constexpr (CLUSTER) {
+    // The S CTAs of this sequence are one cluster (rank = split). Each puts its normalized partial (fp32) and its
+    // log2-sum-exp in its own shared memory (the partial in stage 0: every copy has landed and every read of the
+    // stages is done, __syncthreads above), then, after a cluster barrier, CTA r combines heads r, r + S, ...
+    // from all S CTAs' shared memory (DSMEM loads): no partials in HBM, no second launch.
+    float* cpart = reinterpret_cast<float*>(smem + L::kStage);  // [16 heads][kCPad]
+    float* clse = reinterpret_cast<float*>(smem + L::kW);       // [16]
+    float* cw = clse + 16;                                      // [16 heads][kMaxClusterSplits] weights
+    float* cscale = cw + 16 * kMaxClusterSplits;                // [16] out_scale / sum of the weights
 #pragma unroll
-  for (int hh = 0; hh < 4; ++hh) {
-    const int n = 8 * (hh >> 1) + 2 * c + (hh & 1);
-    const float l = (red[n] + red[16 + n]) + (red[32 + n] + red[48 + n]);
-    if (n >= H) continue;
-    const long long slot = (b * H + n) * S + split;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int j = hh >> 1, e = hh & 1;
-    uint32_t u[8];
+    for (int hh = 0; hh < 4; ++hh) {
+      const int n = 8 * (hh >> 1) + 2 * c + (hh & 1);
+      const float l = (red[n] + red[16 + n]) + (red[32 + n] + red[48 + n]);
+      if (n >= H) continue;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int j = hh >> 1, e = hh & 1;
+      float4* dst = reinterpret_cast<float4*>(cpart + n * kCPad + 128 * w + 16 * g);  // dims 128w + 16g + 2i + h
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      u[i] = pack_f16x2(o[i][4 * j + e] * inv, o[i][4 * j + 2 + e] * inv);  // dims 2i, 2i + 1
+      for (int q4 = 0; q4 < 4; ++q4)
+        dst[q4] = make_float4(o[2 * q4][4 * j + e] * inv, o[2 * q4][4 * j + 2 + e] * inv,
+                              o[2 * q4 + 1][4 * j + e] * inv, o[2 * q4 + 1][4 * j + 2 + e] * inv);
+      if (w == 0 && g == 0) clse[n] = l > 0.f ? m_ref[hh] + log2f(l) : -kInf;
     }
-    uint4* dst = reinterpret_cast<uint4*>(a.part + slot * 512 + 128 * w + 16 * g);
-    dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
-    dst[1] = make_uint4(u[4], u[5], u[6], u[7]);
-    if (w == 0 && g == 0) a.part_lse[slot] = l > 0.f ? m_ref[hh] + log2f(l) : -kInf;
-  }
-  if (a.counters == nullptr) return;
-
-  // In-kernel combine: the last of the sequence's S CTAs merges the partials (as the Triton merge does).
-  int* flag = reinterpret_cast<int*>(smem + L::kFlag);
-  __threadfence();  // this CTA's partials are visible device-wide before it counts itself in
-  __syncthreads();
-  if (tid == 0) *flag = atomicAdd(a.counters + b, 1) == S - 1;
-  __syncthreads();
-  if (!*flag) return;
-  __threadfence();
-  float* wts = reinterpret_cast<float*>(smem + L::kW);  // [16 heads][S]: exp2(lse_s - max)
-  if (tid < 16) {
-    const int n = tid;
-    float m = -kInf, lsum = 0.f;
-    if (n < H) {
-      const float* pl = a.part_lse + (b * H + n) * S;
-      for (int s2 = 0; s2 < S; ++s2) m = fmaxf(m, __ldcg(pl + s2));
+    cluster_sync();  // every CTA's partial and lse written, visible to the cluster
+    if (tid < H) {   // head tid's weights over the S splits: exp2(lse_s - max)
+      const int n = tid;
+      const uint32_t la = smem_u32(clse + n);
+      float ls[kMaxClusterSplits];
+      float m = -kInf;
+#pragma unroll
+      for (int s2 = 0; s2 < kMaxClusterSplits; ++s2) {
+        ls[s2] = s2 < S ? ld_dsmem_f32(mapa_u32(la, s2)) : -kInf;
+        m = fmaxf(m, ls[s2]);
+      }
       const float mr = m == -kInf ? 0.f : m;
-      for (int s2 = 0; s2 < S; ++s2) {
-        const float wv = fast_exp2(__ldcg(pl + s2) - mr);
-        wts[n * kMaxInlineSplits + s2] = wv;
-        lsum += wv;
+      float sum = 0.f;
+#pragma unroll
+      for (int s2 = 0; s2 < kMaxClusterSplits; ++s2) {
+        const float wv = fast_exp2(ls[s2] - mr);  // exp2(-inf) = 0: empty splits weigh nothing
+        cw[n * kMaxClusterSplits + s2] = wv;
+        sum += wv;
       }
-      red[n] = lsum > 0.f ? a.out_scale / lsum : 0.f;
-      if (a.lse != nullptr) a.lse[b * H + n] = lsum > 0.f ? (m + log2f(lsum)) * 0.6931471805599453f : -kInf;
+      cscale[n] = sum > 0.f ? a.out_scale / sum : 0.f;
+      if (split == 0 && a.lse != nullptr) a.lse[b * H + n] = sum > 0.f ? (m + log2f(sum)) * 0.6931471805599453f : -kInf;
     }
-  }
-  __syncthreads();
-  // Thread tid combines the 8-dim groups (head, dg) = item tid + 128k (k = 0..7 while < 64 H): all of its loads
-  // of two splits in flight per round trip to L2.
-  float acc[8][8];
+    __syncthreads();
+    for (int n = split; n < H; n += S) {  // thread tid: dims 4 tid .. 4 tid + 3 of head n
+      const uint32_t pa = smem_u32(cpart + n * kCPad + 4 * tid);
+      float4 v[kMaxClusterSplits];
 #pragma unroll
-  for (int k = 0; k < 8; ++k)
+      for (int s2 = 0; s2 < kMaxClusterSplits; ++s2)  // all S loads in flight together
+        v[s2] = s2 < S ? ld_dsmem_f32x4(mapa_u32(pa, s2)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[k][e] = 0.f;
-  for (int s0 = 0; s0 < S; s0 += 2) {
-    uint4 v[8][2];
-    float wv[8][2];
+      for (int s2 = 0; s2 < kMaxClusterSplits; ++s2) {
+        const float wv = s2 < S ? cw[n * kMaxClusterSplits + s2] : 0.f;
+        acc.x = fmaf(wv, v[s2].x, acc.x);
+        acc.y = fmaf(wv, v[s2].y, acc.y);
+        acc.z = fmaf(wv, v[s2].z, acc.z);
+        acc.w = fmaf(wv, v[s2].w, acc.w);
+      }
+      const float sc2 = cscale[n];
+      *reinterpret_cast<uint2*>(a.out + b * a.stride_ob + (long long)n * a.stride_oh + 4 * tid) =
+          make_uint2(pack_bf16x2(acc.x * sc2, acc.y * sc2), pack_bf16x2(acc.z * sc2, acc.w * sc2));
+    }
+    cluster_sync();  // no CTA leaves while another still reads its shared memory
+  } else {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int item = tid + kThreads * k, n = item >> 6, dg = item & 63;
+    for (int hh = 0; hh < 4; ++hh) {
+      const int n = 8 * (hh >> 1) + 2 * c + (hh & 1);
+      const float l = (red[n] + red[16 + n]) + (red[32 + n] + red[48 + n]);
+      if (n >= H) continue;
+      const long long slot = (b * H + n) * S + split;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int j = hh >> 1, e = hh & 1;
+      uint32_t u[8];
 #pragma unroll
-      for (int ds = 0; ds < 2; ++ds) {
-        const bool ok = item < H * 64 && s0 + ds < S;
-        v[k][ds] = ok ? __ldcg(reinterpret_cast<const uint4*>(a.part + ((b * H + n) * S + s0 + ds) * 512 + 8 * dg))
-                      : make_uint4(0u, 0u, 0u, 0u);
-        wv[k][ds] = ok ? wts[n * kMaxInlineSplits + s0 + ds] : 0.f;
+      for (int i = 0; i < 8; ++i) {
+        u[i] = pack_f16x2(o[i][4 * j + e] * inv, o[i][4 * j + 2 + e] * inv);  // dims 2i, 2i + 1
+      }
+      uint4* dst = reinterpret_cast<uint4*>(a.part + slot * 512 + 128 * w + 16 * g);
+      dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
+      dst[1] = make_uint4(u[4], u[5], u[6], u[7]);
+      if (w == 0 && g == 0) a.part_lse[slot] = l > 0.f ? m_ref[hh] + log2f(l) : -kInf;
+    }
+    if (a.counters == nullptr) return;
+
+    // In-kernel combine: the last of the sequence's S CTAs merges the partials (as the Triton merge does).
+    int* flag = reinterpret_cast<int*>(smem + L::kFlag);
+    __threadfence();  // this CTA's partials are visible device-wide before it counts itself in
+    __syncthreads();
+    if (tid == 0) *flag = atomicAdd(a.counters + b, 1) == S - 1;
+    __syncthreads();
+    if (!*flag) return;
+    __threadfence();
+    float* wts = reinterpret_cast<float*>(smem + L::kW);  // [16 heads][S]: exp2(lse_s - max)
+    if (tid < 16) {
+      const int n = tid;
+      float m = -kInf, lsum = 0.f;
+      if (n < H) {
+        const float* pl = a.part_lse + (b * H + n) * S;
+        for (int s2 = 0; s2 < S; ++s2) m = fmaxf(m, __ldcg(pl + s2));
+        const float mr = m == -kInf ? 0.f : m;
+        for (int s2 = 0; s2 < S; ++s2) {
+          const float wv = fast_exp2(__ldcg(pl + s2) - mr);
+          wts[n * kMaxInlineSplits + s2] = wv;
+          lsum += wv;
+        }
+        red[n] = lsum > 0.f ? a.out_scale / lsum : 0.f;
+        if (a.lse != nullptr) a.lse[b * H + n] = lsum > 0.f ? (m + log2f(lsum)) * 0.6931471805599453f : -kInf;
       }
     }
+    __syncthreads();
+    // Thread tid combines the 8-dim groups (head, dg) = item tid + 128k (k = 0..7 while < 64 H): all of its loads
+    // of two splits in flight per round trip to L2.
+    float acc[8][8];
 #pragma unroll
     for (int k = 0; k < 8; ++k)
 #pragma unroll
-      for (int ds = 0; ds < 2; ++ds) {
-        const uint32_t vw[4] = {v[k][ds].x, v[k][ds].y, v[k][ds].z, v[k][ds].w};
+      for (int e = 0; e < 8; ++e) acc[k][e] = 0.f;
+    for (int s0 = 0; s0 < S; s0 += 2) {
+      uint4 v[8][2];
+      float wv[8][2];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&vw[e]));
-          acc[k][2 * e] = fmaf(wv[k][ds], f.x, acc[k][2 * e]);
-          acc[k][2 * e + 1] = fmaf(wv[k][ds], f.y, acc[k][2 * e + 1]);
+      for (int k = 0; k < 8; ++k) {
+        const int item = tid + kThreads * k, n = item >> 6, dg = item & 63;
+#pragma unroll
+        for (int ds = 0; ds < 2; ++ds) {
+          const bool ok = item < H * 64 && s0 + ds < S;
+          v[k][ds] = ok ? __ldcg(reinterpret_cast<const uint4*>(a.part + ((b * H + n) * S + s0 + ds) * 512 + 8 * dg))
+                        : make_uint4(0u, 0u, 0u, 0u);
+          wv[k][ds] = ok ? wts[n * kMaxInlineSplits + s0 + ds] : 0.f;
         }
       }
-  }
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const int item = tid + kThreads * k, n = item >> 6, dg = item & 63;
-    if (item >= H * 64) continue;
-    const float sc2 = red[n];
-    *reinterpret_cast<uint4*>(a.out + b * a.stride_ob + (long long)n * a.stride_oh + 8 * dg) =
-        make_uint4(pack_bf16x2(acc[k][0] * sc2, acc[k][1] * sc2), pack_bf16x2(acc[k][2] * sc2, acc[k][3] * sc2),
-                   pack_bf16x2(acc[k][4] * sc2, acc[k][5] * sc2), pack_bf16x2(acc[k][6] * sc2, acc[k][7] * sc2));
+      for (int k = 0; k < 8; ++k)
+#pragma unroll
+        for (int ds = 0; ds < 2; ++ds) {
+          const uint32_t vw[4] = {v[k][ds].x, v[k][ds].y, v[k][ds].z, v[k][ds].w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&vw[e]));
+            acc[k][2 * e] = fmaf(wv[k][ds], f.x, acc[k][2 * e]);
+            acc[k][2 * e + 1] = fmaf(wv[k][ds], f.y, acc[k][2 * e + 1]);
+          }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int item = tid + kThreads * k, n = item >> 6, dg = item & 63;
+      if (item >= H * 64) continue;
+      const float sc2 = red[n];
+      *reinterpret_cast<uint4*>(a.out + b * a.stride_ob + (long long)n * a.stride_oh + 8 * dg) =
+          make_uint4(pack_bf16x2(acc[k][0] * sc2, acc[k][1] * sc2), pack_bf16x2(acc[k][2] * sc2, acc[k][3] * sc2),
+                     pack_bf16x2(acc[k][4] * sc2, acc[k][5] * sc2), pack_bf16x2(acc[k][6] * sc2, acc[k][7] * sc2));
+    }
   }
 }
 
-template <int STAGES, bool TMA>
+template <int STAGES, bool TMA, bool CLUSTER>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
-  auto kernel = mla_decode_tok_sm90<STAGES, TMA>;
+  auto kernel = mla_decode_tok_sm90<STAGES, TMA, CLUSTER>;
   constexpr int smem = Layout<STAGES>::kAlloc;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
@@ -636,8 +735,40 @@ int prepare(int* regs, int* per_sm, int* smem_bytes) {
 template <int STAGES, bool TMA>
 int launch(const Args& a, int batch, cudaStream_t stream) {
   constexpr int smem = Layout<STAGES>::kAlloc;
-  mla_decode_tok_sm90<STAGES, TMA><<<dim3(a.num_splits, batch), kThreads, smem, stream>>>(a);
+  mla_decode_tok_sm90<STAGES, TMA, false><<<dim3(a.num_splits, batch), kThreads, smem, stream>>>(a);
   return cudaGetLastError();
+}
+
+// The cluster combine: grid (S, B) in clusters of (S, 1, 1), one per sequence.
+template <int STAGES, bool TMA>
+cudaLaunchConfig_t cluster_config(int splits, int batch, cudaStream_t stream, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(splits, batch, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = Layout<STAGES>::kAlloc;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = splits;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+template <int STAGES, bool TMA>
+int launch_cluster(const Args& a, int batch, cudaStream_t stream) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config<STAGES, TMA>(a.num_splits, batch, stream, attr);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, mla_decode_tok_sm90<STAGES, TMA, true>, a);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+template <int STAGES, bool TMA>
+int max_clusters(int splits, int* out) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config<STAGES, TMA>(splits, 1, nullptr, attr);
+  return cudaOccupancyMaxActiveClusters(out, mla_decode_tok_sm90<STAGES, TMA, true>, &cfg);
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -675,11 +806,23 @@ extern "C" int dg_mla_tok_prepare(int variant, int* regs, int* per_sm, int* bloc
                                   int* max_inline_splits) {
   *block_n = kBN;
   *max_inline_splits = kMaxInlineSplits;
+  if (variant != 0 && variant != 1) return cudaErrorInvalidValue;
+  int err = cudaSuccess;
   if (variant == 0) {
-    const int err = prepare<2, true>(regs, per_sm, smem_bytes);
+    err = prepare<2, true, true>(regs, per_sm, smem_bytes);
+    if (err == cudaSuccess) err = prepare<2, true, false>(regs, per_sm, smem_bytes);
     if (err != cudaSuccess) return err;
   }
-  if (variant == 0 || variant == 1) return prepare<2, false>(regs, per_sm, smem_bytes);
+  err = prepare<2, false, true>(regs, per_sm, smem_bytes);
+  return err != cudaSuccess ? err : prepare<2, false, false>(regs, per_sm, smem_bytes);
+}
+
+// How many clusters of `splits` CTAs (the cluster combine) fit on the device at once; 0 where none.
+extern "C" int dg_mla_tok_max_clusters(int variant, int splits, int* out) {
+  *out = 0;
+  if (splits < 1 || splits > kMaxClusterSplits) return cudaErrorInvalidValue;
+  if (variant == 0) return max_clusters<2, true>(splits, out);
+  if (variant == 1) return max_clusters<2, false>(splits, out);
   return cudaErrorInvalidValue;
 }
 
@@ -689,9 +832,12 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
                                  long long stride_qb, long long stride_qh, long long stride_page,
                                  long long stride_slot, long long stride_tb, long long stride_ob,
                                  long long stride_oh, int num_heads, int num_splits, int batch, int page_size,
-                                 long long num_pages, float qk_scale, float out_scale, void* stream, int* used_tma) {
+                                 long long num_pages, float qk_scale, float out_scale, void* stream, int* used_tma,
+                                 int cluster) {
   *used_tma = 0;
   if (num_heads < 1 || num_heads > 16 || (counters != nullptr && num_splits > kMaxInlineSplits))
+    return cudaErrorInvalidValue;
+  if (cluster && (counters != nullptr || num_splits < 1 || num_splits > kMaxClusterSplits))
     return cudaErrorInvalidValue;
   if (variant != 0 && variant != 1) return cudaErrorInvalidValue;
   Args a{};
@@ -727,7 +873,7 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
                                  CU_TENSOR_MAP_SWIZZLE_64B, a.box_rows);
   if (tma_ok) {
     *used_tma = 1;
-    return launch<2, true>(a, batch, st);
+    return cluster ? launch_cluster<2, true>(a, batch, st) : launch<2, true>(a, batch, st);
   }
-  return launch<2, false>(a, batch, st);
+  return cluster ? launch_cluster<2, false>(a, batch, st) : launch<2, false>(a, batch, st);
 }

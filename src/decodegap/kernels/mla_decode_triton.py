@@ -546,20 +546,27 @@ def _mla_decode_cuda(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_
                      poison_workspace, variant):
     """The sm_90 CUDA stage 1 (FP8, <= 16 heads; mla_decode_sm90.py) and the Triton merge. It always writes
     partials, also for one split: the merge then computes the lse (one split's partials are 1/300 of its KV at
-    16 heads and 4k tokens). The tokens-major kernel (variants 3, 4) can combine up to TOK_INLINE_MAX_SPLITS
-    splits itself (off by default): the last CTA of each sequence to finish (counted on per-call zeroed int32
-    counters) merges them."""
+    16 heads and 4k tokens). The tokens-major kernel (variants 3, 4) combines up to TOK_CLUSTER_MAX_SPLITS splits
+    itself, each sequence's splits one cluster merging through distributed shared memory (no partials, no merge
+    kernel; where sm90.tok_cluster_combine says so); it can also combine up to TOK_INLINE_MAX_SPLITS splits (off by
+    default): the last CTA of each sequence to finish (counted on per-call zeroed int32 counters) merges them."""
     from decodegap.kernels import mla_decode_sm90 as sm90
 
     batch, num_heads, _ = q.shape
     if num_splits is None:
         num_splits = _cuda_splits(q, kv_cache, block_table, variant)
+    if variant in sm90.TOK_VARIANTS:
+        device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        if sm90.tok_cluster_combine(device_index, variant, num_splits, batch):
+            sm90.launch_tok(q, kv_cache, block_table, seq_lens, None, None, out, lse if return_lse else None, None,
+                            float(sm_scale) * float(kv_scale) * _LOG2E, float(kv_scale), num_splits, variant,
+                            cluster=True)
+            return (out, lse) if return_lse else out
     # fp16 partials of sum(p v) / sum(p) in cache units (|x| <= 448): half the traffic of fp32, within 2^-11;
     # the merge applies kv_scale.
     part, part_lse = _workspace(batch, num_heads, num_splits, q.device, poison_workspace, torch.float16)
     if variant in sm90.TOK_VARIANTS:
-        info = sm90.kernel_info(q.device.index if q.device.index is not None else torch.cuda.current_device(),
-                                variant)
+        info = sm90.kernel_info(device_index, variant)
         inline = num_splits <= min(sm90.TOK_INLINE_MAX_SPLITS, info.max_inline_splits)
         # per call: zeros from the stream-ordered allocator, so concurrent calls and graph replays never share them
         counters = torch.zeros(batch, dtype=torch.int32, device=q.device) if inline else None
