@@ -13,7 +13,11 @@
 # and A/B (benchmarks/mla_tok_ab.py, TOK_SHAPES=... to choose); ncu16: ncu on it at B=32 ctx 4096 (with the merge
 # kernel) and B=128 ctx 16384 (H=16); DEMO_TOK=1: the demo again with the tokens-major kernel forced; ncu128: the
 # two H=128 ncu runs of ncu alone. probe's A/B picks the fastest FP8 and BF16 wgmma variants for the rest of the call
-# (DECODEGAP_MLA_WGMMA_FP8 / _BF16); a variant wrong in the smoke check is left out of it.
+# (DECODEGAP_MLA_WGMMA_FP8 / _BF16); a variant wrong in the smoke check is left out of it; WGMMA_AB=0,8,... limits
+# that A/B to these variants. BENCH_ARGS: more bench_mla_decode.py flags (e.g. --clean-l2: decodegap and fa3 also
+# timed with the L2 flushed by reads). ncu16c: ncu on the tokens-major kernel alone at B=32 ctx 4096 (H=16, its
+# default combine). The tests step gets the time left of CALL_S (default 585) seconds since the start, at most 300.
+# 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02.md): the cluster combine and the chained wgmma variants.
 STEPS=${STEPS:-probe tok tests bench demo ncu ncu16}
 T0=$(date +%s)
 since() { echo "== $1 $(( $(date +%s) - T0 )) s"; }
@@ -33,9 +37,9 @@ since setup
 
 if [[ " $STEPS " == *" probe "* ]]; then
   timeout 60 python3 benchmarks/mla_wgmma_probe.py > $OUT/probe.txt 2>&1; echo "probe rc=$?"; tail -4 $OUT/probe.txt
-  (cd benchmarks && timeout 150 python3 mla_wgmma_smoke.py --ab --pick /tmp/fp8_variant --pick-bf16 /tmp/bf16_variant \
-    > /tmp/smoke.txt 2>&1)
-  rc=$?; cat /tmp/smoke.txt >> $OUT/probe.txt; echo "smoke rc=$rc"; grep -E "WRONG|ab:|rel. error" /tmp/smoke.txt | cut -c1-120; tail -1 /tmp/smoke.txt
+  (cd benchmarks && timeout 170 python3 mla_wgmma_smoke.py --ab --pick /tmp/fp8_variant --pick-bf16 /tmp/bf16_variant \
+    ${WGMMA_AB:+--variants $WGMMA_AB} > /tmp/smoke.txt 2>&1)
+  rc=$?; cat /tmp/smoke.txt >> $OUT/probe.txt; echo "smoke rc=$rc"; grep -E "WRONG|ab:" /tmp/smoke.txt | cut -c1-120; tail -1 /tmp/smoke.txt
   if [ $rc -ne 0 ]; then export DECODEGAP_MLA_WGMMA=0; echo "wgmma kernel off for the rest of this call"; fi
   if [ -s /tmp/fp8_variant ]; then export DECODEGAP_MLA_WGMMA_FP8=$(cat /tmp/fp8_variant); fi
   if [ -s /tmp/bf16_variant ]; then export DECODEGAP_MLA_WGMMA_BF16=$(cat /tmp/bf16_variant); fi
@@ -44,22 +48,24 @@ if [[ " $STEPS " == *" probe "* ]]; then
 fi
 if [[ " $STEPS " == *" tok "* ]]; then
   (cd benchmarks && timeout 60 python3 mla_tok_ab.py --smoke-only > $OUT/tok_ab.txt 2>&1); rc=$?
-  echo "tok smoke rc=$rc"; grep -E "smoke|tok kernel|Error|error:" $OUT/tok_ab.txt | head -12
+  echo "tok smoke rc=$rc"; grep -E "WRONG|tok kernel|Error|error:" $OUT/tok_ab.txt | head -12
   if [ $rc -eq 0 ]; then
-    (cd benchmarks && timeout 200 python3 mla_tok_ab.py ${TOK_SHAPES:+--shapes $TOK_SHAPES} $TOK_AB_ARGS >> $OUT/tok_ab.txt 2>&1)
+    (cd benchmarks && timeout 170 python3 mla_tok_ab.py ${TOK_SHAPES:+--shapes $TOK_SHAPES} $TOK_AB_ARGS >> $OUT/tok_ab.txt 2>&1)
     echo "tok ab rc=$?"; grep -E "^\| [0-9]|^copy" $OUT/tok_ab.txt | cut -c1-160
   fi
   since tok
 fi
 if [[ " $STEPS " == *" tests "* ]]; then
-  DECODEGAP_TEST_DEVICE=cuda timeout 180 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_mla_decode.py \
+  left=$(( ${CALL_S:-585} - ($(date +%s) - T0) )); [ $left -gt 300 ] && left=300
+  python3 -c "import torch; from decodegap.kernels import mla_decode_sm90 as m; [f(0) for f in (m._library, m._tok_library, m._wgmma_library)]"
+  DECODEGAP_TEST_DEVICE=cuda timeout $left python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_mla_decode.py \
     > $OUT/gpu_tests.txt 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" $OUT/gpu_tests.txt | tail -12
   since tests
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
-  (cd benchmarks && timeout 300 python3 bench_mla_decode.py --no-grid --out $OUT/mla_decode_h200.md \
-    > $OUT/bench.txt 2>&1); echo "bench rc=$?"
+  (cd benchmarks && timeout ${BENCH_S:-300} python3 bench_mla_decode.py --no-grid --out $OUT/mla_decode_h200.md \
+    $BENCH_ARGS > $OUT/bench.txt 2>&1); echo "bench rc=$?"
   since bench
 fi
 if [[ " $STEPS " == *" demo "* ]]; then
@@ -111,6 +117,15 @@ if [[ " $STEPS " == *" ncu16 "* ]]; then
     grep -E "inst_executed_pipe_" $f | sed 's/  */ /g' | sort -t' ' -k4 -rn | awk '$NF+0 > 3' | head -8
   done
   since ncu16
+fi
+if [[ " $STEPS " == *" ncu16c "* ]]; then
+  (cd benchmarks
+   timeout 90 ncu --clock-control none --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
+     --section SchedulerStats --section WarpStateStats --metrics dram__bytes_read.sum.per_second,dram__bytes_write.sum \
+     -k regex:mla_decode_tok python3 ncu_mla_decode.py --heads 16 > $OUT/ncu_h16_tok_cluster.txt 2>&1)
+  grep -E "^  [a-zA-Z_].*\(|^    (Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy)|dram__bytes|Cluster" \
+    $OUT/ncu_h16_tok_cluster.txt | sed 's/  */ /g' | cut -c1-110 | head -14
+  since ncu16c
 fi
 if [ -f $OUT/mla_decode_h200.md ]; then
   sed -n '/^## Side by side/,$p' $OUT/mla_decode_h200.md | grep -E "^\||^- " | cut -c1-230

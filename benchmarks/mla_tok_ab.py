@@ -1,7 +1,8 @@
-"""The <= 16-head FP8 path on the H200: a correctness smoke of the tokens-major wgmma kernel (variants 3 and 4), then
-an A/B against the mma.sync kernel (variant 0), its cp.async loads (variant 4), its in-kernel combine instead of the
-Triton merge, and other split counts (CUDA graph replay, do_bench medians with the L2 flushed, % of copy
-bandwidth); `[default]` marks what mla_decode runs at that size.
+"""The <= 16-head FP8 path on the H200: a correctness smoke of the tokens-major wgmma kernel (variants 3 and 4, with
+and without its cluster combine), then an A/B against the mma.sync kernel (variant 0), its cp.async loads (variant
+4), the Triton merge kernel instead of its cluster combine, and other split counts (CUDA graph replay; do_bench
+medians with the L2 flushed by zeroing, and medians with the L2 flushed by reading: no dirty lines written back
+during the call; % of copy bandwidth); `[default]` marks what mla_decode runs at that size.
 
     PYTHONPATH=src python3 benchmarks/mla_tok_ab.py [--smoke-only] [--shapes 32x4096:16,...]
 
@@ -19,10 +20,22 @@ from decodegap.kernels import mla_decode_sm90 as sm90
 from decodegap.kernels.mla_decode import HEAD_DIM, reference
 from decodegap.kernels.mla_decode_triton import mla_decode_triton, num_splits_for
 
-SHAPES = "1x4096:16,8x4096:16,16x4096:16,1x65536:16,32x4096:16+8,32x16384:16,128x4096:16,128x16384:16+8"
+SHAPES = "8x4096:16,16x4096:16,32x4096:16+8,32x16384:16,128x4096:16,128x16384:16"
 
 
 def smoke() -> bool:
+    ok = True
+    for cluster in (sm90.TOK_CLUSTER_MAX_SPLITS, 0):
+        old = sm90.TOK_CLUSTER_MAX_SPLITS
+        sm90.TOK_CLUSTER_MAX_SPLITS = cluster
+        try:
+            ok &= _smoke(cluster)
+        finally:
+            sm90.TOK_CLUSTER_MAX_SPLITS = old
+    return ok
+
+
+def _smoke(cluster: int) -> bool:
     ok = True
     fp8 = torch.float8_e4m3fn
     for variant, heads, batch, ctx, page, splits in [
@@ -43,8 +56,10 @@ def smoke() -> bool:
         lse_err = (lse - ref_lse).abs().max().item()
         good = err < 2e-2 and lse_err < 2e-2 and bool(torch.isfinite(out.float()).all())
         ok &= good
-        print(f"smoke tok v{variant} H={heads} B={batch} ctx={ctx} page={page} splits={splits}: rel. error {err:.2e}, "
-              f"max |lse error| {lse_err:.2e} {'ok' if good else 'WRONG'}", flush=True)
+        used = splits or num_splits_for(q, cache, table, cuda_variant=variant)
+        comb = "cluster" if sm90.tok_cluster_combine(0, variant, used, batch) else "merge"
+        print(f"smoke tok v{variant} ({comb}) H={heads} B={batch} ctx={ctx} page={page} splits={splits}: rel. error "
+              f"{err:.2e}, max |lse error| {lse_err:.2e} {'ok' if good else 'WRONG'}", flush=True)
     return ok
 
 
@@ -60,7 +75,8 @@ def main() -> int:
         return 2
     info = sm90.kernel_info(0, sm90.TOK_VARIANT)
     print(f"tok kernel: {info.registers} registers, {info.ctas_per_sm} CTAs/SM, BN {info.block_n}, combines up to "
-          f"{info.max_inline_splits} splits itself", flush=True)
+          f"{info.max_inline_splits} splits itself; clusters that fit at once: "
+          + ", ".join(f"{s} CTAs: {sm90.tok_max_clusters(0, sm90.TOK_VARIANT, s)}" for s in (1, 2, 4, 8)), flush=True)
     if not smoke():
         return 1
     if args.smoke_only:
@@ -70,8 +86,9 @@ def main() -> int:
 
     copy = copy_bandwidth_gbps()
     print(f"copy {copy:.0f} GB/s")
-    print("| B | ctx | H | variant | splits | µs | % copy | err vs fp32 ref (first <= 4 seqs) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| B | ctx | H | variant | splits | µs | % copy | µs, L2 flushed by reads | % copy | err vs fp32 ref "
+          "(first <= 4 seqs) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for part in args.shapes.split(","):
         shape, _, hs = part.partition(":")
         batch, ctx = map(int, shape.split("x"))
@@ -83,25 +100,33 @@ def main() -> int:
             ref = reference(q[:n], p.fp8, p.table[:n], p.lens[:n], SM_SCALE, KV_SCALE, ctx, False)[0].float()
             base = num_splits_for(q, p.fp8, p.table, cuda_variant=sm90.TOK_VARIANT)
             default = sm90.default_variant(0, batch * p.table.shape[1] * 64)
+            # (name, variant, splits, cluster max: None = as configured, 0 = the merge kernel)
             cands = [("mma.sync v0", 0, None, None), ("tok v3 (TMA)", 3, None, None),
-                     ("tok v3 (TMA), in-kernel combine", 3, None, 32), ("tok v4 (cp.async)", 4, None, None)]
+                     ("tok v3 (TMA), merge kernel", 3, None, 0), ("tok v4 (cp.async)", 4, None, None)]
             cands = [(n + (" [default]" if v == default and m is None else ""), v, s, m) for n, v, s, m in cands]
             for s in sorted({max(1, base // 2), 2 * base} - {base}):
                 cands.append((f"tok v3, {s} splits", 3, s, None))
-            for name, variant, splits, inline_max in cands:
-                old = sm90.TOK_INLINE_MAX_SPLITS
-                if inline_max is not None:
-                    sm90.TOK_INLINE_MAX_SPLITS = inline_max
+            for name, variant, splits, cluster_max in cands:
+                old = sm90.TOK_CLUSTER_MAX_SPLITS
+                if cluster_max is not None:
+                    sm90.TOK_CLUSTER_MAX_SPLITS = cluster_max
                 try:
                     used = splits or num_splits_for(q, p.fp8, p.table, cuda_variant=variant)
-                    ms, out = time_graph(lambda q=q, p=p, a=a, s=splits, v=variant: mla_decode_triton(
-                        q, p.fp8, *a, num_splits=s, backend="cuda", cuda_variant=v))
+                    if variant in sm90.TOK_VARIANTS and sm90.tok_cluster_combine(0, variant, used, batch):
+                        name += " (cluster combine)"
+
+                    def call(q=q, p=p, a=a, s=splits, v=variant):
+                        return mla_decode_triton(q, p.fp8, *a, num_splits=s, backend="cuda", cuda_variant=v)
+
+                    ms, out = time_graph(call)
+                    ms_clean, _ = time_graph(call, read_flushed=True)
                 finally:
-                    sm90.TOK_INLINE_MAX_SPLITS = old
+                    sm90.TOK_CLUSTER_MAX_SPLITS = old
                 err = ((out[:n].float() - ref).norm() / ref.norm()).item()
-                pct = 100 * bytes_moved(batch, ctx, heads, 1) / (ms * 1e-3) / 1e9 / copy
-                print(f"| {batch} | {ctx} | {heads} | {name} | {used} | {ms * 1e3:.1f} | {pct:.0f}% | {err:.1e} |",
-                      flush=True)
+                gb = bytes_moved(batch, ctx, heads, 1) / 1e9
+                pct, pct_clean = (100 * gb / (t * 1e-3) / copy for t in (ms, ms_clean))
+                print(f"| {batch} | {ctx} | {heads} | {name} | {used} | {ms * 1e3:.1f} | {pct:.0f}% | "
+                      f"{ms_clean * 1e3:.1f} | {pct_clean:.0f}% | {err:.1e} |", flush=True)
             del q
         del p
         torch.cuda.empty_cache()

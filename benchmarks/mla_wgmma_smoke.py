@@ -3,7 +3,9 @@ before the test suite (run under a short timeout: a pipeline bug shows as a hang
 with --ab, then the FP8 and the BF16 variants timed at 64 and 128 heads (CUDA graph replay), the fastest FP8 one
 written to --pick, the fastest BF16 one to --pick-bf16 (the first variant of each is timed twice: the spread).
 
-    PYTHONPATH=src python3 benchmarks/mla_wgmma_smoke.py [--ab --pick FILE --pick-bf16 FILE]
+    PYTHONPATH=src python3 benchmarks/mla_wgmma_smoke.py [--ab --pick FILE --pick-bf16 FILE] [--variants 0,8,...]
+
+(--variants: only these in the A/B; the smoke check runs every variant.)
 
 exit 0: every cache type has a variant within 2e-2; 1: none has.
 """
@@ -19,20 +21,22 @@ from decodegap.kernels.mla_decode_sm90 import WGMMA_VARIANTS
 from decodegap.kernels.mla_decode_triton import cuda_path, mla_decode_triton
 
 
-def ab(pick: str | None, pick_bf16: str | None, bad: set[int]) -> None:
+def ab(pick: str | None, pick_bf16: str | None, bad: set[int], only: set[int] | None = None) -> None:
     from bench_mla_decode import BF16, DEVICE, KV_SCALE, SM_SCALE, make_pools, time_graph
 
     for kv_dtype, name, out_file in ((torch.float8_e4m3fn, "fp8", pick), (torch.bfloat16, "bf16", pick_bf16)):
-        variants = [v for v, d in WGMMA_VARIANTS.items() if d == kv_dtype and v not in bad]
+        variants = [v for v, d in WGMMA_VARIANTS.items() if d == kv_dtype and v not in bad
+                    and (only is None or v in only)]
         total = dict.fromkeys(variants, 0.0)
         for batch, ctx, heads in ((32, 4096, 128), (32, 4096, 64), (128, 16384, 128)):
             p = make_pools(batch, ctx, 64)
             cache = p.fp8 if name == "fp8" else p.bf16
             q = torch.randn(batch, heads, HEAD_DIM, device=DEVICE).to(BF16)
-            for v in variants + variants[:1]:  # the first variant twice: the run-to-run spread
+            for i, v in enumerate(variants + variants[:1]):  # the first variant twice: the run-to-run spread
                 ms, _ = time_graph(lambda q=q, p=p, v=v, c=cache: mla_decode_triton(q, c, p.table, p.lens, SM_SCALE,
                                                                                      KV_SCALE, wgmma_variant=v))
-                total[v] += ms / (batch * ctx)
+                if i < len(variants):  # (the repeat only shows the spread: it counted twice before 2026-12-02)
+                    total[v] += ms / (batch * ctx)
                 print(f"ab: B={batch} ctx={ctx} H={heads} {name} wgmma variant {v}: {ms * 1e3:.1f} us", flush=True)
             p = q = cache = None  # free the pools before the next shape
             torch.cuda.empty_cache()
@@ -76,8 +80,10 @@ def main() -> int:
     if bad:
         print(f"WRONG variants, left out of the A/B: {sorted(bad)}", flush=True)
     if ok and "--ab" in sys.argv:
+        only = ({int(v) for v in sys.argv[sys.argv.index("--variants") + 1].split(",")}
+                if "--variants" in sys.argv else None)
         ab(sys.argv[sys.argv.index("--pick") + 1] if "--pick" in sys.argv else None,
-           sys.argv[sys.argv.index("--pick-bf16") + 1] if "--pick-bf16" in sys.argv else None, bad)
+           sys.argv[sys.argv.index("--pick-bf16") + 1] if "--pick-bf16" in sys.argv else None, bad, only)
     return 0 if ok else 1
 
 
