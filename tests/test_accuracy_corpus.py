@@ -25,7 +25,6 @@ TRUTHS = sorted(CORPUS.glob("*.truth.json"))
 # Read wrong today (issue 20 stays open for them): each is a strict xfail, so a fix that makes one right fails here
 # until it is taken off this list. Steps are right in all of them; the layer count or its kinds are not.
 KNOWN_WRONG = {
-    "gemma3_sample_padded": "kinds 6 for 5+1: the one full-attention layer is taken for the sliding layers' kind",
     "jamba_eager_generate": "3 layers for 4 (mamba, MoE and attention layers in one stack)",
     "lfm2_eager_generate": "3 layers for 6: conv and attention layers counted as pairs",
     "qwen3_next_eager_generate": "kinds 2+2 for 1+3 (linear- and full-attention layers)",

@@ -47,8 +47,8 @@ def _moe(experts: int, tile: str = "4x1") -> list[str]:
     return out + ["void at::native::CUDAFunctor_add<c10::BFloat16>"]
 
 
-def _count(layers: list[list[str]]):
-    seq = PROLOGUE + [k for layer in layers for k in layer] + TAIL
+def _count(layers: list[list[str]], tail: list[str] = TAIL):
+    seq = PROLOGUE + [k for layer in layers for k in layer] + tail
     mapping, canonical = name_classes(sorted(set(seq)))
     index = {n: int(mapping[i]) for i, n in enumerate(sorted(set(seq)))}
     return count_layers(np.array([index[n] for n in seq]), canonical)
@@ -64,6 +64,44 @@ def test_a_dense_layer_before_moe_layers_whose_experts_all_run_is_a_layer():
     found = _count([_dense()] + [_moe(8) for _ in range(3)])
     assert found.count == 4 and _kinds(found) == [1, 3]
     assert found.kind_of[0] != found.kind_of[1] and len(set(found.kind_of[1:])) == 1
+
+
+def _cached(cache: list[str]) -> list[str]:
+    # a Llama-like layer whose attention keeps its KV cache with `cache` (a sliding window's copy, a full cache's cat)
+    layer = _llama()
+    at = layer.index("void pytorch_flash::flash_fwd_kernel")
+    return layer[:at] + cache + layer[at:]
+
+
+FINAL = TAIL[:2] + ["nvjet_sm90_tst_256x8_lm_head_TNT", "void at::native::log_softmax_forward_kernel",
+                    "void at::native::nll_loss_forward_kernel", "void at::native::FillFunctor<float>",
+                    "void at::native::FillFunctor<float>"]
+
+
+@pytest.mark.parametrize("stack", ["dense", "moe"])
+def test_the_last_layer_ends_where_the_final_norm_begins(stack):
+    # The final norm runs per-layer norm kernels once more (TAIL's rsqrt and mean): the last layer ends there, however
+    # long the longest layer is (an expert loop that ran more), so the lm_head and the loss are no layer's.
+    layers = [_llama()] * 4 if stack == "dense" else [_moe(8), _moe(8), _moe(8), _moe(7)]
+    found = _count(layers, FINAL)
+    assert found.count == 4
+    assert found.end == len(PROLOGUE) + sum(len(x) for x in layers)
+
+
+def test_a_one_off_layer_whose_own_kernels_run_nowhere_else_is_its_own_kind():
+    # Gemma 3: five sliding-window layers, then one full-attention layer that runs their kernels (fewer of one) and a
+    # cache copy no other kernel shares: that name alone tells its kind.
+    cat, full = "void at::native::CatArrayBatchedCopy<4>", "void at::native::CatArrayBatchedCopy_vectorized<4>"
+    found = _count([_cached([cat, cat]) for _ in range(5)] + [_cached([cat, full, full])], FINAL)
+    assert found.count == 6 and found.kind_of == (0, 0, 0, 0, 0, 1)
+
+
+def test_a_last_layer_kernel_the_tail_also_runs_tells_no_kind():
+    # An arange after the last layer's attention that the forward's tail runs too is glue, not the layer's own.
+    arange = "void elementwise_kernel_with_index<arange_cuda_out>"
+    last = _llama()[:-1] + [arange, _llama()[-1]]
+    found = _count([_llama() for _ in range(5)] + [last], FINAL + [arange, arange])
+    assert found.count == 6 and _kinds(found) == [6]
 
 
 def test_dense_layers_first_then_moe_layers():

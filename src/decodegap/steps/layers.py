@@ -16,7 +16,10 @@ So layers are read from counts, not from a repeating sequence:
   hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
   them and most of them run work of their own besides;
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
-  the names that recur per layer (present in more than a quarter of the layers) are one kind; one line per kind.
+  the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
+  layers: a lone full-attention layer's own cache copy) are one kind; one line per kind;
+- the last layer ends where the once-per-forward tail begins: at the final norm, which runs per-layer norm kernels
+  once more than a layer does (so the lm_head and a loss are no layer's, however long the longest layer is).
   Which GEMM tile ran tells no kind (cuBLAS picks it by shape), nor do the kernels a compiler fused into an edge
   layer with the once-per-forward work.
 The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
@@ -268,13 +271,26 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     # The last layer runs as long as the longest one: its work after the last per-layer kernel (the MoE block after the
     # norm that counted it) is still the layer's, not the once-per-forward tail.
     typical = int(np.diff(starts).max()) if c > 1 else last + 1 - int(starts[0])
-    ends = np.append(starts[1:], min(max(last + 1, int(starts[-1]) + typical), len(ids)))
+    end = min(max(last + 1, int(starts[-1]) + typical), len(ids), _tail_start(blocks, positions, int(starts[-1])))
+    ends = np.append(starts[1:], max(end, last + 1))
     kinds, kind_of = _kinds(ids, starts, ends, positions, names)
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
     if len(kinds) > 1:
         evidence += "; " + describe_kinds(kinds)
     return Layers(c, evidence, period, int(starts[0]), last, kinds, tuple(int(s) for s in starts),
                   tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers), int(ends[-1]))
+
+
+def _tail_start(blocks: _Blocks, positions: dict[int, np.ndarray], last_start: int) -> int:
+    """Where the once-per-forward tail begins after the last layer: the first run, from the last layer's start on, of
+    a name every layer runs k times beyond its k (the final norm runs the per-layer norm's kernels once more)."""
+    tail = np.iinfo(np.int64).max
+    for n, (k, m, _, _) in blocks.periodic.items():
+        if k and m == blocks.count:
+            after = positions[n][positions[n] >= last_start]
+            if len(after) > k:
+                tail = min(tail, int(after[k]))
+    return int(tail)
 
 
 def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[int]:
@@ -304,7 +320,12 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
     present = [frozenset(one_gemm if n in gemm else n for n in r) for r in ran]
     # The names that recur per layer (run at least twice in the forward) and are run by enough of its layers.
     share = Counter(n for s in present for n in s if n in positions)
-    telling = {n for n, k in share.items() if KIND_PRESENCE * n_layers < k < n_layers}
+    # A name fewer layers run tells their kind too when it runs nowhere else in the forward (a full-attention layer's
+    # own cache copy); one the once-per-forward work also runs (an arange, a cast) may be glue a layer's edge took in.
+    inside = np.zeros(len(ids), dtype=bool)
+    inside[int(starts[0]):int(ends[-1])] = True
+    own = {n for n in share if inside[positions[n]].all()}
+    telling = {n for n, k in share.items() if (KIND_PRESENCE * n_layers < k or n in own) and k < n_layers}
     signatures = [s & telling for s in present]
     # The first and last layer border the once-per-forward work, which compilers and engines fuse into them (the
     # embedding with the first norm): a lone edge layer a name or two off its neighbour is that neighbour's kind.
