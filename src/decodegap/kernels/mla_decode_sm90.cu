@@ -26,6 +26,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "mla_decode_sm90_common.cuh"
+
 namespace {
 
 constexpr int kThreads = 128;
@@ -43,12 +45,6 @@ struct Args {
   float q_scale, s_scale;
 };
 
-// Four e4m3 (bytes 0..3) -> f16x2 of bytes 0,1 (lo) and of bytes 2,3 (hi): one cvt per two elements.
-__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
-  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
-      : "=r"(lo), "=r"(hi) : "r"(x));
-}
-
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   uint32_t r;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
@@ -61,29 +57,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2 ulp, exp2(-inf) = 0
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-// Two bf16 (one 32-bit word, lower element first) times a power of two, as an f16x2 word.
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t x, float scale) {
-  return pack_f16x2(__uint_as_float(x << 16) * scale, __uint_as_float(x & 0xffff0000u) * scale);
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 template <int NT, int STAGES, int MIN_CTAS, bool PIPE, bool VPRMT>
 __global__ void __launch_bounds__(kThreads, MIN_CTAS) mla_decode_fp8_sm90(const Args a) {

@@ -39,6 +39,7 @@ import torch
 _SOURCE = Path(__file__).with_name("mla_decode_sm90.cu")
 _WGMMA_SOURCE = Path(__file__).with_name("mla_decode_sm90_wgmma.cu")
 _TOK_SOURCE = Path(__file__).with_name("mla_decode_sm90_tok.cu")
+_COMMON_HEADER = Path(__file__).with_name("mla_decode_sm90_common.cuh")  # included by the three .cu files
 _WGMMA_GENCODE = ("-gencode=arch=compute_90a,code=sm_90a",)
 WGMMA_MIN_HEADS = 17  # fewer heads: the <= 16-head kernel (FP8) or Triton (BF16)
 # Variants of the <= 16-head FP8 path: 0-2 the mma.sync kernel (DG_VARIANTS in mla_decode_sm90.cu: 0 pipelined, V
@@ -90,11 +91,11 @@ def _cache_dir() -> Path:
 
 def build(arch: str, nvcc: str | None = None, source: Path = _SOURCE, gencode: tuple[str, ...] = ()) -> Path:
     """Compile the kernel library of `source` for `arch` (e.g. "sm_90"; `gencode` flags replace -arch) unless a
-    build of this source exists."""
+    build of this source (and of the shared header it includes) exists."""
     nvcc = nvcc or _nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found (set NVCC or CUDA_HOME)")
-    src = source.read_bytes()
+    src = source.read_bytes() + _COMMON_HEADER.read_bytes()
     tag = hashlib.sha256(src + arch.encode() + " ".join(gencode).encode()).hexdigest()[:16]
     lib = _cache_dir() / f"{source.stem}_{arch}_{tag}.so"
     if lib.exists():
