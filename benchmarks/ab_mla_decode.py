@@ -103,7 +103,8 @@ def main() -> None:
                         if args.warm:
                             mla_decode_triton(q, cache, *a, num_splits=splits, **kw)
                             continue
-                        ms, out = time_graph(lambda: mla_decode_triton(q, cache, *a, num_splits=splits, **kw))
+                        ms, out = time_graph(lambda q=q, cache=cache, a=a, splits=splits, kw=kw: mla_decode_triton(
+                            q, cache, *a, num_splits=splits, **kw))
                     except Exception as e:  # noqa: BLE001
                         print(f"| {batch} | {ctx} | {heads} | {dtype} | {name} | {splits} | failed: {type(e).__name__} "
                               f"{str(e)[:120]} | | |", flush=True)

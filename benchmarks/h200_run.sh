@@ -15,8 +15,8 @@
 # two H=128 ncu runs of ncu alone. probe's A/B picks the fastest FP8 and BF16 wgmma variants for the rest of the call
 # (DECODEGAP_MLA_WGMMA_FP8 / _BF16); a variant wrong in the smoke check is left out of it; WGMMA_AB=0,8,... limits
 # that A/B to these variants. BENCH_ARGS: more bench_mla_decode.py flags (e.g. --clean-l2: decodegap and fa3 also
-# timed with the L2 flushed by reads). ncu16c: ncu on the tokens-major kernel alone at B=32 ctx 4096 (H=16, its
-# default combine). The tests step gets the time left of CALL_S (default 585) seconds since the start, at most 300.
+# timed with the L2 flushed by reads). ncu16c: ncu on the tokens-major kernel and its merge kernel at B=32 ctx 4096
+# (H=16, the default combine). The tests step gets the time left of CALL_S (default 585) seconds since the start, at most 300.
 # 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02.md): the cluster combine and the chained wgmma variants.
 STEPS=${STEPS:-probe tok tests bench demo ncu ncu16}
 T0=$(date +%s)
@@ -120,7 +120,7 @@ if [[ " $STEPS " == *" ncu16 "* ]]; then
 fi
 if [[ " $STEPS " == *" ncu16c "* ]]; then
   (cd benchmarks
-   timeout 90 ncu --clock-control none --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
+   timeout 90 ncu --clock-control none --launch-skip 4 --launch-count 2 --section SpeedOfLight --section Occupancy \
      --section SchedulerStats --section WarpStateStats --metrics dram__bytes_read.sum.per_second,dram__bytes_write.sum \
      -k regex:mla_decode_tok python3 ncu_mla_decode.py --heads 16 > $OUT/ncu_h16_tok_cluster.txt 2>&1)
   grep -E "^  [a-zA-Z_].*\(|^    (Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy)|dram__bytes|Cluster" \
