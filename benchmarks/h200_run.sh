@@ -119,12 +119,18 @@ if [[ " $STEPS " == *" ncu16 "* ]]; then
   since ncu16
 fi
 if [[ " $STEPS " == *" ncu16c "* ]]; then
-  (cd benchmarks
-   timeout 90 ncu --clock-control none --launch-skip 4 --launch-count 2 --section SpeedOfLight --section Occupancy \
-     --section SchedulerStats --section WarpStateStats --metrics dram__bytes_read.sum.per_second,dram__bytes_write.sum \
-     -k regex:mla_decode_tok python3 ncu_mla_decode.py --heads 16 > $OUT/ncu_h16_tok_cluster.txt 2>&1)
-  grep -E "^  [a-zA-Z_].*\(|^    (Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy)|dram__bytes|Cluster" \
-    $OUT/ncu_h16_tok_cluster.txt | sed 's/  */ /g' | cut -c1-110 | head -14
+  NCU16C="ncu --clock-control none --section SpeedOfLight --section Occupancy --section SchedulerStats \
+    --section WarpStateStats --metrics dram__bytes_read.sum.per_second,dram__bytes_write.sum"
+  (cd benchmarks  # each eager call: the tokens-major kernel, then the merge kernel (where its cluster does not combine)
+   timeout 90 $NCU16C --launch-skip 4 --launch-count 2 -k "regex:mla_decode_tok|_mla_decode_merge" python3 \
+     ncu_mla_decode.py --heads 16 > $OUT/ncu_h16_tok_b32.txt 2>&1
+   timeout 90 $NCU16C --launch-skip 2 --launch-count 1 -k regex:mla_decode_tok python3 ncu_mla_decode.py --heads 16 \
+     --batch 128 --ctx 4096 > $OUT/ncu_h16_tok_b128.txt 2>&1)
+  for f in $OUT/ncu_h16_tok_b32.txt $OUT/ncu_h16_tok_b128.txt; do
+    echo "-- $(basename $f)"
+    grep -E "^  [a-zA-Z_].*\(|^    (Duration|DRAM Throughput|Achieved Occupancy|Issue Slots Busy|SM Frequency)|dram__bytes|stall|WARNING" \
+      $f | sed 's/  */ /g' | cut -c1-110 | head -16
+  done
   since ncu16c
 fi
 if [ -f $OUT/mla_decode_h200.md ]; then
