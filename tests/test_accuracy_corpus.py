@@ -26,8 +26,6 @@ TRUTHS = sorted(CORPUS.glob("*.truth.json"))
 # until it is taken off this list. Steps are right in all of them; the layer count or its kinds are not.
 KNOWN_WRONG = {
     "jamba_eager_generate": "3 layers for 4 (mamba, MoE and attention layers in one stack)",
-    "lfm2_eager_generate": "3 layers for 6: conv and attention layers counted as pairs",
-    "qwen3_next_eager_generate": "kinds 2+2 for 1+3 (linear- and full-attention layers)",
 }
 # The five ways step detection used to fail silently (issue 20), each on a trace the project made itself.
 FAILURE_CLASSES = {

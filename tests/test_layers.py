@@ -11,7 +11,7 @@ import pytest
 
 from decodegap.pipeline import analyze_path
 from decodegap.report.json import report_dict
-from decodegap.steps.layers import count_layers
+from decodegap.steps.layers import count_layers, data_independent
 from decodegap.steps.repetition import name_classes, normalized_name
 from tracegen import engine_forwards, write
 
@@ -102,6 +102,46 @@ def test_a_last_layer_kernel_the_tail_also_runs_tells_no_kind():
     last = _llama()[:-1] + [arange, _llama()[-1]]
     found = _count([_llama() for _ in range(5)] + [last], FINAL + [arange, arange])
     assert found.count == 6 and _kinds(found) == [6]
+
+
+def _hybrid_head(full: bool) -> list[str]:
+    # Qwen3-Next: a gated-delta-net (linear attention) or a gated full-attention mixer, each between norms; the
+    # norm runs 3 times in a linear head, 4 in a full one, so no head kernel runs once in every layer
+    gate = "void at::native::sigmoid_kernel_cuda"
+    if full:
+        mixer = (["nvjet_sm90_tst_64x8_q_TNT", "nvjet_sm90_tst_64x8_k_TNT"] + _norm() + _norm() + _rotary()
+                 + ["void pytorch_flash::flash_fwd_kernel", gate, "void at::native::mul_kernel_cuda"])
+    else:
+        mixer = (["nvjet_sm90_tst_64x8_qkvz_TNT", "void at::native::conv_depthwise2d_forward_kernel", gate,
+                  "void at::native::exp_kernel_cuda", "void at::native::chunk_gated_delta_rule"] + _norm())
+    return _norm() + mixer + ["nvjet_sm90_tst_64x8_o_proj_TNT", "void at::native::CUDAFunctor_add<c10::BFloat16>"]
+
+
+def _moe_tail(experts: int) -> list[str]:
+    out = _norm() + ["nvjet_sm90_tst_64x8_router_TNT", "void at::native::softmax_warp_forward<float>",
+                     "void at::native::sbtopk::gatherTopK<float>"]
+    for _ in range(experts):
+        out += ["void at::native::index_elementwise_kernel<128, 4>", "nvjet_sm90_tst_64x16_64x16_4x1_v_bz_TNN",
+                "void at::native::silu_kernel", "void at::native::indexFuncLargeIndex<c10::BFloat16>"]
+    return out + ["nvjet_sm90_tst_64x8_shared_TNT", "void at::native::sigmoid_kernel_cuda",
+                  "void at::native::CUDAFunctor_add<c10::BFloat16>"]
+
+
+def test_a_hybrid_layer_begins_at_its_own_first_kernel():
+    # Three linear-attention layers, then one full-attention layer, all with MoE tails: the kernels that count the
+    # layers (the router's) run mid-layer; each layer begins at its input norm, so the full-attention mixer is its
+    # own layer's, not the last linear layer's, whatever the expert loops ran (two decode steps routed differently).
+    steps = [[4, 4, 4, 4], [3, 5, 2, 4]]
+    forwards = [PROLOGUE + [k for i, e in enumerate(x) for k in _hybrid_head(i == 3) + _moe_tail(e)] + TAIL
+                for x in steps]
+    names = sorted({n for f in forwards for n in f})
+    mapping, canonical = name_classes(names)
+    seqs = [np.array([int(mapping[names.index(n)]) for n in f]) for f in forwards]
+    for x, seq in zip(steps, seqs, strict=True):
+        found = count_layers(seq, canonical, data_independent(seqs))
+        assert found.count == 4 and found.kind_of == (0, 0, 0, 1)
+        lengths = [len(_hybrid_head(i == 3) + _moe_tail(e)) for i, e in enumerate(x)]
+        assert found.starts == tuple(len(PROLOGUE) + sum(lengths[:i]) for i in range(4))
 
 
 def test_dense_layers_first_then_moe_layers():
@@ -210,3 +250,123 @@ def test_every_stack_and_loop_of_the_generator_is_read_right(tmp_path, layers, m
     want = [layers // 2] * 2 if alternate else sorted(x for x in (moe_from, layers - (moe_from or 0)) if x)
     assert d["steps"]["decode"]["count"] == 5 and d["layers"] == layers
     assert (sorted(k["count"] for k in d["layer_kinds"]) or [layers]) == want
+
+
+# LFM2 as its eager decode forward runs (the H200 corpus trace, kernel for kernel): conv and attention layers in
+# turn, RMSNorm as eight kernels, the rotary tables in the forward's prologue on the norms' copy kernels.
+COPY, TO_BF16, MUL, ELEMENTWISE, ADD = ("void at::native::direct_copy_kernel_cuda", "void at::native::bfloat16_copy",
+                                        "void at::native::mul_kernel<c10::BFloat16>", "void at::native::mul_kernel",
+                                        "void at::native::CUDAFunctor_add<c10::BFloat16>")
+GEMM = "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"
+
+
+def _rms_norm(weight: str = MUL) -> list[str]:
+    return [COPY, "void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",
+            "void at::native::add_scalar_kernel<float>", "void at::native::rsqrt_kernel_cuda",
+            "void at::native::mul_kernel<float>", TO_BF16, weight]
+
+
+def _lfm2_mlp() -> list[str]:
+    return _rms_norm() + [GEMM, "void at::native::silu_kernel", GEMM, MUL, GEMM, ADD]
+
+
+def _conv_layer() -> list[str]:
+    return _rms_norm() + [GEMM, MUL, "void at::native::CatArrayBatchedCopy_alignedK", ELEMENTWISE,
+                          "void at::native::conv_depthwise2d_forward_kernel", ELEMENTWISE, GEMM, ADD] + _lfm2_mlp()
+
+
+def _rope_layer() -> list[str]:
+    rope = [ELEMENTWISE, "void at::native::neg_kernel", "void at::native::CatArrayBatchedCopy", ELEMENTWISE, ADD]
+    cache = ["void at::native::CatArrayBatchedCopy_vectorized"] * 2
+    return (_rms_norm() + [GEMM] + _rms_norm(ELEMENTWISE) + [GEMM] + _rms_norm(ELEMENTWISE) + [GEMM] + rope + rope
+            + cache + ["void pytorch_flash::flash_fwd_kernel", GEMM, ADD] + _lfm2_mlp())
+
+
+LFM2_PROLOGUE = ["void at::native::indexSelectSmallIndex", "void at::native::reduce_kernel<long>",
+                 "Memcpy DtoH (Device -> Pinned)", COPY, COPY, "cutlass_80_simt_sgemm_128x32", "CatArrayBatchedCopy_v",
+                 "void at::native::cos_kernel", "void at::native::mul_kernel<float>", "void at::native::sin_kernel",
+                 "void at::native::mul_kernel<float>", TO_BF16, TO_BF16]
+LFM2_TAIL = _rms_norm() + ["nvjet_sm90_tst_64x8_lm_head_TNT", "void at::native::arange_kernel",
+                           "void at::native::reduce_kernel<ArgMaxOps<float>>"]
+
+
+@pytest.mark.parametrize("pairs", [3, 8])
+def test_conv_and_attention_layers_are_layers_not_pairs(pairs):
+    # The rotary kernels (CatArrayBatchedCopy, neg) run twice in each attention layer, as often as there are layers:
+    # the names that interleave best (theirs) cut no partition, so the next set (the MLP's silu, once in every
+    # layer) proposes the count.
+    layers = [layer for _ in range(pairs) for layer in (_conv_layer(), _rope_layer())]
+    seq = LFM2_PROLOGUE + [k for layer in layers for k in layer] + LFM2_TAIL
+    mapping, canonical = name_classes(sorted(set(seq)))
+    index = {n: int(mapping[i]) for i, n in enumerate(sorted(set(seq)))}
+    found = count_layers(np.array([index[n] for n in seq]), canonical)
+    assert found.count == 2 * pairs and found.kind_of == (0, 1) * pairs
+    assert found.starts == tuple(len(LFM2_PROLOGUE) + sum(len(x) for x in layers[:i]) for i in range(2 * pairs))
+
+
+def _gemma_norm(weight: str = MUL) -> list[str]:  # Gemma's RMSNorm scales by (1 + weight)
+    return _rms_norm(weight)[:-1] + ["void at::native::add_scalar_kernel<1+w>", weight]
+
+
+def _gemma_layer() -> list[str]:
+    # Gemma 3: norms before and after the attention and the MLP, and q / k norms (whose weight multiply runs on a
+    # strided view: another kernel), so the layer norms' weight multiply runs 4L + 1 times (the final norm too)
+    rope = [ELEMENTWISE, "void at::native::neg_kernel", "void at::native::CatArrayBatchedCopy", ELEMENTWISE, ADD]
+    attention = ([GEMM] + _gemma_norm(ELEMENTWISE) + [GEMM] + _gemma_norm(ELEMENTWISE) + [GEMM] + rope + rope
+                 + ["void at::native::CatArrayBatchedCopy_vectorized"] * 2 + ["fmha_cutlassF_bf16_aligned_64x64", GEMM])
+    mlp = [GEMM, "void at::native::gelu_kernel", GEMM, "void at::native::BinaryFunctor<MulFunctor>", GEMM]
+    return (_gemma_norm() + attention + _gemma_norm() + [ADD] + _gemma_norm() + mlp + _gemma_norm() + [ADD])
+
+
+@pytest.mark.parametrize("layers", [6, 26])
+def test_a_stretch_between_norms_that_runs_no_matrix_product_is_no_layer(layers):
+    # The layer norms' weight multiply runs 4L + 1 times: its blocks are quarters of a layer, two of them a norm and
+    # a residual add alone; every layer projects.
+    seq = LFM2_PROLOGUE + [k for _ in range(layers) for k in _gemma_layer()] + _gemma_norm() + LFM2_TAIL[8:]
+    mapping, canonical = name_classes(sorted(set(seq)))
+    index = {n: int(mapping[i]) for i, n in enumerate(sorted(set(seq)))}
+    found = count_layers(np.array([index[n] for n in seq]), canonical)
+    assert found.count == layers and _kinds(found) == [layers]
+
+
+def _trained_moe() -> list[str]:
+    # Eager Mixtral in training: the router finds the experts that got tokens (a nonzero: cub reduce, select), then
+    # one iteration per expert: its nonzero, gather, MLP and index-add. The elementwise kernel that starts each
+    # iteration is picked by alignment (vectorised 4, unrolled, vectorised 2, unrolled): two of its variants run
+    # once per layer, at iterations 0 and 2. The loop's kernels run outside it too (the router's gather, a shared
+    # expert), so no kernel runs once per iteration alone.
+    nonzero = ["Memcpy DtoH (Device -> Pinned)", "void cub::DeviceReduceSingleTileKernel",
+               "void cub::DeviceSelectSweepKernel", "void at::native::write_indices<long>"]
+    gather = "void at::native::vectorized_gather_kernel<16, long>"
+    out = _attention() + ["nvjet_sm90_tst_64x8_router_TNT", "void at::native::softmax_warp_forward<float>",
+                          "void at::native::sbtopk::gatherTopK<float>", gather] + nonzero
+    eq = "at::native::AUnaryFunctor<long, long, bool, CompareEqFunctor<long> >"
+    unrolled = f"void at::native::unrolled_elementwise_kernel<{eq}, std::array<char*, 2ul>, OffsetCalculator>(int)"
+    for variant in (f"void at::native::vectorized_elementwise_kernel<4, {eq}, std::array<char*, 2ul> >(int)", unrolled,
+                    f"void at::native::vectorized_elementwise_kernel<2, {eq}, std::array<char*, 2ul> >(int)", unrolled):
+        out += ([variant] + nonzero + ["void cub::DeviceCompactInitKernel", gather, "Memcpy DtoH (Device -> Pinned)",
+                                       "nvjet_sm90_tst_64x16_64x16_4x1_v_bz_TNN", "void at::native::silu_kernel",
+                                       "void at::native::mul_kernel_cuda", "Memcpy DtoH (Device -> Pinned)",
+                                       "nvjet_sm90_tst_16x64_64x16_4x1_h_bz_TNT",
+                                       "void at::native::index_elementwise_kernel<128, 4>",
+                                       "void at::native::mul_kernel_cuda", "void at::native::bfloat16_copy_kernel",
+                                       "void at::native::indexFuncLargeIndex<c10::BFloat16>"])
+    shared = ["nvjet_sm90_tst_64x16_64x16_4x1_v_bz_TNN", "void at::native::silu_kernel",
+              "nvjet_sm90_tst_16x64_64x16_4x1_h_bz_TNT", "void at::native::indexFuncLargeIndex<c10::BFloat16>"]
+    return out + shared + ["void at::native::CUDAFunctor_add<c10::BFloat16>"]  # and a shared expert
+
+
+def test_alignment_variants_of_one_elementwise_op_make_no_layers_of_an_expert_loop():
+    # Were the variants apart, each iteration would run work of its own and the iterations pass for 16 layers.
+    found = _count([_trained_moe() for _ in range(4)])
+    assert found.count == 4 and _kinds(found) == [4]
+
+
+def test_an_elementwise_ops_vectorised_and_unrolled_kernels_are_one_name():
+    add = "at::native::CUDAFunctor_add<c10::BFloat16>"
+    vectorized = f"void at::native::vectorized_elementwise_kernel<8, {add}, std::array<char*, 3ul> >(int, {add})"
+    unrolled = (f"void at::native::unrolled_elementwise_kernel<{add}, std::array<char*, 3ul>, "
+                f"TrivialOffsetCalculator<2, unsigned int>, LoadWithCast<2> >(int, {add})")
+    assert normalized_name(vectorized) == normalized_name(unrolled) == f"void at::native::elementwise_kernel<{add}>"
+    mul = vectorized.replace("CUDAFunctor_add", "MulFunctor")
+    assert normalized_name(mul) != normalized_name(vectorized)

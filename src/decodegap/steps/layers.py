@@ -8,18 +8,25 @@ So layers are read from counts, not from a repeating sequence:
 - a candidate layer count c is one that such names share *and* interleave on: occurrence j of each falls in block j
   (the blocks begin at the earliest of them); a name is per-layer work for it when the blocks run it a fixed number
   of times (0 in a kind without it; one other number in some, as an expert loop with an idle expert);
-- a count is no partition when a layer's worth of its per-layer work runs outside its blocks, or when another count
+- a count is no partition when a layer's worth of its per-layer work runs outside its blocks, when a block runs no
+  matrix product (every layer projects: a norm and a residual add are a quarter of a layer), or when another count
   holds its layers and more before them (the dense layers before a stack of MoE layers, whose own count is smaller);
-  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers;
+  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers; when the names
+  that interleave best on a count cut no partition (a rotary pair, twice in each attention layer of a conv /
+  attention stack), the next set that interleaves on it proposes it;
 - the layers are the partition whose blocks run the most non-GEMM work in common (a norm that runs 2L+1 times does
   not make half-layers, an eager MoE's expert groups do not make layers); a block of k layers of a few kinds (a
   hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
   them and most of them run work of their own besides;
+- a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
+  MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
+  the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
+  full-attention layer among linear-attention ones) begins where a known tail ends (_aligned);
+- the last layer ends where the once-per-forward tail begins: at the final norm, which runs per-layer norm kernels
+  once more than a layer does (so the lm_head and a loss are no layer's, however long the longest layer is);
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
   the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
-  layers: a lone full-attention layer's own cache copy) are one kind; one line per kind;
-- the last layer ends where the once-per-forward tail begins: at the final norm, which runs per-layer norm kernels
-  once more than a layer does (so the lm_head and a loss are no layer's, however long the longest layer is).
+  layers: a lone full-attention layer's own cache copy) are one kind; one line per kind.
   Which GEMM tile ran tells no kind (cuBLAS picks it by shape), nor do the kernels a compiler fused into an edge
   layer with the once-per-forward work.
 The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
@@ -107,16 +114,20 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     by_count: dict[int, list[int]] = {}
     for n, p in positions.items():
         by_count.setdefault(len(p), []).append(n)
-    gemm = {n for n in positions if names and categorize(names[n]) == "gemm"}
+    matmul = {n for n in np.unique(ids).tolist() if names and categorize(names[n]) == "gemm"}
+    gemm = matmul & set(positions)
+    gemm_at = np.flatnonzero(np.isin(ids, np.fromiter(matmul, dtype=np.int64, count=len(matmul))))  # every GEMM run
     candidates: list[_Blocks] = []
     for c, group in by_count.items():
         if len(group) < MIN_BACKERS or c * 2 > len(seq):
             continue
-        backers = _interleaved(group, positions)
-        if len(backers) >= MIN_BACKERS:
-            blocks = _partition(c, backers, positions, len(ids), gemm)
+        # The names that interleave best propose the count; when their blocks are no partition (a rotary pair runs
+        # twice in each attention layer of a conv / attention stack), the next set that interleaves does.
+        for backers in _interleaved(group, positions):
+            blocks = _partition(c, backers, positions, len(ids), gemm, gemm_at)
             if blocks.valid:
                 candidates.append(blocks)
+                break
     if not candidates:
         return NO_LAYERS
     # A count that leaves a layer out is no partition: the MoE layers' own count leaves the dense ones before them.
@@ -132,7 +143,8 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     return _layers(best, ids, positions, names)
 
 
-def _partition(c: int, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int]) -> _Blocks:
+def _partition(c: int, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
+               gemm_at: np.ndarray) -> _Blocks:
     cuts = np.array([positions[n] for n in backers]).min(axis=0)  # each block from its earliest backer
     # The last block runs as long as a typical one (what follows it is the forward's tail).
     typical = int(np.median(np.diff(cuts))) if c > 1 else length - int(cuts[0])
@@ -143,7 +155,12 @@ def _partition(c: int, backers: list[int], positions: dict[int, np.ndarray], len
     # No partition: the runs outside the blocks are a layer the cut left out; or a layer would run no more than the
     # one kernel that counted it (one name alone is no layer).
     valid = outside <= OUTSIDE_NAMES * len(fixed) and sum(m == c for _, m, _, _ in periodic.values()) >= MIN_BACKERS + 1
-    # GEMMs run in every block of any partition (each part of a layer projects), so they show no work in common: the
+    # Nor when a block runs no matrix product: every layer projects (a norm and a residual add between two norms are
+    # a quarter of a layer, not one).
+    if len(gemm_at) and valid:
+        at = gemm_at[(gemm_at >= bounds[0]) & (gemm_at < bounds[-1])]
+        valid = len(np.unique(np.searchsorted(bounds, at, side="right"))) == c
+    # GEMMs run in most blocks of any partition (each part of a layer projects), so they show no work in common: the
     # blocks between a layer's norms share their projections' GEMM kernel when a compiler or cuBLAS picks one tile.
     return _Blocks(c, cuts, bounds, backers, periodic, sum(r for *_, r in periodic.values()),
                    sum(r for n, (_, m, _, r) in periodic.items() if m == c and n not in gemm), valid,
@@ -266,6 +283,7 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
             runs = p[bucket == j]
             if len(runs) >= b:
                 starts[j] = min(starts[j], int(runs[len(runs) - b]))
+    starts = _aligned(blocks, ids, positions, starts)
     last = int(max(int(positions[n][-1]) for n in blocks.backers))
     period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
     # The last layer runs as long as the longest one: its work after the last per-layer kernel (the MoE block after the
@@ -281,6 +299,45 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
                   tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers), int(ends[-1]))
 
 
+def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], starts: np.ndarray) -> np.ndarray:
+    """Layer starts where layers of one kind run one sequence. Between two cuts run the end of one layer (its tail,
+    from its cut) and the start of the next (its head, up to its cut). Layer 0's head ends the stretch before the
+    first cut, after the glue: a later layer whose block ends the same way has that head, and the rest of its block
+    is the previous layer's tail; a layer whose head is of another kind (a lone full-attention layer among linear
+    ones) begins where a known tail, from its block's start, ends. Over the per-layer names only, so an expert loop
+    that ran more or fewer times does not shift anything; `starts` (from the names' counts) where nothing lines up."""
+    c = blocks.count
+    at = np.flatnonzero(np.isin(ids, np.fromiter(positions, dtype=np.int64)))  # where the per-layer kernels run
+    seq = ids[at]
+    cut = np.searchsorted(at, blocks.cuts)  # each cut's index among them
+    lead = seq[:cut[0]]
+    between = [seq[cut[j]:cut[j + 1]] for j in range(c - 1)]  # block j: layer j's tail, then layer j + 1's head
+    ends_like_lead = [_common_suffix(lead, b[1:]) for b in between]  # b[0] is the cut, layer j's own
+    head = max(ends_like_lead, default=0)
+    if head == 0 or head < cut[0] - int(np.searchsorted(at, starts[0])):
+        return starts  # nothing ends like layer 0's head, or less than its counted kernels
+    out = starts.copy()
+    out[0] = at[cut[0] - head]
+    tails = [b[:len(b) - head] for b, h in zip(between, ends_like_lead, strict=True) if h >= head]
+    for j, b in enumerate(between):
+        if ends_like_lead[j] >= head:
+            split = len(b) - head
+        else:  # another kind of head: the previous layer ends where a known tail does
+            split = max((len(t) for t in tails if len(t) < len(b) and np.array_equal(b[:len(t)], t)), default=0)
+            if not split:
+                continue
+        out[j + 1] = at[cut[j] + split]
+    return out
+
+
+def _common_suffix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(a[len(a) - n:][::-1] != b[len(b) - n:][::-1])
+    return int(differ[0]) if len(differ) else n
+
+
 def _tail_start(blocks: _Blocks, positions: dict[int, np.ndarray], last_start: int) -> int:
     """Where the once-per-forward tail begins after the last layer: the first run, from the last layer's start on, of
     a name every layer runs k times beyond its k (the final norm runs the per-layer norm's kernels once more)."""
@@ -293,17 +350,17 @@ def _tail_start(blocks: _Blocks, positions: dict[int, np.ndarray], last_start: i
     return int(tail)
 
 
-def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[int]:
-    """The names of `group` (each running c times) that fall once into each of c blocks, the blocks cut at the
-    occurrences of one of them, for the cutting name that keeps the most."""
-    best: list[int] = []
+def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[list[int]]:
+    """The sets of names of `group` (each running c times) that fall once into each of c blocks, the blocks cut at
+    the occurrences of one of them, the set that keeps the most names first."""
+    sets: list[list[int]] = []
     for s in sorted(group, key=lambda n: int(positions[n][0])):
         cuts = positions[s]
         kept = [n for n in group if np.array_equal(np.searchsorted(cuts, positions[n], side="right") - 1,
                                                     np.arange(len(cuts)))]
-        if len(kept) > len(best):
-            best = kept
-    return best
+        if kept and kept not in sets:
+            sets.append(kept)
+    return sorted(sets, key=len, reverse=True)  # stable: among equals, the set cut earliest
 
 
 def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dict[int, np.ndarray],

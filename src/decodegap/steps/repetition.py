@@ -2,7 +2,8 @@
 
 A decode step is [once-per-forward work] + L x [layer]; the once-per-forward work (embedding, final norm, lm_head,
 sampling) is the glue between the layer runs. Kernel names are normalised first where compilers number them per
-graph position (Inductor's `triton_red_fused_add_mean_12`), so the same layer work carries the same name."""
+graph position (Inductor's `triton_red_fused_add_mean_12`) and where PyTorch picks an elementwise op's vectorised or
+unrolled kernel by the pointers' alignment, so the same layer work carries the same name."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ SIMILAR_SUBBLOCKS = 0.6  # kernel-mix overlap above which k sub-blocks of a bloc
 
 # Inductor numbers its kernels per graph position: triton_poi_fused_add_0, triton_red_fused_mean_12, cpp_fused_3.
 _COMPILER_NUMBERED = re.compile(r"^((?:triton|cpp)_[a-z]+_\w*?)_\d+$")
+_ELEMENTWISE_VARIANT = re.compile(
+    r"^(void (?:at::native::)?)(?:vectorized_elementwise_kernel<\d+, |unrolled_elementwise_kernel<)")
 _FUSED_NO_WORK = re.compile(r"_(embedding|_unsafe_view|view|reshape|expand|unsqueeze|squeeze|permute|transpose|alias|"
                             r"as_strided|split_with_sizes)(?=_|$)")
 
@@ -26,7 +29,7 @@ _FUSED_NO_WORK = re.compile(r"_(embedding|_unsafe_view|view|reshape|expand|unsqu
 def normalized_name(name: str) -> str:
     m = _COMPILER_NUMBERED.match(name)
     if not m:
-        return name
+        return _elementwise_loop(name)
     # Inductor names a fused kernel by every op its inputs came from, so the embedding lookup that starts the
     # residual stream shows up in the first layers' norm kernels (`..._add_embedding_mean_mul_pow_rsqrt`), and a
     # view of the input (`_unsafe_view`, `expand`) where the producer laid it out otherwise: the same per-layer work
@@ -34,11 +37,42 @@ def normalized_name(name: str) -> str:
     return _FUSED_NO_WORK.sub("", m.group(1))
 
 
+def _elementwise_loop(name: str) -> str:
+    """PyTorch runs one elementwise op as `vectorized_elementwise_kernel<width, F, ...>` or
+    `unrolled_elementwise_kernel<F, ...>`, picked at launch by the pointers' alignment (an expert's slice of a gathered
+    buffer, a cache's offset), so which one ran says nothing about the work: both are `elementwise_kernel<F>`."""
+    m = _ELEMENTWISE_VARIANT.match(name)
+    if not m:
+        return name
+    depth, start = 0, m.end()
+    for i in range(start, len(name)):
+        ch = name[i]
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            if depth == 0:
+                break
+            depth -= 1
+        elif ch == "," and depth == 0:
+            break
+    else:
+        return name
+    return f"{m.group(1)}elementwise_kernel<{name[start:i]}>"
+
+
 def name_classes(names: list[str]) -> tuple[np.ndarray, list[str]]:
-    """Each name's id among the normalised names, and those names (equal after normalising = one id)."""
+    """Each name's id among the normalised names (equal after normalising = one id), and per id the first name of
+    its class, as the trace spells it (what a report shows and a user can search for)."""
     canon: dict[str, int] = {}
-    mapping = np.array([canon.setdefault(normalized_name(n), len(canon)) for n in names] or [0], dtype=np.int64)
-    return mapping, list(canon)
+    first: list[str] = []
+    ids = []
+    for n in names:
+        key = normalized_name(n)
+        if key not in canon:
+            canon[key] = len(first)
+            first.append(n)
+        ids.append(canon[key])
+    return np.array(ids or [0], dtype=np.int64), first
 
 
 def normalized_ids(names: list[str], name_ids: np.ndarray) -> np.ndarray:
