@@ -29,6 +29,7 @@ Run on a CUDA machine (torch + transformers 5.x; decodegap importable for the re
     python3 scripts/make_accuracy_corpus.py OUT_DIR --jobs 4          # the whole corpus, 4 processes on one GPU
     python3 scripts/make_accuracy_corpus.py OUT_DIR --only llama_eager_generate qwen3_cudagraph
     python3 scripts/make_accuracy_corpus.py --list
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout --jobs 5   # 13 traces the corpus does not hold
     python3 scripts/make_accuracy_corpus.py --table tests/fixtures/traces/corpus   # the README's table rows
 Smoke-test the logic on a CPU (CPU activity only, tiny sizes; CUDA-graph loops run their static loop eagerly):
     python3 scripts/make_accuracy_corpus.py /tmp/corpus --device cpu --smoke
@@ -1187,6 +1188,25 @@ SPECS = [
     S("granite_midstep", "granite", "midstep", layers=4, steps=[5, 4, 3]),
     S("olmo2_train_nomarkers", "olmo2", "train", layers=2, rs=False, steps=[2], opts={"markers": "none"}),
 ]
+# A holdout (`--holdout`): the corpus's kinds of stack at depths and in loops the corpus does not have (deeper hybrids
+# with several one-of-a-kind layers, two full-attention layers in a Gemma 3 stack, more dense layers before the MoE
+# ones), made to check the layer reading on traces it was not developed on; never committed as fixtures.
+HOLDOUT = [
+    S("jamba8_eager_generate", "jamba", "eager_generate", layers=8, batch=2, rs=False, steps=[6], cost=8),
+    S("lfm2_10_sample_padded", "lfm2", "sample_padded", layers=10, batch=3, steps=[8, 6]),
+    S("lfm2_8_train_nomarkers", "lfm2", "train", layers=8, steps=[2], opts={"markers": "none"}, cost=8),
+    S("qwen3_next8_hand", "qwen3_next", "hand", layers=8, rs=False, steps=[6, 5], cost=10),
+    S("gemma3_12_eager_generate", "gemma3", "eager_generate", layers=12, steps=[8, 6]),
+    S("deepseek_v3_8_hand", "deepseek_v3", "hand", layers=8, rs=False, steps=[8, 6]),
+    S("glm4_moe6_eager_generate", "glm4_moe", "eager_generate", layers=6, batch=2, steps=[8, 6]),
+    S("mixtral6_train_nomarkers", "mixtral", "train", layers=6, rs=False, steps=[2], opts={"markers": "none"},
+      cost=10),
+    S("qwen3_moe6_eager_generate", "qwen3_moe", "eager_generate", layers=6, batch=2, steps=[8, 6]),
+    S("olmo2_6_eager_generate", "olmo2", "eager_generate", layers=6, steps=[10, 8]),
+    S("phimoe4_sample_padded", "phimoe", "sample_padded", layers=4, batch=3, rs=False, steps=[8, 6]),
+    S("granite16_deep_nomarkers", "granite", "deep_nomarkers", layers=16, rs=False, steps=[5, 4]),
+    S("gpt_oss6_hand", "gpt_oss", "hand", layers=6, batch=2, rs=False, steps=[6, 5]),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
@@ -1286,7 +1306,7 @@ def make_cut(out_dir: str, name: str, source: str, keep_forwards: int | None) ->
 
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
-    by_name = {s.name: s for s in SPECS}
+    by_name = {s.name: s for s in SPECS + HOLDOUT}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -1317,7 +1337,7 @@ def corpus_bytes(out_dir: str) -> int:
 def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
-    by_name = {s.name: s for s in SPECS}
+    by_name = {s.name: s for s in SPECS + HOLDOUT}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -1393,7 +1413,7 @@ def table_rows(folder: str) -> str:
 
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
-    by_name = {s.name: s for s in SPECS}
+    by_name = {s.name: s for s in SPECS + HOLDOUT}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -1413,6 +1433,7 @@ def main() -> None:
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table", metavar="DIR", help="print the README table rows of a corpus folder")
     parser.add_argument("--no-cuts", action="store_true")
+    parser.add_argument("--holdout", action="store_true", help="make the HOLDOUT traces instead (no cuts)")
     parser.add_argument("--seconds", type=float, help="start no new trace after this many seconds")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1427,8 +1448,8 @@ def main() -> None:
             print(f"{s.name:36s} {s.family:12s} {s.loop:24s} layers {s.layers:2d} batch {s.batch} rs {s.rs} {s.opts}")
         return
     os.makedirs(args.out_dir, exist_ok=True)
-    names = args.only or [s.name for s in SPECS]
-    unknown = set(names) - {s.name for s in SPECS}
+    names = args.only or [s.name for s in (HOLDOUT if args.holdout else SPECS)]
+    unknown = set(names) - {s.name for s in SPECS + HOLDOUT}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
@@ -1453,7 +1474,7 @@ def main() -> None:
             if p.returncode not in (0, 1):
                 failed.append(f"worker {i} died (rc {p.returncode})")
             os.remove(logf.name)
-    if not args.worker and not args.only:
+    if not args.worker and not args.only and not args.holdout:
         failed += shrink_to_budget(args.out_dir, args.device, TOTAL_LIMIT - 1_500_000)  # room for cuts + README
     if not args.worker:
         try:

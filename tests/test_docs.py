@@ -211,8 +211,8 @@ def test_every_command_line_uses_options_its_help_lists():
     assert not bad, "\n".join(bad)
 
 
-def _benchmark_flags() -> set[str]:
-    return {flag for script in (ROOT / "benchmarks").glob("*.py")
+def _benchmark_flags() -> set[str]:  # and the scripts' (the corpus generator's)
+    return {flag for folder in ("benchmarks", "scripts") for script in (ROOT / folder).glob("*.py")
             for flag in re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", script.read_text())}
 
 
