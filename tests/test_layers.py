@@ -275,11 +275,15 @@ def _conv_layer() -> list[str]:
                           "void at::native::conv_depthwise2d_forward_kernel", ELEMENTWISE, GEMM, ADD] + _lfm2_mlp()
 
 
-def _rope_layer() -> list[str]:
+def _rope_layer(padded: bool = False) -> list[str]:
     rope = [ELEMENTWISE, "void at::native::neg_kernel", "void at::native::CatArrayBatchedCopy", ELEMENTWISE, ADD]
     cache = ["void at::native::CatArrayBatchedCopy_vectorized"] * 2
+    # left-padded batches attend through a mask (SDPA's memory-efficient kernel, the mask expanded and copied)
+    attend = (["void at::native::expand_copy_kernel", "void at::native::where_kernel", "void at::native::FillFunctor",
+               "void at::native::FillFunctor", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"] if padded
+              else ["void pytorch_flash::flash_fwd_kernel"])
     return (_rms_norm() + [GEMM] + _rms_norm(ELEMENTWISE) + [GEMM] + _rms_norm(ELEMENTWISE) + [GEMM] + rope + rope
-            + cache + ["void pytorch_flash::flash_fwd_kernel", GEMM, ADD] + _lfm2_mlp())
+            + cache + attend + [GEMM, ADD] + _lfm2_mlp())
 
 
 LFM2_PROLOGUE = ["void at::native::indexSelectSmallIndex", "void at::native::reduce_kernel<long>",
@@ -290,18 +294,20 @@ LFM2_TAIL = _rms_norm() + ["nvjet_sm90_tst_64x8_lm_head_TNT", "void at::native::
                            "void at::native::reduce_kernel<ArgMaxOps<float>>"]
 
 
-@pytest.mark.parametrize("pairs", [3, 8])
-def test_conv_and_attention_layers_are_layers_not_pairs(pairs):
+@pytest.mark.parametrize("pairs, padded", [(3, False), (8, False), (5, True)])
+def test_conv_and_attention_layers_are_layers_not_pairs(pairs, padded):
     # The rotary kernels (CatArrayBatchedCopy, neg) run twice in each attention layer, as often as there are layers:
     # the names that interleave best (theirs) cut no partition, so the next set (the MLP's silu, once in every
-    # layer) proposes the count.
-    layers = [layer for _ in range(pairs) for layer in (_conv_layer(), _rope_layer())]
-    seq = LFM2_PROLOGUE + [k for layer in layers for k in layer] + LFM2_TAIL
+    # layer) proposes the count; each of its blocks runs an MLP activation, so they are layers, not halves, however
+    # unlike a conv layer and a (masked) attention layer run.
+    layers = [layer for _ in range(pairs) for layer in (_conv_layer(), _rope_layer(padded))]
+    prologue = LFM2_PROLOGUE if not padded else PROLOGUE  # (and one whose kernels no layer runs)
+    seq = prologue + [k for layer in layers for k in layer] + LFM2_TAIL
     mapping, canonical = name_classes(sorted(set(seq)))
     index = {n: int(mapping[i]) for i, n in enumerate(sorted(set(seq)))}
     found = count_layers(np.array([index[n] for n in seq]), canonical)
     assert found.count == 2 * pairs and found.kind_of == (0, 1) * pairs
-    assert found.starts == tuple(len(LFM2_PROLOGUE) + sum(len(x) for x in layers[:i]) for i in range(2 * pairs))
+    assert found.starts == tuple(len(prologue) + sum(len(x) for x in layers[:i]) for i in range(2 * pairs))
 
 
 def _gemma_norm(weight: str = MUL) -> list[str]:  # Gemma's RMSNorm scales by (1 + weight)

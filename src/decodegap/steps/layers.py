@@ -17,7 +17,8 @@ So layers are read from counts, not from a repeating sequence:
 - the layers are the partition whose blocks run the most non-GEMM work in common (a norm that runs 2L+1 times does
   not make half-layers, an eager MoE's expert groups do not make layers); a block of k layers of a few kinds (a
   hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
-  them and most of them run work of their own besides;
+  them, most of them run work of their own besides, and each runs an MLP activation (every layer has its MLP or
+  experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
@@ -33,6 +34,7 @@ The input is a sequence of name ids per forward (normalised kernel names; a grap
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
@@ -50,7 +52,9 @@ NEAR_EXPLAINED = 0.9  # a finer partition explaining this share of a coarser one
 OUTSIDE_NAMES = 1 / 3  # share of per-layer names with a layer's worth of runs outside the blocks: a layer left out
 FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
 CUT_OFF = 0.9  # a last layer's block under this share of the shortest other layer was cut off by the forward's tail
-ALIKE_LAYERS = 0.7  # how alike neighbouring layers of a hybrid group run at least (_alike_neighbours)
+ALIKE_LAYERS = 0.7  # how alike neighbouring layers of a hybrid group run at least, where no activation tells
+# An MLP's activation (eager, Inductor-fused and engine kernels name it): every layer runs its own MLP or experts
+ACTIVATION = re.compile(r"silu|gelu|swiglu|geglu|act_and_mul|relu|swish", re.IGNORECASE)
 KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
 
 
@@ -117,6 +121,8 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     matmul = {n for n in np.unique(ids).tolist() if names and categorize(names[n]) == "gemm"}
     gemm = matmul & set(positions)
     gemm_at = np.flatnonzero(np.isin(ids, np.fromiter(matmul, dtype=np.int64, count=len(matmul))))  # every GEMM run
+    act = [n for n in np.unique(ids).tolist() if names and ACTIVATION.search(names[n])]
+    act_at = np.flatnonzero(np.isin(ids, np.array(act, dtype=np.int64)))  # every MLP activation's run
     candidates: list[_Blocks] = []
     for c, group in by_count.items():
         if len(group) < MIN_BACKERS or c * 2 > len(seq):
@@ -139,7 +145,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # The layers are the partition whose blocks run the most work in common: the blocks between one layer's norms
     # (its attention part, its MLP part) share little.
     best = max(candidates, key=lambda b: (b.common, b.count))
-    best = _finer(best, candidates, ids, positions, gemm)
+    best = _finer(best, candidates, ids, positions, gemm, act_at)
     return _layers(best, ids, positions, names)
 
 
@@ -231,7 +237,7 @@ def _leaves_out_first(blocks: _Blocks, others) -> bool:
 
 
 def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
-           gemm: set[int]) -> _Blocks:
+           gemm: set[int], act_at: np.ndarray) -> _Blocks:
     """A block of k layers (a hybrid stack's repeating group, alternating attention kinds) is k layers: the finer
     partition explains about as many kernels, most of them run in every one of its blocks, and most of its blocks run
     work of their own besides (each layer its own mixer). A block of unlike halves (attention and MLP, cut by the
@@ -241,9 +247,25 @@ def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     for fine in sorted(finer, key=lambda b: (b.count, b.common), reverse=True):
         if (fine.explained >= NEAR_EXPLAINED * best.explained and fine.common >= FINER_COMMON * fine.beside_gemm
                 and _own_work_share(fine, positions, gemm) >= FINER_COMMON
-                and _alike_neighbours(fine, ids, positions, gemm) >= ALIKE_LAYERS):
+                and _whole(best, fine, ids, positions, gemm, act_at)):
             return fine
     return best
+
+
+def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int],
+           act_at: np.ndarray) -> bool:
+    """Whether the finer blocks are whole layers, not a layer's halves: where every coarse block runs an MLP
+    activation, every finer one must (each layer has its MLP or experts; an attention half has none); where the names
+    tell no activation, neighbouring finer blocks must run alike kernel sequences (a layer's halves do not)."""
+    if _blocks_running(coarse, act_at) == 1:
+        return _blocks_running(fine, act_at) == 1
+    return _alike_neighbours(fine, ids, positions, gemm) >= ALIKE_LAYERS
+
+
+def _blocks_running(blocks: _Blocks, at: np.ndarray) -> float:
+    """Share of the blocks that run a kernel at one of `at`'s positions."""
+    inside = at[(at >= blocks.bounds[0]) & (at < blocks.bounds[-1])]
+    return len(np.unique(np.searchsorted(blocks.bounds, inside, side="right"))) / blocks.count
 
 
 def _alike_neighbours(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int]) -> float:
