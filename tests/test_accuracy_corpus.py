@@ -33,7 +33,7 @@ FAILURE_CLASSES = {
                                                                   "olmoe_hand", "qwen2_moe_eager_generate"],
     "unlike layers (dense + MoE, sliding + full attention)": [
         "deepseek_v3_eager_generate", "deepseek_v3_deep_nomarkers", "glm4_moe_profstep_hand", "gemma2_eager_generate",
-        "gpt_oss_eager_generate"],
+        "gpt_oss_eager_generate", "gemma3_sample_padded", "lfm2_eager_generate", "qwen3_next_eager_generate"],
     "a deep eager stack without markers": ["gpt_neox_deep_nomarkers", "llama_deep_nomarkers"],
     "training without ProfilerStep": ["olmo2_train_nomarkers"],
     "a cut trace": ["cut_keeps_few_steps", "cut_almost_no_kernels"],
