@@ -277,7 +277,7 @@ class _Parallel:
         self.local = _Producer(builder)
         remote = _Producer(builder)  # the child's, forked with it
         self.ids = [[np.zeros(1, np.int32) for _ in range(3)] for _ in (_LOCAL, _REMOTE)]
-        self.pending: deque = deque()  # [answered, result, text, mark, slot, source], in the text's order
+        self.pending: deque = deque()  # [answered, result, text (its length if in a slot), mark, slot, source]
         self.asked: deque = deque()  # those the second process has not answered yet, in order
         self.free = list(range(SLOTS))
         self.fed: list[int] = []  # the length of each chunk fed since the oldest batch not merged (what a rewind
@@ -293,7 +293,7 @@ class _Parallel:
         if self.free and len(text) <= SLOT_BYTES:
             slot = self.free.pop()
             self.worker.ask(slot, text)
-            entry = [False, None, text, mark, slot, _REMOTE]
+            entry = [False, None, len(text), mark, slot, _REMOTE]  # its text stays in the slot until merged
             self.pending.append(entry)
             self.asked.append(entry)
             return True
@@ -315,7 +315,6 @@ class _Parallel:
         while self.asked and (wait or self.worker.ready()):
             entry = self.asked.popleft()
             entry[0], entry[1] = True, self.worker.answer()
-            self.free.append(entry[4])
             self._merge()
 
     def _merge(self) -> None:
@@ -324,6 +323,8 @@ class _Parallel:
             entry = pending.popleft()
             if entry[1] is None:
                 self._rewind(entry)
+            if entry[5] == _REMOTE:
+                self.free.append(entry[4])
             chunk, elements, skipped = entry[1]
             self.builder.merge(chunk, self.ids[entry[5]])
             self.batches.elements += elements
@@ -335,7 +336,7 @@ class _Parallel:
     def _rewind(self, entry: list) -> None:
         """Put the reader back where it stood before `entry` was handed on: its state then, the text it held then,
         and the chunks fed since (to feed again one by one, as the reader alone would have met them)."""
-        texts = [entry[2], *(e[2] for e in self.pending)]
+        texts = [self.worker.text(e[4], e[2]) if e[5] == _REMOTE else e[2] for e in (entry, *self.pending)]
         since = b"".join(b"".join((memoryview(t)[1:-1], b",")) for t in texts) + bytes(self.reader.buf)
         state, scan, held, fed = entry[3]
         at, self.replay = held, []

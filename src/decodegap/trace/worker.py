@@ -77,6 +77,10 @@ class Worker:
         self.memory[start:start + len(text)] = text
         _write(self.ask_fd, _ASK.pack(slot, len(text)))
 
+    def text(self, slot: int, size: int) -> bytes:
+        """The text asked in `slot` (kept there until the slot is asked again)."""
+        return self.memory[slot * SLOT_BYTES:slot * SLOT_BYTES + size]
+
     def ready(self) -> bool:
         return bool(select.select([self.answer_fd], [], [], 0)[0])
 
@@ -92,6 +96,8 @@ class Worker:
         if self.pid is None:
             return
         pid, self.pid = self.pid, None
+        LAST_MEMORY.clear()
+        LAST_MEMORY.update(_memory(pid))
         for fd in (self.ask_fd, self.answer_fd):
             try:
                 os.close(fd)
@@ -106,6 +112,23 @@ class Worker:
         except OSError:
             pass
         self.memory.close()
+
+
+# The last child's memory when it ended (for benchmarks): its peak RSS, which counts the pages it shares with the
+# parent (all the parent held when it forked), and what it held of its own then (private pages), in bytes.
+LAST_MEMORY: dict[str, int] = {}
+
+
+def _memory(pid: int) -> dict[str, int]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            out.update(peak_rss=int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) << 10)
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            out.update(private=sum(int(line.split()[1]) for line in f if line.startswith("Private_")) << 10)
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    return out
 
 
 def _serve(ask_fd: int, answer_fd: int, memory: mmap.mmap, producer) -> None:
