@@ -9,6 +9,9 @@ fresh subprocess, one at a time. json.load is measured up to --json-load-max-gb 
 text in memory) its figures are extrapolated linearly from the largest two measured scales of the same layout, and
 marked `~`. The children import decodegap from compiled bytecode kept under --workdir, as an installed package does
 (--compile-each-run: as the environment says, which with PYTHONDONTWRITEBYTECODE compiles the source every run).
+The reader decodes on two cores where it can (trace/worker.py): `worker MB` is that process's peak RSS, which counts
+the pages it shares with the analysis (all it held when it forked), and in brackets what it held of its own when it
+ended; `RSS + worker's own` adds the latter. --alone-too also times each analysis without it.
 
     python benchmarks/bench_scale.py ../shared/traces/mla_full_cast_steps.json.gz --workdir /tmp/decodegap_scale
 """
@@ -33,7 +36,8 @@ import msgspec
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 REPLICA_GAP_US = 1000.0  # idle time between one replica's end and the next one's start
 
-# Peak RSS from VmHWM (this process's own peak since it started): ru_maxrss of a child also counts what the parent
+# CPU time counts the processes it waited for (the reader's second decoding process). Peak RSS from VmHWM (this
+# process's own peak since it started): ru_maxrss of a child also counts what the parent
 # held when it spawned it (Linux folds the pre-exec peak in), and this parent holds a trace while it writes replicas.
 RUNNER = """
 import resource, sys, time
@@ -47,14 +51,16 @@ try:
 except (OSError, StopIteration):
     pass
 kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-usage = resource.getrusage(resource.RUSAGE_SELF)
-print("RESULT", wall, me, kids, usage.ru_utime + usage.ru_stime)
+usage, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print("RESULT", wall, me, kids, usage.ru_utime + usage.ru_stime + reaped.ru_utime + reaped.ru_stime)
 """
 
 JSON_LOAD = ("import gzip, json\nopener = gzip.open if PATH.endswith('.gz') else open\n"
              "with opener(PATH, 'rb') as f:\n    doc = json.load(f)")
 ANALYZE = ("import decodegap\na = decodegap.analyze(PATH{extra})\n"
            "print('STEPS', a.steps.decode.count, a.steps.decode.ms.median)\n"
+           "from decodegap.trace.worker import LAST_MEMORY as m\n"
+           "print('WORKER', m.get('peak_rss', 0) / 2**20, m.get('private', 0) / 2**20) if m else None\n"
            "open(sys.argv[2], 'w').write(a.to_json()) if len(sys.argv) > 2 else None")
 
 
@@ -159,13 +165,15 @@ def text_bytes(path: Path) -> int:
         return sum(len(b) for b in iter(lambda: f.read(1 << 24), b""))
 
 
-def make_trace(src: Path, workdir: Path, layout: str, copies: int) -> tuple[Path, int, bool]:
+def make_trace(src: Path, workdir: Path, layout: str, copies: int, reuse: bool = False) -> tuple[Path, int, bool]:
     """(path, bytes of text, whether it is a replica to delete) of src's events `copies` times in `layout`: the
-    source itself for Kineto's layout at 1x."""
+    source itself for Kineto's layout at 1x. With `reuse`, a replica already under workdir is used (and kept)."""
     if layout == "kineto" and copies == 1:
         return src, text_bytes(src), False
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / f"{layout}.x{copies}.json.gz"
+    if reuse and path.exists():
+        return path, text_bytes(path), False
     t0 = time.perf_counter()
     size = replicate(src, path, copies, layout)
     print(f"made {path} ({size / 1e6:.0f} MB of text, {path.stat().st_size / 1e6:.0f} MB gzipped) in "
@@ -200,9 +208,10 @@ def use_bytecode_cache(workdir: Path) -> None:
                    env=CHILD_ENV, check=True)
 
 
-def measure(body: str, path: Path, *extra: str) -> dict:
+def measure(body: str, path: Path, *extra: str, env: dict | None = None) -> dict:
+    environ = {**(os.environ if CHILD_ENV is None else CHILD_ENV), **(env or {})}
     out = subprocess.run([sys.executable, "-c", RUNNER.format(body=body), str(path), *extra], capture_output=True,
-                         text=True, env=CHILD_ENV)
+                         text=True, env=environ)
     if out.returncode:
         raise SystemExit(f"failed on {path}:\n{out.stderr[-3000:]}")
     result = {}
@@ -212,6 +221,8 @@ def measure(body: str, path: Path, *extra: str) -> dict:
             result.update(wall=float(words[1]), rss=float(words[2]), child_rss=float(words[3]), cpu=float(words[4]))
         elif words and words[0] == "STEPS":
             result.update(steps=int(words[1]), median=float(words[2]))
+        elif words and words[0] == "WORKER":  # the second decoding process (trace/worker.py), when one ran
+            result.update(worker_rss=float(words[1]), worker_private=float(words[2]))
     return result
 
 
@@ -231,29 +242,38 @@ def layout_table(args) -> None:
     if args.big_gb:
         scales.append(0)  # its replica count is known once a replica's size is (below)
     layouts = [x for x in args.layouts.split(",") if x]
-    print("| layout | trace | text MB | json.load s | json.load MB | analyze s | analyze MB | wall vs json.load | "
-          "CPU vs json.load | RSS vs json.load | RSS vs Kineto's layout | decode steps | median ms | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| layout | trace | text MB | json.load s | json.load MB | analyze s | analyze MB | worker MB (own) | "
+          "wall vs json.load | CPU vs json.load | RSS vs json.load | RSS + worker's own vs json.load | "
+          "RSS vs Kineto's layout | decode steps | median ms | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     measured: dict[str, list[tuple[int, float, float, float]]] = {layout: [] for layout in layouts}
     per_copy = text_bytes(args.trace)  # text per replica, from the largest replica written in Kineto's layout
+    kept = sorted((int(m.group(1)), p) for p in args.workdir.glob("kineto.x*.json.gz")
+                  if (m := re.fullmatch(r"kineto\.x(\d+)\.json\.gz", p.name)) and int(m.group(1)) > 1)
+    if args.reuse and kept:  # a replica of a run before: the same count of copies for the big row
+        per_copy = text_bytes(kept[0][1]) / kept[0][0]
     for copies in scales:
         copies = copies or math.ceil(args.big_gb * 1e9 / per_copy)
         kineto_rss = None
         for layout in layouts:
-            path, size, temporary = make_trace(args.trace, args.workdir, layout, copies)
+            path, size, temporary = make_trace(args.trace, args.workdir, layout, copies, args.reuse)
+            temporary = temporary and not args.reuse
             try:
                 load = os.getloadavg()[0]
-                base, ours = [], []
+                base, ours, alone = [], [], []
                 for _ in range(args.repeat):
                     if size <= args.json_load_max_gb * 1e9:
                         base.append(measure(JSON_LOAD, path))
                     ours.append(measure(ANALYZE.format(extra=", jobs=1"), path))
+                    if args.alone_too:  # the same without the second decoding process
+                        alone.append(measure(ANALYZE.format(extra=", jobs=1"), path, env={"DECODEGAP_READ_WORKER": "0"}))
             finally:
                 if temporary:
                     path.unlink()
-            if layout == "kineto" and temporary:
+            if layout == "kineto" and copies > 1:
                 per_copy = size / copies
             ow, orss, ocpu = _median(ours, "wall"), _median(ours, "rss"), _median(ours, "cpu")
+            wrss, wown = _median(ours, "worker_rss"), _median(ours, "worker_private") or 0.0
             if base:
                 bw, br, bcpu, mark = _median(base, "wall"), _median(base, "rss"), _median(base, "cpu"), ""
                 measured[layout].append((size, bw, br, bcpu))
@@ -268,8 +288,12 @@ def layout_table(args) -> None:
                 kineto_rss = orss
             vs_kineto = f"{orss / kineto_rss:.2f}" if kineto_rss else "-"
             name = f"{copies}x" + (f" ({size / 1e9:.1f} GB)" if size > 2e9 else "")
+            worker = f"{wrss:.0f} ({wown:.0f})" if wrss else "-"
+            if alone:
+                worker += f"; alone {_median(alone, 'wall'):.2f} s = {mark}{_median(alone, 'wall') / bw:.2f}x"
             print(f"| {layout} | {name} | {size / 1e6:.0f} | {mark}{bw:.2f} | {mark}{br:.0f} | {ow:.2f} | {orss:.0f} | "
-                  f"{mark}{ow / bw:.2f} | {mark}{ocpu / bcpu:.2f} | {mark}{orss / br:.3f} | {vs_kineto} | "
+                  f"{worker} | {mark}{ow / bw:.2f} | {mark}{ocpu / bcpu:.2f} | {mark}{orss / br:.3f} | "
+                  f"{mark}{(orss + wown) / br:.3f} | {vs_kineto} | "
                   f"{ours[0].get('steps')} | {ours[0].get('median'):.3f} | {load:.2f} |", flush=True)
     if args.big_gb:
         print(f"\n~: json.load not run (over {args.json_load_max_gb:g} GB of text, it needs ~7x that in memory): "
@@ -287,6 +311,10 @@ def main() -> None:
                         help="measure json.load only up to this much text (extrapolate beyond)")
     parser.add_argument("--ranks", type=int, default=4, help="ranks in the folder table (0: no folder table)")
     parser.add_argument("--repeat", type=int, default=1, help="alternating runs per case (medians)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="use (and keep) the replicas already under --workdir instead of writing them anew")
+    parser.add_argument("--alone-too", action="store_true",
+                        help="also time analyze without the second decoding process (DECODEGAP_READ_WORKER=0)")
     parser.add_argument("--no-ray", action="store_true")
     parser.add_argument("--compile-each-run", action="store_true",
                         help="import as the environment says (with PYTHONDONTWRITEBYTECODE, compiling every run)")

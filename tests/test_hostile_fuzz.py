@@ -361,3 +361,30 @@ def test_a_cut_anywhere_keeps_the_whole_events_before_it(tmp_path, case, knobs, 
     assert (truncated is None) == complete or gz and truncated is not None
     events_only = [e for e in got if isinstance(e, tuple)]  # an odd element (a number) may read as its cut part
     assert events_only == [e for e in whole if isinstance(e, tuple)]
+
+
+_STRAYS = st.sampled_from([None, b'"', b"[", b"]", b"{", b"}", b",", b"x", b"\xff", b"\\", b"\n"])
+
+
+@settings(max_examples=100, deadline=timedelta(seconds=10), database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=laid_out_trace(), knobs=st.tuples(*_KNOBS), at=st.integers(0, 2**40), stray=_STRAYS,
+       cut=st.booleans(), gz=st.booleans())
+def test_a_second_decoding_process_changes_nothing(tmp_path, monkeypatch, case, knobs, at, stray, cut, gz):
+    """Random layouts, damaged or cut anywhere: the reader with a second decoding process (trace/worker.py) reads
+    exactly what it reads alone (the same columns, ids and warnings, or the same one line)."""
+    from test_layouts import _trace_fields
+
+    text = case[0]
+    where = at % (len(text) + 1)
+    if stray is not None:
+        text = text[:where] + stray + text[where + 1:]
+    elif cut:
+        text = text[:where]
+    path = tmp_path / ("t.json.gz" if gz else "t.json")
+    path.write_bytes(gzip.compress(text, 1) if gz else text)
+    with _reader_knobs(*knobs):
+        monkeypatch.setenv("DECODEGAP_READ_WORKER", "0")
+        alone = _trace_fields(path)
+        monkeypatch.setenv("DECODEGAP_READ_WORKER", "1")
+        assert _trace_fields(path) == alone

@@ -120,3 +120,77 @@ def test_damage_costs_only_the_events_it_touches(tmp_path, layout, stray):
     _, warnings, truncated = decode_trace(path, events.extend)
     assert truncated is None
     assert len(doc["traceEvents"]) - 3 <= len(events) <= len(doc["traceEvents"]), (len(events), warnings)
+
+
+# --- the second decoding process (trace/worker.py) ----------------------------------------------------------------
+
+def _trace_fields(path: Path):
+    """Everything load_trace makes of a file (columns, names, shapes, annotations, warnings), or the one line it
+    refuses the file with."""
+    try:
+        trace = load_trace(path)
+    except decodegap.errors.UserError as exc:
+        return str(exc)
+    out = {"names": trace.names, "shapes": trace.shapes, "annotations": trace.annotations,
+           "warnings": trace.warnings, "truncated": trace.truncated, "known_until_ns": trace.known_until_ns}
+    for table in ("gpu", "cpu_ops", "runtime"):
+        for name, column in vars(getattr(trace, table)).items():
+            value = column.tolist() if hasattr(column, "tolist") else column
+            if hasattr(column, "ids"):
+                value = (column.ids.tolist(), column.values)
+            elif hasattr(column, "present"):
+                value = column.present
+            out[f"{table}.{name}"] = value
+    return out
+
+
+def _alone_and_with_a_worker(path: Path, monkeypatch) -> tuple:
+    """(what the reader reads alone, with a second process, how many batches that process answered)."""
+    from decodegap.trace import worker
+
+    asked = []
+    real_ask = worker.Worker.ask
+    monkeypatch.setattr(worker.Worker, "ask", lambda self, slot, text: (asked.append(len(text)),
+                                                                          real_ask(self, slot, text))[1])
+    monkeypatch.setenv("DECODEGAP_READ_WORKER", "0")
+    alone = _trace_fields(path)
+    monkeypatch.setenv("DECODEGAP_READ_WORKER", "1")
+    return alone, _trace_fields(path), len(asked)
+
+
+@pytest.mark.parametrize("layout", ["kineto", "lines", "minified", "sorted_events_first", "indent2_crlf", "bare"])
+def test_a_second_process_reads_what_the_reader_alone_reads(tmp_path, monkeypatch, layout):
+    """The batches a second process decodes are merged in the text's order: the same columns, ids and warnings."""
+    from decodegap.trace import worker
+
+    monkeypatch.setattr(read, "CHUNK_BYTES", 1 << 13)  # many batches at a test's size
+    path = write_layout(decode_loop(steps=12, layers=4), layout, tmp_path / f"t.{layout}.json")
+    alone, together, asked = _alone_and_with_a_worker(path, monkeypatch)
+    assert asked > 3 or not worker.can_fork()
+    assert together == alone
+
+
+@pytest.mark.parametrize(("damage", "offset"), [(b"x", 6), (b"]", 6), (b'"', 6), (b"\xff", 9), (b'"', 2)],
+                         ids=["letter", "bracket", "quote", "bad-utf8", "quote-in-string"])
+def test_a_batch_the_second_process_cannot_read_is_read_again_by_the_reader(tmp_path, monkeypatch, damage, offset):
+    """Damage in a batch handed on (in place of the colon after a key, or inside a string): the reader goes back to
+    where it stood before that batch and reads on alone, with exactly the result of reading alone (the same events
+    lost, the same warnings)."""
+    from decodegap.trace import json_events, worker
+
+    monkeypatch.setattr(read, "CHUNK_BYTES", 1 << 13)
+    monkeypatch.setattr(worker, "SLOTS", 64)  # every batch to the second process (none decoded ahead by the reader)
+    monkeypatch.setattr(json_events, "SLOTS", 64)
+    text = bytearray(LAYOUTS["lines"](decode_loop(steps=12, layers=4)).encode())
+    at = text.index(b'"name"', len(text) // 2) + offset
+    text[at:at + 1] = damage
+    path = tmp_path / "damaged.json"
+    path.write_bytes(bytes(text))
+    rewinds = []
+    real_restore = json_events.Reader.restore
+    monkeypatch.setattr(json_events.Reader, "restore", lambda self, *args: (rewinds.append(args),
+                                                                            real_restore(self, *args))[1])
+    alone, together, asked = _alone_and_with_a_worker(path, monkeypatch)
+    assert together == alone
+    if worker.can_fork() and damage != b'"':  # a stray quote is seen by the scan: nothing handed on after it
+        assert asked and rewinds

@@ -28,24 +28,31 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
+from collections import deque
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 from decodegap.errors import UserError
 from decodegap.trace import schema
 from decodegap.trace.read import NotATrace, TruncatedStream, iter_text_chunks, text_limit_bytes
 from decodegap.trace.scan import Siblings
+from decodegap.trace.worker import SLOT_BYTES, SLOTS, Worker, can_fork
 
 HEADER_FIELDS = frozenset(f for f in schema.TraceDocument.__struct_fields__ if f != "traceEvents")
 HEADER_MAX_BYTES = 64 << 20  # a top-level member kept for the header is ignored past this size
 KEY_MAX_BYTES = 1 << 20  # a top-level key this long is no trace's
 TAIL_MAX_BYTES = 1 << 20  # how far from the end a list that never closed is looked for its end
 GUESS_MISSES = 3  # separators that did not cut whole elements before the fast path is given up for the file
+# A file this big is read with a second decoding process (worker.py) where one may be forked; smaller ones are read
+# before it would pay. DECODEGAP_READ_WORKER=0 never uses one, =1 uses one whatever the size.
+WORKER_MIN_FILE_BYTES = 4 << 20
 _BLANK = re.compile(rb"[ \t\r\n]*")
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 # What comes before the `{` of an element in every layout: `}`, a comma, whitespace (a blank flood is not tried)
@@ -216,7 +223,7 @@ class _Batches:
                 _times_as_words(item)
             try:  # through JSON again, so the Raw fields are filled as on the fast path
                 events.append(_one_event.decode(msgspec.json.encode(item)))
-            except (*DECODE_ERRORS, OverflowError, TypeError):
+            except (*DECODE_ERRORS, OverflowError, TypeError, UnicodeEncodeError):  # a lone surrogate (\udc00)
                 self.skipped += 1
         return events
 
@@ -230,10 +237,140 @@ class _Batches:
         return out
 
 
+class _Producer:
+    """Decodes batches into column chunks of a builder of its own (`builder.fresh()`), for another builder's merge:
+    in the second process, or in the reader's own when it decodes a batch ahead of one not yet answered."""
+
+    def __init__(self, builder) -> None:
+        self.builder = builder.fresh()
+        self.batches = _Batches(self.builder.add)
+
+    def run(self, text) -> tuple | None:
+        """(chunk, elements, events skipped) of a `[...]` batch of whole elements; None (nothing read) if it is not
+        valid JSON."""
+        batches = self.batches
+        elements, skipped = batches.elements, batches.skipped
+        if not batches.whole(text):
+            return None
+        return self.builder.take_chunk(), batches.elements - elements, batches.skipped - skipped
+
+
+class _Rewind(Exception):  # noqa: N818
+    """The second process could not read a batch taken for granted: the reader stands where it stood before it."""
+
+
+_LOCAL, _REMOTE = 0, 1
+
+
+class _Parallel:
+    """Batches decoded by a second process (worker.py) while the reader reads on, merged in the text's order.
+
+    Only the batches cut at a `}, {` separator (every batch of a valid text but its last) are handed on, and the
+    reader goes on as if each had decoded; when the second process is busy the reader decodes the batch itself,
+    with a builder of its own, so that the ids still follow the text's order. Every other step of the reader
+    (the list's end, a cut by the scan, damage) first waits for all answers (`settle`). A batch the second process
+    could not read puts the reader back where it stood before that batch, with the text since then, and the
+    reader reads on alone, exactly as without a second process: what is read never depends on it."""
+
+    def __init__(self, reader: Reader, builder, batches: _Batches) -> None:
+        self.reader, self.builder, self.batches = reader, builder, batches
+        self.local = _Producer(builder)
+        remote = _Producer(builder)  # the child's, forked with it
+        self.ids = [[np.zeros(1, np.int32) for _ in range(3)] for _ in (_LOCAL, _REMOTE)]
+        self.pending: deque = deque()  # [answered, result, text (its length if in a slot), mark, slot, source]
+        self.asked: deque = deque()  # those the second process has not answered yet, in order
+        self.free = list(range(SLOTS))
+        self.fed: list[int] = []  # the length of each chunk fed since the oldest batch not merged (what a rewind
+        self.fed_before = 0  # feeds again), and how many chunks were fed before those
+        self.replay: list[bytes] = []  # after a rewind: the chunks to feed again, as they were fed
+        self.worker = Worker(remote)
+        self.on = True
+
+    def offer(self, text: bytes, mark) -> bool:
+        """Like `_Batches.whole` (False: not valid JSON, nothing read), for a batch whose decoding may be taken for
+        granted and merged later."""
+        self._collect(wait=False)
+        if self.free and len(text) <= SLOT_BYTES:
+            slot = self.free.pop()
+            self.worker.ask(slot, text)
+            entry = [False, None, len(text), mark, slot, _REMOTE]  # its text stays in the slot until merged
+            self.pending.append(entry)
+            self.asked.append(entry)
+            return True
+        result = self.local.run(text)
+        if result is None:
+            self.settle()
+            self.stop()
+            return False
+        self.pending.append([True, result, text, mark, None, _LOCAL])
+        self._merge()
+        return True
+
+    def settle(self) -> None:
+        """Wait for every answer and merge them all (or rewind at one the second process could not read)."""
+        self._collect(wait=True)
+        self._merge()
+
+    def _collect(self, wait: bool) -> None:
+        while self.asked and (wait or self.worker.ready()):
+            entry = self.asked.popleft()
+            entry[0], entry[1] = True, self.worker.answer()
+            self._merge()
+
+    def _merge(self) -> None:
+        pending = self.pending
+        while pending and pending[0][0]:
+            entry = pending.popleft()
+            if entry[1] is None:
+                self._rewind(entry)
+            if entry[5] == _REMOTE:
+                self.free.append(entry[4])
+            chunk, elements, skipped = entry[1]
+            self.builder.merge(chunk, self.ids[entry[5]])
+            self.batches.elements += elements
+            self.batches.skipped += skipped
+        if not pending:  # no rewind can go back before the chunks fed so far
+            self.fed_before += len(self.fed)
+            self.fed.clear()
+
+    def _rewind(self, entry: list) -> None:
+        """Put the reader back where it stood before `entry` was handed on: its state then, the text it held then,
+        and the chunks fed since (to feed again one by one, as the reader alone would have met them)."""
+        texts = [self.worker.text(e[4], e[2]) if e[5] == _REMOTE else e[2] for e in (entry, *self.pending)]
+        since = b"".join(b"".join((memoryview(t)[1:-1], b",")) for t in texts) + bytes(self.reader.buf)
+        state, scan, held, fed = entry[3]
+        at, self.replay = held, []
+        for size in self.fed[fed - self.fed_before:]:
+            self.replay.append(since[at:at + size])
+            at += size
+        self.stop()
+        self.reader.restore(state, scan, since[:held])
+        raise _Rewind
+
+    def stop(self) -> None:
+        if self.on:
+            self.on = False
+            self.worker.close()
+            self.pending.clear()
+            self.asked.clear()
+
+
+def _use_worker(path: Path) -> bool:
+    setting = os.environ.get("DECODEGAP_READ_WORKER", "")
+    if setting == "0":
+        return False
+    try:
+        big = os.stat(path).st_size >= WORKER_MIN_FILE_BYTES
+    except OSError:
+        return False
+    return (big or setting == "1") and can_fork()
+
+
 START, OBJECT, EVENTS, DONE = range(4)  # where a Reader is: before the text, in the top-level object, in a list
 MEMBER, KEY, COLON, VALUE, SKIP, AFTER = range(6)  # what the top-level object expects next
 _QUOTE, _COLON, _COMMA, _OPEN, _END = b'"'[0], b":"[0], b","[0], b"["[0], b"}"[0]
 _BOM = b"\xef\xbb\xbf"
+_NOT_MARKED = frozenset(("path", "batches", "locate", "buf", "scan", "parallel", "held_limit"))
 
 
 class Reader:
@@ -262,18 +399,58 @@ class Reader:
         self.lists = 0  # traceEvents lists begun
         self.warnings: list[str] = []
         self.held_limit = text_limit_bytes(held=True)
+        self.parallel: _Parallel | None = None
 
     def feed(self, chunk) -> None:
         if self.mode == DONE:
             return
         self.buf += chunk
-        while self.mode != DONE and self._step():
-            pass
+        if self.parallel is not None and self.parallel.on:
+            self.parallel.fed.append(len(chunk))
+        self._run()
         if self.mode == EVENTS and self.held_limit is not None and len(self.buf) > self.held_limit:
             raise UserError(f"{self.path}: over {len(self.buf) / 1e9:.1f} GB of the trace's events must be held at "
                             f"once (one event that large, or text that is not JSON), more than the "
                             f"{self.held_limit / 1e9:.1f} GB this machine can decode safely (set "
                             "DECODEGAP_MAX_TRACE_BYTES to override)")
+
+    def _run(self) -> None:
+        try:
+            while self.mode != DONE and self._step():
+                pass
+        except _Rewind:
+            self._replay()
+
+    def _replay(self) -> None:
+        """Read on alone from where a rewind put the reader (before a batch the second process could not read),
+        feeding again the chunks fed since, one by one: exactly what reading alone would have done."""
+        pieces, self.parallel.replay = self.parallel.replay, []
+        while self.mode != DONE and self._step():
+            pass
+        for piece in pieces:
+            if self.mode == DONE:
+                return
+            self.buf += piece
+            while self.mode != DONE and self._step():
+                pass
+
+    def _mark(self) -> tuple:
+        """What a rewind needs to put the reader back here: its state, how much text it holds, and how many chunks
+        were fed before (the text itself is kept by the batches handed on since, and the reader)."""
+        state = {k: v for k, v in vars(self).items() if k not in _NOT_MARKED}
+        state["members"], state["warnings"] = list(self.members), list(self.warnings)
+        parallel = self.parallel
+        return state, dict(vars(self.scan)), len(self.buf), parallel.fed_before + len(parallel.fed)
+
+    def restore(self, state: dict, scan: dict, text: bytes) -> None:
+        """Back to a state `_mark` took, holding `text` (the text held then)."""
+        vars(self).update(state)
+        vars(self.scan).update(scan)
+        self.buf[:] = text
+
+    def _settle(self) -> None:
+        if self.parallel is not None and self.parallel.on:
+            self.parallel.settle()
 
     def _step(self) -> bool:
         """One step of reading; False when it needs more text."""
@@ -430,21 +607,26 @@ class Reader:
 
     def _events(self) -> bool:
         buf, batches = self.buf, self.batches
+        parallel = self.parallel if self.parallel is not None and self.parallel.on else None
+        mark = self._mark() if parallel is not None else None
         cut = self._last_separator() if self.lost or self.misses < GUESS_MISSES else -1
         self.searched = len(buf)
         if cut >= 0:
             text = _as_array(buf, 0, cut)
             if self.lost:  # back on track after text the scan could not follow
+                self._settle()
                 batches(text)
                 self._cut(cut + 1, reset=True)
                 self.lost, cut = False, -1
-            elif batches.whole(text):
+            elif parallel.offer(text, mark) if parallel is not None else batches.whole(text):
                 self._cut(cut + 1, reset=True)
                 cut = -1
             del text
         if self.lost:
             return False
         commas, close = self.scan.scan(buf, self.scanned, len(buf))
+        if self.scan.damaged or close >= 0 or len(commas) or cut > 0:
+            self._settle()  # every step but a batch cut at a separator waits for the second process's answers
         if self.scan.damaged or close >= 0 and buf[close] != b"]"[0]:
             return self._damaged()  # a line feed inside a string, or a brace closing the list: not valid JSON
         if close >= 0:
@@ -511,6 +693,12 @@ class Reader:
     def finish(self, truncated: str | None) -> tuple[schema.TraceDocument, str | None]:
         """The header, and why the text ends early when it does."""
         path = self.path
+        if self.parallel is not None:
+            try:
+                self._settle()
+            except _Rewind:
+                self._replay()
+            self.parallel.stop()
         if self.mode == START:
             if truncated:
                 raise UserError(f"{path}: {truncated}")
@@ -536,19 +724,26 @@ class Reader:
         return _decode_header(path, b"{" + b",".join(self.members) + b"}"), truncated
 
 
-def decode_trace(path: Path, consume: Consume) -> tuple[schema.TraceDocument, list[str], str | None]:
+def decode_trace(path: Path, consume: Consume, builder=None) -> tuple[schema.TraceDocument, list[str], str | None]:
     """Feed every event batch to `consume`; return the document's other fields, any warnings, and why the text
-    ends early when it does (the caller decides whether what came before the cut can be trusted)."""
+    ends early when it does (the caller decides whether what came before the cut can be trusted). With `builder`
+    (whose `add` is `consume`; see TableBuilder.fresh, take_chunk, merge) a big file is decoded on two cores."""
     batches = _Batches(consume)
     reader = Reader(path, batches)
     truncated: str | None = None
+    if builder is not None and _use_worker(path):
+        reader.parallel = _Parallel(reader, builder, batches)  # forked before the read-ahead thread starts
     try:
-        with closing(iter_text_chunks(path, text_limit_bytes())) as chunks:  # closed at once when feed raises
-            for chunk in chunks:
-                reader.feed(chunk)
-    except TruncatedStream as exc:
-        truncated = str(exc)
-    header, truncated = reader.finish(truncated)
+        try:
+            with closing(iter_text_chunks(path, text_limit_bytes())) as chunks:  # closed at once when feed raises
+                for chunk in chunks:
+                    reader.feed(chunk)
+        except TruncatedStream as exc:
+            truncated = str(exc)
+        header, truncated = reader.finish(truncated)
+    finally:
+        if reader.parallel is not None:
+            reader.parallel.stop()
     return header, reader.warnings + batches.warnings(), truncated
 
 

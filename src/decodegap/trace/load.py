@@ -250,6 +250,51 @@ class TableBuilder:
         self.odd = 0
         self.bad_time = 0
         self.codes: dict[str, int] = {}  # each `cat` seen -> its table's code
+        self._taken = (1, 1, 1)  # how many of names, shapes and op_args values the last take_chunk had handed on
+
+    # --- batches built elsewhere (json_events' second process, or ahead of their turn) --------------------------
+    # A builder of its own numbers the names and texts it meets in its own order; `take_chunk` hands on what it built
+    # since the last call with the values it met for the first time, and `merge` renumbers them into this builder's
+    # ids. Merged in the text's order, each value gets the id it would have had if this builder had read the batch.
+
+    def fresh(self) -> TableBuilder:
+        return TableBuilder()
+
+    def take_chunk(self) -> tuple:
+        """What `add` built since the last call, with this builder's own ids, for another builder's `merge`."""
+        names, shapes, op_args = self.names.values, self.shapes.values, self.op_args.values
+        a, b, c = self._taken
+        chunk = (self.gpu, self.ops, self.op_dims, self.op_types, self.runtime, self.annotations, self.op_collective,
+                 self.op_count, self.odd, self.bad_time, names[a:], shapes[b:], op_args[c:])
+        self._taken = (len(names), len(shapes), len(op_args))
+        self.gpu, self.ops, self.op_dims, self.op_types, self.runtime, self.annotations = [], [], [], [], [], []
+        self.op_collective, self.op_count, self.odd, self.bad_time = {}, 0, 0, 0
+        return chunk
+
+    def merge(self, chunk: tuple, ids: list) -> None:
+        """A chunk of another builder (`take_chunk`), in the text's order. `ids`: that builder's value ids -> this
+        builder's (names, shapes, op_args), kept between its chunks and extended here."""
+        gpu, ops, dims, types, runtime, annotations, collective, count, odd, bad_time, *new = chunk
+        for k, (interner, values) in enumerate(zip((self.names, self.shapes, self.op_args), new, strict=True)):
+            if values:
+                known, own = interner.ids, interner.values
+                for value in values:
+                    if value not in known:
+                        known[value] = len(own)
+                        own.append(value)
+                ids[k] = np.concatenate((ids[k], np.fromiter(map(known.__getitem__, values), np.int32, len(values))))
+        names, shapes, op_args = ids
+        self.gpu += [(g[0], names[g[1]], *g[2:8], shapes[g[8]], shapes[g[9]], g[10]) for g in gpu]
+        self.ops += [(names[o[0]], *o[1:]) for o in ops]
+        self.op_dims += [op_args[d] for d in dims]
+        self.op_types += [op_args[t] for t in types]
+        self.runtime += [(names[r[0]], *r[1:]) for r in runtime]
+        self.annotations += annotations
+        for row, value in collective.items():
+            self.op_collective[self.op_count + row] = value
+        self.op_count += count
+        self.odd += odd
+        self.bad_time += bad_time
 
     def add(self, batch: list) -> None:
         """One batch of records into column chunks: the complete ('X') events with a sane start and duration, by
@@ -474,7 +519,7 @@ def load_trace(path: str | Path) -> Trace:
     builder = TableBuilder()
     try:
         with _no_gc():
-            header, warnings, truncated = decode_trace(path, builder.add)
+            header, warnings, truncated = decode_trace(path, builder.add, builder)
             trace = builder.finish(path, header, warnings)
     except MemoryError:  # e.g. one event of gigabytes, or damaged text held whole
         raise UserError(f"{path}: the trace does not fit in this machine's memory (capture fewer steps, or set "

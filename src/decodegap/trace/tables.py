@@ -53,9 +53,9 @@ class InternedColumn(Sequence):
         return len(self.ids)
 
     def __getitem__(self, row):
-        if isinstance(row, slice):
+        if type(row) is slice:
             return [self.values[i] for i in self.ids[row].tolist()]
-        return self.values[self.ids[row]]
+        return self.values[self.ids.item(row)]  # item: a Python int at once (the steps ask row by row)
 
     def take(self, rows: np.ndarray) -> InternedColumn:
         return InternedColumn(self.ids[rows], self.values)
