@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import tracemalloc
 from functools import lru_cache
 from pathlib import Path
@@ -168,6 +169,35 @@ def test_a_second_process_reads_what_the_reader_alone_reads(tmp_path, monkeypatc
     alone, together, asked = _alone_and_with_a_worker(path, monkeypatch)
     assert asked > 3 or not worker.can_fork()
     assert together == alone
+
+
+def test_a_second_process_that_dies_leaves_the_reader_reading_alone(tmp_path, monkeypatch):
+    """The second process killed while batches are in flight (the kernel's out-of-memory killer, say): the next
+    question goes nowhere, its answer is the pipe's end, and the reader reads on alone from before that batch."""
+    import signal
+
+    from decodegap.trace import worker
+
+    if not worker.can_fork():
+        pytest.skip("no second process here (one core, or not Linux)")
+    monkeypatch.setattr(read, "CHUNK_BYTES", 1 << 13)
+    path = write_layout(decode_loop(steps=12, layers=4), "lines", tmp_path / "t.json")
+    monkeypatch.setenv("DECODEGAP_READ_WORKER", "0")
+    alone = _trace_fields(path)
+    calls = []
+    real_ask = worker.Worker.ask
+
+    def ask(self, slot, text):
+        calls.append(slot)
+        if len(calls) == 3:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        real_ask(self, slot, text)
+
+    monkeypatch.setattr(worker.Worker, "ask", ask)
+    monkeypatch.setenv("DECODEGAP_READ_WORKER", "1")
+    assert _trace_fields(path) == alone
+    assert len(calls) >= 3
 
 
 @pytest.mark.parametrize(("damage", "offset"), [(b"x", 6), (b"]", 6), (b'"', 6), (b"\xff", 9), (b'"', 2)],

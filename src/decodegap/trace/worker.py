@@ -75,7 +75,10 @@ class Worker:
     def ask(self, slot: int, text: bytes) -> None:
         start = slot * SLOT_BYTES
         self.memory[start:start + len(text)] = text
-        _write(self.ask_fd, _ASK.pack(slot, len(text)))
+        try:
+            _write(self.ask_fd, _ASK.pack(slot, len(text)))
+        except OSError:  # the child is gone (killed, out of memory): its answer reads as the pipe's end, None
+            pass
 
     def text(self, slot: int, size: int) -> bytes:
         """The text asked in `slot` (kept there until the slot is asked again)."""
