@@ -164,8 +164,7 @@ def _partition(c: int, backers: list[int], positions: dict[int, np.ndarray], len
     # Nor when a block runs no matrix product: every layer projects (a norm and a residual add between two norms are
     # a quarter of a layer, not one).
     if len(gemm_at) and valid:
-        at = gemm_at[(gemm_at >= bounds[0]) & (gemm_at < bounds[-1])]
-        valid = len(np.unique(np.searchsorted(bounds, at, side="right"))) == c
+        valid = _share_running(bounds, gemm_at) == 1
     # GEMMs run in most blocks of any partition (each part of a layer projects), so they show no work in common: the
     # blocks between a layer's norms share their projections' GEMM kernel when a compiler or cuBLAS picks one tile.
     return _Blocks(c, cuts, bounds, backers, periodic, sum(r for *_, r in periodic.values()),
@@ -257,15 +256,15 @@ def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int,
     """Whether the finer blocks are whole layers, not a layer's halves: where every coarse block runs an MLP
     activation, every finer one must (each layer has its MLP or experts; an attention half has none); where the names
     tell no activation, neighbouring finer blocks must run alike kernel sequences (a layer's halves do not)."""
-    if _blocks_running(coarse, act_at) == 1:
-        return _blocks_running(fine, act_at) == 1
+    if _share_running(coarse.bounds, act_at) == 1:
+        return _share_running(fine.bounds, act_at) == 1
     return _alike_neighbours(fine, ids, positions, gemm) >= ALIKE_LAYERS
 
 
-def _blocks_running(blocks: _Blocks, at: np.ndarray) -> float:
-    """Share of the blocks that run a kernel at one of `at`'s positions."""
-    inside = at[(at >= blocks.bounds[0]) & (at < blocks.bounds[-1])]
-    return len(np.unique(np.searchsorted(blocks.bounds, inside, side="right"))) / blocks.count
+def _share_running(bounds: np.ndarray, at: np.ndarray) -> float:
+    """Share of the blocks between `bounds` that run a kernel at one of `at`'s positions."""
+    inside = at[(at >= bounds[0]) & (at < bounds[-1])]
+    return len(np.unique(np.searchsorted(bounds, inside, side="right"))) / (len(bounds) - 1)
 
 
 def _alike_neighbours(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int]) -> float:
