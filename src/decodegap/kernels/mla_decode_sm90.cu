@@ -393,14 +393,7 @@ template <int NT, int STAGES, int MIN_CTAS, bool PIPE, bool VPRMT>
 int prepare(int* regs, int* per_sm) {
   auto kernel = mla_decode_fp8_sm90<NT, STAGES, MIN_CTAS, PIPE, VPRMT>;
   constexpr int smem = smem_bytes<NT, STAGES, PIPE>();
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         smem);
-  if (err != cudaSuccess) return err;
-  cudaFuncAttributes attr;
-  err = cudaFuncGetAttributes(&attr, kernel);
-  if (err != cudaSuccess) return err;
-  *regs = attr.numRegs;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, smem);
+  return prepare_kernel(kernel, kThreads, smem, regs, per_sm);
 }
 
 template <int NT, int STAGES, int MIN_CTAS, bool PIPE, bool VPRMT>

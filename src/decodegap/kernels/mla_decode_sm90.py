@@ -142,18 +142,26 @@ def _library(device_index: int):
     return lib
 
 
-@functools.lru_cache(maxsize=None)
-def _tok_library(device_index: int):
-    """The loaded tokens-major wgmma library (<= 16 heads, FP8) for this device, or None (with one warning when a
-    build was tried and failed)."""
+def _load_sm90a(device_index: int, source: Path, unavailable: str):
+    """One of the warpgroup-MMA libraries built for sm_90a and loaded, or None: not an sm_90 device,
+    DECODEGAP_MLA_CUDA=0 or DECODEGAP_MLA_WGMMA=0 (these kernels alone off), or a failed build (one warning)."""
     if "0" in (os.environ.get("DECODEGAP_MLA_CUDA", ""), os.environ.get("DECODEGAP_MLA_WGMMA", "")):
         return None
     if torch.cuda.get_device_capability(device_index) != (9, 0):
         return None
     try:
-        lib = ctypes.CDLL(str(build("sm_90a", source=_TOK_SOURCE, gencode=_WGMMA_GENCODE)))
+        return ctypes.CDLL(str(build("sm_90a", source=source, gencode=_WGMMA_GENCODE)))
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        warnings.warn(f"decodegap: the tokens-major MLA decode kernel is unavailable ({e})", stacklevel=3)
+        warnings.warn(f"decodegap: {unavailable} ({e})", stacklevel=4)
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _tok_library(device_index: int):
+    """The loaded tokens-major wgmma library (<= 16 heads, FP8) for this device, or None (with one warning when a
+    build was tried and failed)."""
+    lib = _load_sm90a(device_index, _TOK_SOURCE, "the tokens-major MLA decode kernel is unavailable")
+    if lib is None:
         return None
     i, f, p, ll = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_longlong
     lib.dg_mla_tok_prepare.argtypes = [i] + [ctypes.POINTER(ctypes.c_int)] * 5
@@ -327,14 +335,8 @@ def default_wgmma_variant(kv_dtype: torch.dtype) -> int:
 @functools.lru_cache(maxsize=None)
 def _wgmma_library(device_index: int):
     """The loaded wgmma library for this device, or None (with one warning when a build was tried and failed)."""
-    if "0" in (os.environ.get("DECODEGAP_MLA_CUDA", ""), os.environ.get("DECODEGAP_MLA_WGMMA", "")):
-        return None  # DECODEGAP_MLA_WGMMA=0 switches off this kernel alone
-    if torch.cuda.get_device_capability(device_index) != (9, 0):
-        return None
-    try:
-        lib = ctypes.CDLL(str(build("sm_90a", source=_WGMMA_SOURCE, gencode=_WGMMA_GENCODE)))
-    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        warnings.warn(f"decodegap: the wgmma MLA decode kernel is unavailable, using Triton ({e})", stacklevel=3)
+    lib = _load_sm90a(device_index, _WGMMA_SOURCE, "the wgmma MLA decode kernel is unavailable, using Triton")
+    if lib is None:
         return None
     i, f, p, ll = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_longlong
     lib.dg_mla_wgmma_prepare.argtypes = [i] + [ctypes.POINTER(ctypes.c_int)] * 5

@@ -1,13 +1,27 @@
-// Device helpers shared by the three CUDA MLA decode kernels (mla_decode_sm90.cu, mla_decode_sm90_tok.cu,
+// Helpers shared by the three CUDA MLA decode kernels (mla_decode_sm90.cu, mla_decode_sm90_tok.cu,
 // mla_decode_sm90_wgmma.cu), included by each. Inline functions only: what a kernel file does not call is never
 // emitted, so the mma.sync file still builds for sm_89 (DECODEGAP_MLA_CUDA=1) although the Hopper ones (wgmma,
 // mbarrier waits, the async proxy fence) are here too. mla_decode_sm90.build hashes this file with each source.
 #pragma once
+#include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace {
+
+// Host side: let `kernel` take `smem` bytes of dynamic shared memory, then read its registers per thread and how many
+// of its CTAs (`threads` each) fit on an SM.
+template <typename Kernel>
+int prepare_kernel(Kernel kernel, int threads, int smem, int* regs, int* per_sm) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  cudaFuncAttributes attr;
+  err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) return err;
+  *regs = attr.numRegs;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, threads, smem);
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

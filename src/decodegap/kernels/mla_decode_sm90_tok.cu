@@ -669,14 +669,8 @@ template <int STAGES, bool TMA, bool CLUSTER>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
   auto kernel = mla_decode_tok_sm90<STAGES, TMA, CLUSTER>;
   constexpr int smem = Layout<STAGES>::kAlloc;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  cudaFuncAttributes attr;
-  err = cudaFuncGetAttributes(&attr, kernel);
-  if (err != cudaSuccess) return err;
-  *regs = attr.numRegs;
   *smem_bytes = smem;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, smem);
+  return prepare_kernel(kernel, kThreads, smem, regs, per_sm);
 }
 
 template <int STAGES, bool TMA>

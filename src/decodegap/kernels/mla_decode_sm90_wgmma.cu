@@ -549,14 +549,8 @@ template <bool FP8, int W, int R, bool REGS, int QR>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
   auto kernel = mla_decode_wgmma_sm90<FP8, W, R, REGS, QR>;
   constexpr int smem = Layout<FP8, W, R, REGS, QR>::kAlloc;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  cudaFuncAttributes attr;
-  err = cudaFuncGetAttributes(&attr, kernel);
-  if (err != cudaSuccess) return err;
-  *regs = attr.numRegs;
   *smem_bytes = smem;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, kThreads, smem);
+  return prepare_kernel(kernel, kThreads, smem, regs, per_sm);
 }
 
 template <bool FP8, int W, int R, bool REGS, int QR>
