@@ -24,16 +24,15 @@ TRUTHS = sorted(CORPUS.glob("*.truth.json"))
 
 # Read wrong today (issue 20 stays open for them): each is a strict xfail, so a fix that makes one right fails here
 # until it is taken off this list. Steps are right in all of them; the layer count or its kinds are not.
-KNOWN_WRONG = {
-    "jamba_eager_generate": "3 layers for 4 (mamba, MoE and attention layers in one stack)",
-}
+KNOWN_WRONG: dict[str, str] = {}  # name -> why, for a trace still read wrong (a strict xfail)
 # The five ways step detection used to fail silently (issue 20), each on a trace the project made itself.
 FAILURE_CLASSES = {
     "eager MoE launches a different number of kernels every step": ["mixtral_eager_generate", "qwen3_moe_sample_padded",
                                                                   "olmoe_hand", "qwen2_moe_eager_generate"],
     "unlike layers (dense + MoE, sliding + full attention)": [
         "deepseek_v3_eager_generate", "deepseek_v3_deep_nomarkers", "glm4_moe_profstep_hand", "gemma2_eager_generate",
-        "gpt_oss_eager_generate", "gemma3_sample_padded", "lfm2_eager_generate", "qwen3_next_eager_generate"],
+        "gpt_oss_eager_generate", "gemma3_sample_padded", "lfm2_eager_generate", "qwen3_next_eager_generate",
+        "jamba_eager_generate"],
     "a deep eager stack without markers": ["gpt_neox_deep_nomarkers", "llama_deep_nomarkers"],
     "training without ProfilerStep": ["olmo2_train_nomarkers"],
     "a cut trace": ["cut_keeps_few_steps", "cut_almost_no_kernels"],

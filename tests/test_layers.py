@@ -19,6 +19,8 @@ PROLOGUE = ["void at::native::indexSelectLargeIndex<c10::BFloat16>", "void at::n
             "void at::native::FillFunctor<long>"]
 TAIL = ["void at::native::rsqrt_kernel_cuda", "void at::native::mean_kernel_cuda", "nvjet_sm90_tst_256x8_lm_head_TNT",
         "void at::native::reduce_kernel<ArgMaxOps<float>>"]
+ADD = "void at::native::CUDAFunctor_add<c10::BFloat16>"
+SILU = "void at::native::silu_kernel"
 
 
 def _norm() -> list[str]:
@@ -373,6 +375,75 @@ def test_an_elementwise_ops_vectorised_and_unrolled_kernels_are_one_name():
     vectorized = f"void at::native::vectorized_elementwise_kernel<8, {add}, std::array<char*, 3ul> >(int, {add})"
     unrolled = (f"void at::native::unrolled_elementwise_kernel<{add}, std::array<char*, 3ul>, "
                 f"TrivialOffsetCalculator<2, unsigned int>, LoadWithCast<2> >(int, {add})")
-    assert normalized_name(vectorized) == normalized_name(unrolled) == f"void at::native::elementwise_kernel<{add}>"
+    strided = (f"void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<{add}>"
+               f"(at::TensorIteratorBase&, {add} const&)::{{lambda(int)#1}}>(int, {add})")
+    assert (normalized_name(vectorized) == normalized_name(unrolled) == normalized_name(strided)
+            == f"void at::native::elementwise_kernel<{add}>")
     mul = vectorized.replace("CUDAFunctor_add", "MulFunctor")
     assert normalized_name(mul) != normalized_name(vectorized)
+    assert normalized_name(strided.replace("CUDAFunctor_add", "MulFunctor")) != normalized_name(strided)
+
+
+# Jamba: Mamba mixers (the torch path: the mixer runs its own SiLU and three norms) with an attention layer among
+# them, and an MLP or an eager MoE after each mixer. No kernel runs once in every layer.
+def _mamba() -> list[str]:
+    return (["nvjet_sm90_tst_64x8_in_proj_TNT", "void at::native::conv_depthwise2d_forward_kernel", SILU,
+             "nvjet_sm90_tst_64x8_x_proj_TNT"] + _norm() * 3
+            + ["nvjet_sm90_tst_8x64_dt_proj_TNN", "void at::native::softplus_kernel", "void at::native::exp_kernel_cuda",
+               "void at::native::mul_kernel_cuda", SILU, "void at::native::mul_kernel_cuda",
+               "nvjet_sm90_tst_64x8_out_proj_TNT"])
+
+
+def _jamba_attention() -> list[str]:
+    return ["nvjet_sm90_tst_64x8_qkv_TNT", "void at::native::CatArrayBatchedCopy_vectorized<4>",
+            "void pytorch_flash::flash_fwd_kernel", "nvjet_sm90_tst_64x8_o_proj_TNT"]
+
+
+def _jamba_mlp() -> list[str]:
+    return ["nvjet_sm90_tst_128x8_up_TNT", SILU, "nvjet_sm90_tst_64x8_down_TNT"]
+
+
+def _jamba_experts(experts: int) -> list[str]:
+    out = ["nvjet_sm90_tst_64x8_router_TNT", "void at::native::softmax_warp_forward<float>",
+           "void at::native::sbtopk::gatherTopK<float>"]
+    for _ in range(experts):
+        out += ["void at::native::index_elementwise_kernel<128, 4>", "nvjet_sm90_tst_64x16_64x16_4x1_v_bz_TNN", SILU,
+                "nvjet_sm90_tst_16x64_64x16_4x1_h_bz_TNT", "void at::native::indexFuncLargeIndex<c10::BFloat16>"]
+    return out
+
+
+def _jamba_layer(kind: str, experts: int) -> list[str]:
+    mixer = _jamba_attention() if kind.startswith("attention") else _mamba()
+    ff = _jamba_experts(experts) if kind.endswith("moe") else _jamba_mlp()
+    return _norm() + mixer + [ADD] + _norm() + ff + [ADD]
+
+
+JAMBA_TAIL = _norm() + ["nvjet_sm90_tst_256x8_lm_head_TNT", "void at::native::reduce_kernel<ArgMaxOps<float>>"]
+
+
+@pytest.mark.parametrize("stack", [
+    ["mamba mlp", "mamba moe", "attention mlp", "mamba moe"],
+    ["mamba mlp", "mamba moe", "attention mlp", "mamba moe"] * 2,
+    ["mamba mlp", "mamba moe", "mamba mlp", "attention moe", "mamba mlp", "mamba moe"],
+])
+def test_a_hybrid_stacks_layers_each_run_one_mixer_of_their_kind(stack):
+    # The Mamba kernels count the Mamba layers; the attention kernels run once in some of their blocks and nowhere
+    # else: each such block holds two layers, which begin at their input norms, and the last layer ends at the final
+    # norm however many experts its loop ran (more than any earlier layer's here). Two decode steps, routed apart.
+    experts = [[2 + (i * 3 + s) % 4 for i in range(len(stack))] for s in range(2)]
+    for e in experts:
+        e[-1] = 7
+    forwards = [PROLOGUE + [k for kind, n in zip(stack, e, strict=True) for k in _jamba_layer(kind, n)] + JAMBA_TAIL
+                for e in experts]
+    names = sorted({n for f in forwards for n in f})
+    mapping, canonical = name_classes(names)
+    seqs = [np.array([int(mapping[names.index(n)]) for n in f]) for f in forwards]
+    kinds = {kind: i for i, kind in enumerate(dict.fromkeys(stack))}
+    for e, seq in zip(experts, seqs, strict=True):
+        found = count_layers(seq, canonical, data_independent(seqs))
+        lengths = [len(_jamba_layer(kind, n)) for kind, n in zip(stack, e, strict=True)]
+        assert found.count == len(stack)
+        assert found.starts == tuple(len(PROLOGUE) + sum(lengths[:i]) for i in range(len(stack)))
+        assert found.end == len(PROLOGUE) + sum(lengths)
+        first = {k: found.kind_of[stack.index(k)] for k in kinds}
+        assert found.kind_of == tuple(first[k] for k in stack) and len(set(first.values())) == len(kinds)

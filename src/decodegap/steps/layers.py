@@ -11,20 +11,26 @@ So layers are read from counts, not from a repeating sequence:
 - a count is no partition when a layer's worth of its per-layer work runs outside its blocks, when a block runs no
   matrix product (every layer projects: a norm and a residual add are a quarter of a layer), or when another count
   holds its layers and more before them (the dense layers before a stack of MoE layers, whose own count is smaller);
-  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers; when the names
-  that interleave best on a count cut no partition (a rotary pair, twice in each attention layer of a conv /
-  attention stack), the next set that interleaves on it proposes it;
+  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers; every set of
+  names that interleaves on a count proposes a partition (a rotary pair, twice in each attention layer of a conv /
+  attention stack, cuts none; a mask copied once before the layers and once per MoE layer cuts a poor one): the
+  valid one of the largest sets, and of those the one whose blocks run the most work in common, stands for it;
 - the layers are the partition whose blocks run the most non-GEMM work in common (a norm that runs 2L+1 times does
   not make half-layers, an eager MoE's expert groups do not make layers); a block of k layers of a few kinds (a
   hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
   them, most of them run work of their own besides, and each runs an MLP activation (every layer has its MLP or
   experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike);
+- a hybrid stack's layers each run one mixer of two kinds (Mamba layers with an attention layer among them): the
+  names that run once in some blocks of a partition and nowhere else split those blocks where each part runs an MLP
+  activation and a matrix product (_mixed);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
-  full-attention layer among linear-attention ones) begins where a known tail ends (_aligned);
+  full-attention layer among linear-attention ones) begins where a known tail ends, or else at the last place that
+  begins like layer 0's head after a residual add (_aligned, _seam);
 - the last layer ends where the once-per-forward tail begins: at the final norm, which runs per-layer norm kernels
-  once more than a layer does (so the lm_head and a loss are no layer's, however long the longest layer is);
+  once more than a layer does (so the lm_head and a loss are no layer's, however long the longest layer is), or,
+  with layers of several kinds, at the last run of what every layer begins with before its first projection;
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
   the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
   layers: a lone full-attention layer's own cache copy) are one kind; one line per kind.
@@ -127,15 +133,18 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     for c, group in by_count.items():
         if len(group) < MIN_BACKERS or c * 2 > len(seq):
             continue
-        # The names that interleave best propose the count; when their blocks are no partition (a rotary pair runs
-        # twice in each attention layer of a conv / attention stack), the next set that interleaves does.
-        for backers in _interleaved(group, positions):
-            blocks = _partition(c, backers, positions, len(ids), gemm, gemm_at)
-            if blocks.valid:
-                candidates.append(blocks)
-                break
+        # The sets of names that interleave on the count propose partitions, the sets with the most names first;
+        # the first valid one stands for the count (a rotary pair runs twice in each attention layer of a conv /
+        # attention stack: no partition), and among sets as large, the one whose blocks run the most work in common
+        # (a mask copied once before the layers and once in each MoE layer, as often as the attention kernel runs).
+        proposed = [_partition(backers, positions, len(ids), gemm, gemm_at)
+                    for backers in _apart(_interleaved(group, positions))]
+        valid = [b for b in proposed if b.valid]
+        if valid:
+            candidates.append(max(valid, key=lambda b: (len(b.backers), b.common)))
     if not candidates:
         return NO_LAYERS
+    partitions = list(candidates)  # every valid one: a hybrid's mixer split may start from any (_mixed)
     # A count that leaves a layer out is no partition: the MoE layers' own count leaves the dense ones before them.
     candidates = [b for b in candidates if not _leaves_out_first(b, candidates)]
     # A finer count explaining clearly fewer kernels than a coarser one is a loop inside the layers (an eager MoE
@@ -146,12 +155,22 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # (its attention part, its MLP part) share little.
     best = max(candidates, key=lambda b: (b.common, b.count))
     best = _finer(best, candidates, ids, positions, gemm, act_at)
+    # Names that run once in the forward may be a lone layer's mixer (an attention layer among Mamba ones).
+    lone = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts == 1)
+            if (int(n) in stable if stable is not None else int(n) not in varying) and int(n) not in matmul}
+    best = _mixed(best, partitions, ids, positions | lone, gemm, gemm_at, act_at)
     return _layers(best, ids, positions, names)
 
 
-def _partition(c: int, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
+def _partition(backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
                gemm_at: np.ndarray) -> _Blocks:
     cuts = np.array([positions[n] for n in backers]).min(axis=0)  # each block from its earliest backer
+    return _blocks_at(cuts, backers, positions, length, gemm, gemm_at)
+
+
+def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
+               gemm_at: np.ndarray, mixers: tuple[int, ...] = ()) -> _Blocks:
+    c = len(cuts)
     # The last block runs as long as a typical one (what follows it is the forward's tail).
     typical = int(np.median(np.diff(cuts))) if c > 1 else length - int(cuts[0])
     bounds = np.append(cuts, int(cuts[-1]) + typical)
@@ -169,7 +188,7 @@ def _partition(c: int, backers: list[int], positions: dict[int, np.ndarray], len
     # blocks between a layer's norms share their projections' GEMM kernel when a compiler or cuBLAS picks one tile.
     return _Blocks(c, cuts, bounds, backers, periodic, sum(r for *_, r in periodic.values()),
                    sum(r for n, (_, m, _, r) in periodic.items() if m == c and n not in gemm), valid,
-                   sum(r for n, (*_, r) in periodic.items() if n not in gemm))
+                   sum(r for n, (*_, r) in periodic.items() if n not in gemm), mixers)
 
 
 @dataclass(frozen=True)
@@ -184,6 +203,7 @@ class _Blocks:
     common: int = 0  # of those, the kernels of names every block runs
     valid: bool = True  # a layer partition at all (_partition)
     beside_gemm: int = 0  # the explained kernels but GEMMs'
+    mixers: tuple[int, ...] = ()  # names that cut the layers of a second kind between the backers' (_mixed)
 
 
 def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int, tuple[int, int, int, int]]:
@@ -251,6 +271,51 @@ def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     return best
 
 
+def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, runs: dict[int, np.ndarray], gemm: set[int],
+           gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
+    """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with an attention layer among
+    them): the names that count one kind's layers hold a layer of the other kind inside some of their blocks. Names
+    that run once in some blocks of a partition and nowhere else (the attention kernels) cut those blocks in two; the
+    parts are layers when each runs an MLP activation and a matrix product (each part then holds one layer's mixer
+    and its MLP or experts; a split inside one layer leaves a part with neither) and most of the parts' work runs in
+    every part. Of such splits, the one whose parts run the most work in common wins over `best`. `runs`: the
+    per-layer names' positions and those of the names that run once."""
+    positions = {n: p for n, p in runs.items() if len(p) > 1}
+    if _share_running(best.bounds, act_at) < 1:
+        return best
+    splits = []
+    for coarse in candidates:
+        for mixers, extra in _inside_some_blocks(coarse, runs, gemm):
+            cuts = np.sort(np.concatenate((coarse.cuts, extra)))
+            split = _blocks_at(cuts, coarse.backers, positions, len(ids), gemm, gemm_at, mixers)
+            if (split.count > best.count and split.valid and _share_running(split.bounds, act_at) == 1
+                    and split.common >= FINER_COMMON * split.beside_gemm):
+                splits.append(split)
+    # As among partitions: the layers run the most work in common (a split of a layer's halves runs less).
+    return max(splits, key=lambda b: (b.common, b.count), default=best)
+
+
+def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray],
+                        gemm: set[int]) -> list[tuple[tuple[int, ...], np.ndarray]]:
+    """Groups of names (GEMM tiles aside: the tile tells no layer) that each run once in the same blocks, a proper
+    subset of them, and nowhere else; per group its names and where it begins in each of its blocks."""
+    c = blocks.count
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for n, p in sorted(runs.items()):
+        if n in gemm:
+            continue
+        if p[0] < blocks.bounds[0] or p[-1] >= blocks.bounds[-1] or len(p) >= c:
+            continue
+        held = np.searchsorted(blocks.bounds, p, side="right") - 1
+        if len(np.unique(held)) == len(p):
+            groups.setdefault(tuple(held.tolist()), []).append(n)
+    out = []
+    for held, group in groups.items():
+        at = np.array([runs[n] for n in group]).min(axis=0)
+        out.append((tuple(group), at))
+    return out
+
+
 def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int],
            act_at: np.ndarray) -> bool:
     """Whether the finer blocks are whole layers, not a layer's halves: where every coarse block runs an MLP
@@ -306,14 +371,23 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
                 starts[j] = min(starts[j], int(runs[len(runs) - b]))
     starts = _aligned(blocks, ids, positions, starts)
     last = int(max(int(positions[n][-1]) for n in blocks.backers))
+    if blocks.mixers:
+        last = max(last, int(np.flatnonzero(np.isin(ids, np.array(blocks.mixers)))[-1]))
     period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
     # The last layer runs as long as the longest one: its work after the last per-layer kernel (the MoE block after the
     # norm that counted it) is still the layer's, not the once-per-forward tail.
     typical = int(np.diff(starts).max()) if c > 1 else last + 1 - int(starts[0])
-    end = min(max(last + 1, int(starts[-1]) + typical), len(ids), _tail_start(blocks, positions, int(starts[-1])))
+    end = min(max(last + 1, int(starts[-1]) + typical), len(ids))
+    tail = _tail_start(blocks, positions, int(starts[-1]))
+    # Layers of several kinds leave no name that tells: the final norm does, however long the last layer's loop ran.
+    end = min(end, tail) if tail else _final_norm(ids, starts, positions, last, names) or end
     ends = np.append(starts[1:], max(end, last + 1))
     kinds, kind_of = _kinds(ids, starts, ends, positions, names)
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
+    if blocks.mixers:
+        other = int(np.isin(ids, np.array(blocks.mixers)).sum()) // len(blocks.mixers)
+        evidence = (f"{len(blocks.backers)} kernels run once in each of {c - other} layers, {len(blocks.mixers)} once "
+                    f"in each of the other {other} (a hybrid stack: two kinds of mixer)")
     if len(kinds) > 1:
         evidence += "; " + describe_kinds(kinds)
     return Layers(c, evidence, period, int(starts[0]), last, kinds, tuple(int(s) for s in starts),
@@ -345,10 +419,30 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
             split = len(b) - head
         else:  # another kind of head: the previous layer ends where a known tail does
             split = max((len(t) for t in tails if len(t) < len(b) and np.array_equal(b[:len(t)], t)), default=0)
+            split = split or _seam(b, lead[len(lead) - head:], tails)
             if not split:
                 continue
         out[j + 1] = at[cut[j] + split]
     return out
+
+
+def _seam(block: np.ndarray, head: np.ndarray, tails: list[np.ndarray]) -> int:
+    """Where in `block` (a layer's tail, then a head of another kind) the seam between layers lies: the last place
+    that begins the most like layer 0's head (its input norm) after what every known tail ends with (the residual
+    add); 0 when nothing does. The last, because the layer before runs its own norms (its MLP's) after an add too;
+    by the head alone, because a mixer's output may end like an MLP's."""
+    best, at = 0, 0
+    for s in range(1, len(block)):
+        begins = _common_prefix(block[s:], head)
+        if begins and begins >= best and all(_common_suffix(block[:s], t) for t in tails):
+            best, at = begins, s
+    return at
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 def _common_suffix(a: np.ndarray, b: np.ndarray) -> int:
@@ -357,6 +451,28 @@ def _common_suffix(a: np.ndarray, b: np.ndarray) -> int:
         return 0
     differ = np.flatnonzero(a[len(a) - n:][::-1] != b[len(b) - n:][::-1])
     return int(differ[0]) if len(differ) else n
+
+
+def _final_norm(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.ndarray], last: int,
+                names: list[str] | None) -> int:
+    """Where the final norm begins when no name tells (layers of several kinds run each name a different number of
+    times): at the last run, after the last layer kernel, of what every layer begins with before its first matrix
+    product (its input norm's kernels, which the final norm runs too, before the lm_head); 0 when that is fewer than
+    two kernels or runs nowhere there."""
+    at = np.flatnonzero(np.isin(ids, np.fromiter(positions, dtype=np.int64)))
+    seq = ids[at]
+    cut = np.searchsorted(at, starts)
+    heads = [seq[a:b] for a, b in zip(cut.tolist(), cut[1:].tolist() + [len(seq)], strict=True)]
+    norm = heads[0][:min(_common_prefix(heads[0], h) for h in heads)]
+    projects = [i for i, n in enumerate(norm.tolist()) if names and categorize(names[n]) == "gemm"]
+    norm = norm[:projects[0]] if projects else norm
+    common = len(norm)
+    if common < 2:
+        return 0
+    for i in range(len(seq) - common, int(cut[-1]), -1):
+        if at[i] > last and np.array_equal(seq[i:i + common], norm):
+            return int(at[i])
+    return 0
 
 
 def _tail_start(blocks: _Blocks, positions: dict[int, np.ndarray], last_start: int) -> int:
@@ -368,7 +484,19 @@ def _tail_start(blocks: _Blocks, positions: dict[int, np.ndarray], last_start: i
             after = positions[n][positions[n] >= last_start]
             if len(after) > k:
                 tail = min(tail, int(after[k]))
-    return int(tail)
+    return 0 if tail == np.iinfo(np.int64).max else int(tail)
+
+
+def _apart(sets: list[list[int]]) -> list[list[int]]:
+    """The sets (largest first) that are no part of a larger one: names that interleave with more cut the same
+    layers at another of their kernels."""
+    kept: list[set[int]] = []
+    out = []
+    for names in sets:
+        if not any(set(names) <= k for k in kept):
+            kept.append(set(names))
+            out.append(names)
+    return out
 
 
 def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[list[int]]:

@@ -21,7 +21,8 @@ SIMILAR_SUBBLOCKS = 0.6  # kernel-mix overlap above which k sub-blocks of a bloc
 # Inductor numbers its kernels per graph position: triton_poi_fused_add_0, triton_red_fused_mean_12, cpp_fused_3.
 _COMPILER_NUMBERED = re.compile(r"^((?:triton|cpp)_[a-z]+_\w*?)_\d+$")
 _ELEMENTWISE_VARIANT = re.compile(
-    r"^(void (?:at::native::)?)(?:vectorized_elementwise_kernel<\d+, |unrolled_elementwise_kernel<)")
+    r"^(void (?:at::native::)?)(?:vectorized_elementwise_kernel<\d+, |unrolled_elementwise_kernel<"
+    r"|elementwise_kernel<\d+, \d+, (?:at::native::)?gpu_kernel_impl(?:_nocast)?<)")
 _FUSED_NO_WORK = re.compile(r"_(embedding|_unsafe_view|view|reshape|expand|unsqueeze|squeeze|permute|transpose|alias|"
                             r"as_strided|split_with_sizes)(?=_|$)")
 
@@ -38,9 +39,11 @@ def normalized_name(name: str) -> str:
 
 
 def _elementwise_loop(name: str) -> str:
-    """PyTorch runs one elementwise op as `vectorized_elementwise_kernel<width, F, ...>` or
-    `unrolled_elementwise_kernel<F, ...>`, picked at launch by the pointers' alignment (an expert's slice of a gathered
-    buffer, a cache's offset), so which one ran says nothing about the work: both are `elementwise_kernel<F>`."""
+    """PyTorch runs one elementwise op as `vectorized_elementwise_kernel<width, F, ...>`,
+    `unrolled_elementwise_kernel<F, ...>` or, on strided tensors, `elementwise_kernel<128, 4, gpu_kernel_impl<F>>`,
+    picked at launch by the pointers' alignment and the strides (an expert's slice of a gathered buffer, which is
+    contiguous or not by the tokens it got; a cache's offset), so which one ran says nothing about the work: all are
+    `elementwise_kernel<F>`."""
     m = _ELEMENTWISE_VARIANT.match(name)
     if not m:
         return name
