@@ -381,7 +381,7 @@ def side_by_side(copy_gbps: float, shapes: list[tuple[int, int, list[int]]], pag
                 if path == "wgmma":
                     from decodegap.kernels.mla_decode_sm90 import default_wgmma_variant
 
-                    path += f" v{default_wgmma_variant(cache.dtype)}"
+                    path += f" v{default_wgmma_variant(cache.dtype, heads)}"
                 row = SideRow(batch, ctx, heads, kv_name, path, num_splits_for(q, cache, p.table))
                 row.ms["decodegap"], out = time_graph(lambda q=q, cache=cache, args=args: mla_decode_triton(q, cache,
                                                                                                               *args))

@@ -18,6 +18,8 @@
 # timed with the L2 flushed by reads). ncu16c: ncu on the tokens-major kernel and its merge kernel at B=32 ctx 4096
 # (H=16, the default combine). The tests step gets the time left of CALL_S (default 585) seconds since the start, at most 300.
 # 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02.md): the cluster combine and the chained wgmma variants.
+# 2026-12-02, later (mla_decode_h200_2026-12-02-seesaw.md): the seesaw wgmma variants; NO_PROBE=1 skips the
+# building-block probe (smoke check and A/B only).
 STEPS=${STEPS:-probe tok tests bench demo ncu ncu16}
 T0=$(date +%s)
 since() { echo "== $1 $(( $(date +%s) - T0 )) s"; }
@@ -36,7 +38,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 since setup
 
 if [[ " $STEPS " == *" probe "* ]]; then
-  timeout 60 python3 benchmarks/mla_wgmma_probe.py > $OUT/probe.txt 2>&1; echo "probe rc=$?"; tail -4 $OUT/probe.txt
+  if [ -z "$NO_PROBE" ]; then  # NO_PROBE=1: only the smoke check and A/B of the variants
+    timeout 60 python3 benchmarks/mla_wgmma_probe.py > $OUT/probe.txt 2>&1; echo "probe rc=$?"; tail -4 $OUT/probe.txt
+  fi
   (cd benchmarks && timeout 170 python3 mla_wgmma_smoke.py --ab --pick /tmp/fp8_variant --pick-bf16 /tmp/bf16_variant \
     ${WGMMA_AB:+--variants $WGMMA_AB} > /tmp/smoke.txt 2>&1)
   rc=$?; cat /tmp/smoke.txt >> $OUT/probe.txt; echo "smoke rc=$rc"; grep -E "WRONG|ab:" /tmp/smoke.txt | cut -c1-120; tail -1 /tmp/smoke.txt

@@ -712,16 +712,22 @@ def test_wgmma_kernel_under_cuda_graph_capture(kv_dtype):
     _check_replays(make_case(4, 64, 64, kv_dtype, [300, 5, 1000, 64], 0.8))
 
 
-def test_wgmma_kernel_large_scores():
-    """Scores that grow along the sequence (the lazy max moves many times) and a large score scale."""
+@pytest.mark.parametrize("kv_dtype", [FP8, BF16], ids=["fp8", "bf16"])
+def test_wgmma_kernel_large_scores(kv_dtype):
+    """Scores that grow along the sequence (the lazy max moves many times; the seesaw variants' rare rescales of O
+    and of the other warpgroup's P) and a large score scale, every variant."""
     needs_wgmma()
-    case = make_case(2, 64, 64, FP8, [3000, 2000], 1.0)
+    from decodegap.kernels.mla_decode_sm90 import WGMMA_VARIANTS
+    from decodegap.kernels.mla_decode_triton import mla_decode_triton
+
+    case = make_case(2, 64, 64, kv_dtype, [3000, 2000], 1.0)
     ramp = torch.linspace(0.2, 3.0, case.kv_cache.shape[0] * 64, device=DEVICE).view(-1, 64, 1)
-    case.kv_cache = (case.kv_cache.float() * ramp).clamp(-448, 448).to(FP8)
-    out, lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, 0.3, kv_scale=1.0,
-                          return_lse=True)
+    case.kv_cache = (case.kv_cache.float() * ramp).clamp(-448, 448).to(kv_dtype)
     ref, ref_lse = mla_decode(case.q, case.kv_cache, case.block_table, case.seq_lens, 0.3, kv_scale=1.0,
                               impl="reference", return_lse=True)
-    assert torch.isfinite(out.float()).all()
-    assert rel_err(out, ref) < REL_TOL
-    assert torch.allclose(lse, ref_lse, rtol=1e-3, atol=2e-2)
+    for variant in [v for v, d in WGMMA_VARIANTS.items() if d == kv_dtype]:
+        out, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, 0.3, 1.0,
+                                     return_lse=True, backend="cuda", wgmma_variant=variant)
+        assert torch.isfinite(out.float()).all(), variant
+        assert rel_err(out, ref) < REL_TOL, variant
+        assert torch.allclose(lse, ref_lse, rtol=1e-3, atol=2e-2), variant

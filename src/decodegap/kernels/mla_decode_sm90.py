@@ -312,24 +312,35 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 
 
 # Variants (DG_WGMMA_CONFIGS in the .cu file): BF16 caches: 0 (3 stages, cp.async, Q in shared memory), 6 and 7
-# (14 of each consumer's 18 score k-steps with Q in registers, 3 / 4 stages); FP8 caches: 1 (2 stages + a cp.async
-# raw ring), 2 (3 stages, loads through registers a tile ahead), 3-5 (as 1 with 14 of 18 k-steps' Q in registers;
-# 2 stages, 3 stages, 3 stages + a 3-deep raw ring), 8 (as 3 with 16 of 18). DECODEGAP_MLA_WGMMA_FP8 /
-# DECODEGAP_MLA_WGMMA_BF16 pick one.
+# (14 of each consumer's 18 score k-steps with Q in registers, 3 / 4 stages), 19 (the seesaw consumers: each
+# warpgroup the full scores of every other tile; 4 stages); FP8 caches: 1 (2 stages + a cp.async raw ring), 2 (3
+# stages, loads through registers a tile ahead), 3-5 (as 1 with 14 of 18 k-steps' Q in registers; 2 stages, 3
+# stages, 3 stages + a 3-deep raw ring), 8 (as 3 with 16 of 18), 18 (the seesaw; 4 stages, loads through registers
+# a pair of tiles ahead). DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
-                  8: torch.float8_e4m3fn}
-# FP8: 8, the fastest in the H200 A/B of 2026-12-01 (benchmarks/results/mla_decode_h128_h200_2026-12-01.md: 105.3
-# vs 119.7 us at B=32 ctx 4096 H=128, 1328 vs 1534 us at B=128 ctx 16384, 66.5 vs 73.9 us at H=64).
-# BF16: 0; 6 and 7 were 2-6% faster at B=32/128 with 128 heads but not at 64, and 6 slower at B=1 (26.8 vs ~24 us).
+                  8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16}
+# H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
+# head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
+# at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second
+# CTA's KV reads hitting L2): 104.9 vs 105.3-105.8 at B=32 ctx 4096 H=128, 1281 vs 1311-1320 at B=128 ctx 16384,
+# 28.2 vs 29.3-29.7 at B=1; else 8 (variant 18 69.5 vs 67.0-67.5 at H=64, 61.2 vs 56.8 at H=32: its producer's
+# widening, a pair of tiles in flight, falls behind when every KV byte comes from HBM).
 DEFAULT_WGMMA_FP8_VARIANT = 8
-DEFAULT_WGMMA_BF16_VARIANT = 0
+DEFAULT_WGMMA_FP8_MANY_HEADS_VARIANT = 18  # from WGMMA_FP8_SEESAW_MIN_HEADS heads
+WGMMA_FP8_SEESAW_MIN_HEADS = 65
+DEFAULT_WGMMA_BF16_VARIANT = 19
 
 
-def default_wgmma_variant(kv_dtype: torch.dtype) -> int:
+def default_wgmma_variant(kv_dtype: torch.dtype, num_heads: int | None = None) -> int:
+    """The wgmma variant mla_decode runs for this cache and head count (None: many heads)."""
     if kv_dtype != torch.float8_e4m3fn:
         return int(os.environ.get("DECODEGAP_MLA_WGMMA_BF16") or DEFAULT_WGMMA_BF16_VARIANT)
-    return int(os.environ.get("DECODEGAP_MLA_WGMMA_FP8") or DEFAULT_WGMMA_FP8_VARIANT)
+    forced = os.environ.get("DECODEGAP_MLA_WGMMA_FP8")
+    if forced:
+        return int(forced)
+    many = num_heads is None or num_heads >= WGMMA_FP8_SEESAW_MIN_HEADS
+    return DEFAULT_WGMMA_FP8_MANY_HEADS_VARIANT if many else DEFAULT_WGMMA_FP8_VARIANT
 
 
 @functools.lru_cache(maxsize=None)
@@ -382,7 +393,7 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     q must be contiguous; the scales are mla_decode_triton's."""
     batch, num_heads, _ = q.shape
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
-    variant = default_wgmma_variant(kv_cache.dtype) if variant is None else variant
+    variant = default_wgmma_variant(kv_cache.dtype, num_heads) if variant is None else variant
     if WGMMA_VARIANTS.get(variant) != kv_cache.dtype:
         raise ValueError(f"wgmma variant {variant} does not read a {kv_cache.dtype} cache")
     if num_splits > 1:

@@ -17,6 +17,12 @@
 //    moves only when a score exceeds it by 2^8); O[64, 256 dims] += P V with P from registers (the score
 //    accumulator layout is the A-fragment layout) and V the same stage read N-major (m64n256k16, 2 k-steps);
 //    then the stage is released through its empty mbarrier.
+// Seesaw consumers (SEESAW, variants 18 and 19): each consumer warpgroup computes the full scores of its own tile
+// (tiles alternate: warpgroup 0 the even ones, 1 the odd ones; 36 k-steps of m64n32k16, Q and K from shared memory),
+// so one's softmax can run while the other's MMA does; its P goes into its stage's rope chunk (free once the scores
+// are done) for the other warpgroup, and each warpgroup updates its half of O (256 of the 512 value dims) with both
+// tiles' P: its own from registers, the other's from shared memory. Each measures its tile against the pair's
+// starting reference max; both then move to the larger of the two tiles' (rare: it moves only by more than 2^8).
 // FP8 caches run f16 MMA (q * 2^e in fp16, as the other kernels), BF16 caches bf16 MMA; fp32 accumulation.
 // Output: per-split partials [B, H, S, 512] (fp16 in cache units for FP8 caches, |x| <= 448; fp32 for BF16)
 // and their log2-sum-exp [B, H, S], the layout the Triton merge kernel reads; or, with one split, the bf16
@@ -58,10 +64,14 @@ struct Args {
 // 128-byte swizzle: 16-byte unit u of row r (of an 8-row, 1024-byte atom) lives at unit u ^ (r & 7).
 __device__ __forceinline__ uint32_t swz(int row, int unit) { return row * 128 + ((unit ^ (row & 7)) << 4); }
 
-// wgmma shared-memory matrix descriptor, 128-byte swizzle (addresses 18 bits, encoded >> 4).
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+// 64-byte swizzle (the seesaw's P tiles, [64 heads][32 tokens] of 2 bytes): 16-byte unit u of row r at
+// u ^ ((r >> 1) & 3).
+__device__ __forceinline__ uint32_t swz64(int row, int unit) { return row * 64 + ((unit ^ ((row >> 1) & 3)) << 4); }
+
+// wgmma shared-memory matrix descriptor (addresses 18 bits, encoded >> 4); swizzle: 1 = 128 bytes, 2 = 64 bytes.
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo, uint64_t swizzle = 1) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
-         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (swizzle << 62);
 }
 
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
@@ -74,6 +84,16 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Whether `p` holds in any of the warpgroup's 128 threads (named barrier `id`, these threads only).
+__device__ __forceinline__ bool warpgroup_any(int id, bool p) {
+  uint32_t r;
+  asm volatile("{ .reg .pred a, b; setp.ne.u32 a, %1, 0; bar.red.or.pred b, %2, 128, a; selp.u32 %0, 1, 0, b; }\n"
+               : "=r"(r) : "r"(static_cast<uint32_t>(p)), "r"(id) : "memory");
+  return r != 0;
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 template <bool F16>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -81,6 +101,14 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     return pack_f16x2(lo, hi);
   } else {
     return pack_bf16x2(lo, hi);
+  }
+}
+template <bool F16>
+__device__ __forceinline__ float2 unpack2(uint32_t x) {
+  if constexpr (F16) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&x));
+  } else {
+    return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
   }
 }
 
@@ -138,6 +166,24 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[128], const uint32_t (&a)[4]
   }
 }
 
+// The same with A (P, K-major) from shared memory too: the seesaw's other warpgroup's P.
+template <bool F16>
+__device__ __forceinline__ void wgmma_pv_ss(float (&d)[128], uint64_t da, uint64_t db, int accumulate) {
+  if constexpr (F16) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 1; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(accumulate));
+  } else {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 1; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(accumulate));
+  }
+}
+
 // Q in shared memory: only the 64-dim chunks that hold a k-step some consumer reads from there (k-step ks of the 36
 // is consumer ks / 18's k-step ks % 18; the first QR of each consumer come from registers), packed in order:
 // consumer 0 reads chunks QR / 4 .. 4, consumer 1 chunks max((18 + QR) / 4, 5) .. 8 (chunk 4 holds k-steps 16-19).
@@ -176,14 +222,30 @@ __device__ __forceinline__ void score_tile(float (&sc)[16], const uint32_t (&qa)
   fence_regs(sc);
 }
 
+// The seesaw's full scores of one tile: all 36 k-steps, Q and K from shared memory (one async group, as above).
+template <bool F16>
+__device__ __forceinline__ void score_tile_full(float (&sc)[16], uint64_t dq, uint64_t dk) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 36; ++ks) {
+    const uint32_t off = (ks & 3) * 32;
+    wgmma_s<F16>(sc, dq + (((ks >> 2) * (kM * 128) + off) >> 4), dk + (((ks >> 2) * kChunkBytes + off) >> 4), ks > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(sc);
+}
+
 // Shared memory, from a 1024-byte aligned base: Q, the KV stages, the FP8 raw ring, the score exchange, barriers.
-template <bool FP8, int W, int R, bool REGS, int QR>
+// The seesaw's exchange holds, per pair parity and warpgroup, the reference max of each of the 64 rows it published,
+// and at the end each one's row sums: [2][2][64] + [2][64] floats.
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 struct Layout {
   static constexpr int kQ = 0;
   static constexpr int kStage = QMap<QR>::kChunks * kM * 128;  // kQBytes with all of Q in shared memory
   static constexpr int kRaw = kStage + W * kStageBytes;
   static constexpr int kExch = kRaw + (FP8 && !REGS ? R * kRawBytes : 0);
-  static constexpr int kBar = kExch + kExchBytes;
+  static constexpr int kBar = kExch + (SEESAW ? 6 * kM * 4 : kExchBytes);
   static constexpr int kAlloc = kBar + 2 * W * 8 + 1024;  // + slack to align the base
 };
 
@@ -191,17 +253,231 @@ struct Layout {
 // count under __launch_bounds__(384, 1)); producer + consumers must fit in that, or setmaxnreg.inc waits forever.
 // FP8 with more than 14 of Q's k-steps in registers needs 240 (at 232 ptxas serializes the wgmmas, C7512), which
 // leaves the producer the minimum, 24.
-template <bool FP8, bool REGS, int QR>
+// The seesaw's register loads hold a pair of tiles (72 registers): 104 (at 88 ptxas spills 24 bytes), its
+// consumers fit in 200.
+template <bool FP8, bool REGS, int QR, bool SEESAW>
 struct Regs {
-  static constexpr int kProducer = REGS ? 88 : (FP8 && QR > 14 ? 24 : 40);
-  static constexpr int kConsumer = REGS ? 208 : (FP8 && QR > 14 ? 240 : 232);
+  static constexpr int kProducer = REGS ? (SEESAW ? 104 : 88) : (FP8 && QR > 14 ? 24 : 40);
+  static constexpr int kConsumer = REGS ? (SEESAW ? 200 : 208) : (FP8 && QR > 14 ? 240 : 232);
   static_assert(128 * kProducer + 256 * kConsumer <= 168 * kThreads, "registers");
 };
 
-template <bool FP8, int W, int R, bool REGS, int QR>
+// Epilogue: rows 16 (warp in group) + g and + 8 of this warpgroup's 256 output dims (256w ..); o[4jj + 2half + e] =
+// dim 256w + 8jj + 2c + e; l: the rows' full sums, m: their reference max (log2 units).
+template <bool FP8>
+__device__ __forceinline__ void store_rows(const Args& a, const float (&o)[128], const float (&l_row)[2],
+                                           const float (&m_row)[2], int w, int tw, int hb, long long b, int split) {
+  constexpr float kInf = INFINITY;
+  const int lane = tw & 31, g = lane >> 2, c = lane & 3;
+  const int r0 = 16 * (tw >> 5) + g;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float l = l_row[half];
+    const int h = hb * kM + r0 + 8 * half;
+    if (h >= a.num_heads) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse2 = l > 0.f ? m_row[half] + log2f(l) : -kInf;
+    if (a.num_splits == 1) {
+      uint16_t* dst = a.out + b * a.stride_ob + (long long)h * a.stride_oh + 256 * w + 2 * c;
+      const float scale = inv * a.out_scale;
+#pragma unroll
+      for (int jj = 0; jj < 32; ++jj)
+        *reinterpret_cast<uint32_t*>(dst + 8 * jj) =
+            pack2<false>(o[4 * jj + 2 * half] * scale, o[4 * jj + 2 * half + 1] * scale);
+      if (w == 0 && c == 0 && a.lse != nullptr) a.lse[b * a.num_heads + h] = lse2 * 0.6931471805599453f;
+    } else {
+      const long long slot = (b * a.num_heads + h) * a.num_splits + split;
+      if constexpr (FP8) {
+        __half* dst = static_cast<__half*>(a.part) + slot * 512 + 256 * w + 2 * c;
+#pragma unroll
+        for (int jj = 0; jj < 32; ++jj)
+          *reinterpret_cast<uint32_t*>(dst + 8 * jj) =
+              pack2<true>(o[4 * jj + 2 * half] * inv, o[4 * jj + 2 * half + 1] * inv);
+      } else {
+        float* dst = static_cast<float*>(a.part) + slot * 512 + 256 * w + 2 * c;
+#pragma unroll
+        for (int jj = 0; jj < 32; ++jj)
+          *reinterpret_cast<float2*>(dst + 8 * jj) =
+              make_float2(o[4 * jj + 2 * half] * inv, o[4 * jj + 2 * half + 1] * inv);
+      }
+      if (w == 0 && c == 0) a.part_lse[slot] = lse2;
+    }
+  }
+}
+
+// exp2(from - to): the factor that moves sums taken against the reference max `from` to `to` (>= from).
+__device__ __forceinline__ float rebase(float from, float to) { return to == -INFINITY ? 1.f : fast_exp2(from - to); }
+
+__device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) {
+#pragma unroll
+  for (int jj = 0; jj < 32; ++jj) {
+    o[4 * jj] *= f0;
+    o[4 * jj + 1] *= f0;
+    o[4 * jj + 2] *= f1;
+    o[4 * jj + 3] *= f1;
+  }
+}
+
+// The seesaw consumers (warpgroup w = 0 or 1; see the top of the file). Pair i: tiles 2i (warpgroup 0's) and 2i + 1
+// (warpgroup 1's; a zero tile, all masked, past an odd count). Both measure their tile against the pair's starting
+// max, publish P and their max, and move to the larger of the two afterwards, the other's P rescaled in shared
+// memory where it is the smaller (rare). (Warpgroup 1 measuring against the max warpgroup 0 had just set instead put
+// its softmax after warpgroup 0's: 6% slower.) Named barriers: 1 + w (pairs of parity 1: 6 + w) = warpgroup w's P
+// and max are published, 3 = the row sums at the end, 4 + w = warpgroup w's own votes and syncs. Max slots
+// [parity][w][64]: a slot is rewritten two pairs later, after the barrier that follows its reader's read.
+template <bool FP8, int W, typename L>
+__device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uint32_t sbase, uint32_t bar_full,
+                                               uint32_t bar_empty, int w, int tw, int ntiles, int start, int end,
+                                               int hb, long long b, int split) {
+  constexpr float kInf = INFINITY;
+  const int lane = tw & 31, g = lane >> 2, c = lane & 3;
+  const int r0 = 16 * (tw >> 5) + g;  // this thread's rows r0 and r0 + 8
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m_run[2] = {-kInf, -kInf}, l_run[2] = {0.f, 0.f};  // l_run: this warpgroup's own tiles' sums
+  float* sm = reinterpret_cast<float*>(smem + L::kExch);    // [parity][warpgroup][64] max, then [warpgroup][64] sums
+  const uint64_t dq0 = make_desc(sbase + L::kQ, 16, 1024);
+  const uint64_t dk0 = make_desc(sbase + L::kStage, 16, 1024);
+  const uint64_t dv0 = make_desc(sbase + L::kStage + 4 * w * kChunkBytes, kChunkBytes, 1024);
+  const uint64_t dp0 = make_desc(sbase + L::kStage + 8 * kChunkBytes, 16, 512, 2);  // a stage's P, 64-byte swizzle
+  const int npairs = (ntiles + 1) / 2;
+  for (int i = 0; i < npairs; ++i) {
+    const int jm = 2 * i + w, jo = 2 * i + 1 - w;  // my tile, the other warpgroup's
+    const int sm_ = jm % W, so = jo % W;
+    const uint64_t off_m = static_cast<uint64_t>(sm_ * kStageBytes) >> 4;
+    const uint64_t off_o = static_cast<uint64_t>(so * kStageBytes) >> 4;
+    float* mine = sm + 128 * (i & 1) + 64 * w;
+    const float* other = sm + 128 * (i & 1) + 64 * (1 - w);
+    const int bar_mine = (i & 1 ? 6 : 1) + w, bar_other = (i & 1 ? 6 : 1) + 1 - w;
+    mbar_wait(bar_full + 8 * sm_, (jm / W) & 1);
+    fence_proxy_async();  // the stage's cp.async (generic proxy) writes, read by wgmma
+    float sc[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) sc[k] = 0.f;
+    score_tile_full<FP8>(sc, dq0, dk0 + off_m);
+
+    // Row max (sc[4jj + e]: row r0, token 8jj + 2c + e; sc[4jj + 2 + e]: row r0 + 8), masked past the end.
+    const int tok0 = start + jm * kBN;
+    float mx[2] = {-kInf, -kInf};
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool live = tok0 + 8 * jj + 2 * c + e < end;
+        sc[4 * jj + e] = live ? sc[4 * jj + e] : -kInf;
+        sc[4 * jj + 2 + e] = live ? sc[4 * jj + 2 + e] : -kInf;
+        mx[0] = fmaxf(mx[0], sc[4 * jj + e]);
+        mx[1] = fmaxf(mx[1], sc[4 * jj + 2 + e]);
+      }
+    float m_new[2], f[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float x = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2)) * a.s_scale;
+      m_new[h] = x > m_run[h] + 8.f ? x : m_run[h];  // the reference moves only by more than 2^8
+      f[h] = rebase(m_run[h], m_new[h]);
+      l_run[h] *= f[h];
+    }
+    // O to this tile's max (nothing in flight: a per-warp decision).
+    if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) scale_rows(o, f[0], f[1]);
+    const float nm0 = m_new[0] == -kInf ? 0.f : -m_new[0];
+    const float nm1 = m_new[1] == -kInf ? 0.f : -m_new[1];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int jj = k >> 1, e = k & 1;
+      sc[4 * jj + e] = fast_exp2(fmaf(sc[4 * jj + e], a.s_scale, nm0));
+      sc[4 * jj + 2 + e] = fast_exp2(fmaf(sc[4 * jj + 2 + e], a.s_scale, nm1));
+      l_run[0] += sc[4 * jj + e];
+      l_run[1] += sc[4 * jj + 2 + e];
+    }
+    // P as wgmma A fragments (k-step kk: tokens 16kk ..), and into this tile's rope chunk for the other warpgroup:
+    // pa[kk][2q + hh] holds row r0 + 8hh, tokens 16kk + 8q + 2c (+1) = 16-byte unit 2kk + q of the row.
+    uint32_t pa[2][4];
+    uint8_t* pbuf = smem + L::kStage + sm_ * kStageBytes + 8 * kChunkBytes;
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int jj = 2 * kk + q;
+          pa[kk][2 * q + hh] = pack2<FP8>(sc[4 * jj + 2 * hh], sc[4 * jj + 2 * hh + 1]);
+          *reinterpret_cast<uint32_t*>(pbuf + swz64(r0 + 8 * hh, jj) + 4 * c) = pa[kk][2 * q + hh];
+        }
+    if (c == 0) {
+      mine[r0] = m_new[0];
+      mine[r0 + 8] = m_new[1];
+    }
+    fence_proxy_async();  // P's generic stores, read by the other warpgroup's wgmma
+    named_bar_arrive(bar_mine, 256);
+    mbar_wait(bar_full + 8 * so, (jo / W) & 1);  // (long complete: the other warpgroup has used it)
+    fence_proxy_async();
+    // Own P first (the other's may still be in the making), then the other's, both against the larger max.
+    wgmma_fence();
+    wgmma_pv<FP8>(o, pa[0], dv0 + off_m, 1);
+    wgmma_pv<FP8>(o, pa[1], dv0 + off_m + (2048 >> 4), 1);
+    wgmma_commit();
+    named_bar_sync(bar_other, 256);  // the other warpgroup's P and max
+    const float mo[2] = {other[r0], other[r0 + 8]};
+    float fp[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float top = fmaxf(m_new[h], mo[h]);
+      f[h] = rebase(m_new[h], top);
+      fp[h] = rebase(mo[h], top);
+      l_run[h] *= f[h];
+      m_run[h] = top;
+    }
+    // Decided for the whole warpgroup at once, so the common case chains the two products without waiting.
+    if (warpgroup_any(4 + w, f[0] != 1.f || f[1] != 1.f || fp[0] != 1.f || fp[1] != 1.f)) {
+      wgmma_wait<0>();
+      fence_regs(o);
+      scale_rows(o, f[0], f[1]);
+      // The other's P (read by this warpgroup alone) to the larger max, in place: the units its own thread wrote.
+      uint8_t* pother = smem + L::kStage + so * kStageBytes + 8 * kChunkBytes;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          uint32_t* x = reinterpret_cast<uint32_t*>(pother + swz64(r0 + 8 * hh, jj) + 4 * c);
+          const float2 v = unpack2<FP8>(*x);
+          *x = pack2<FP8>(v.x * fp[hh], v.y * fp[hh]);
+        }
+      fence_proxy_async();
+      named_bar_sync(4 + w, 128);
+    }
+    wgmma_fence();
+    wgmma_pv_ss<FP8>(o, dp0 + off_o, dv0 + off_o, 1);
+    wgmma_pv_ss<FP8>(o, dp0 + off_o + (32 >> 4), dv0 + off_o + (2048 >> 4), 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+    mbar_arrive(bar_empty + 8 * sm_);  // this thread is done with its own tile's stage
+    wgmma_wait<0>();
+    fence_regs(o);
+    mbar_arrive(bar_empty + 8 * so);
+  }
+
+  // Row sums: over the 4 threads of a row, then the two warpgroups' (both now against the same max).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+  float* sl = sm + 4 * kM;
+  if (c == 0) {
+    sl[64 * w + r0] = l_run[0];
+    sl[64 * w + r0 + 8] = l_run[1];
+  }
+  named_bar_sync(3, 256);
+  const float l_all[2] = {sl[r0] + sl[64 + r0], sl[r0 + 8] + sl[64 + r0 + 8]};
+  store_rows<FP8>(a, o, l_all, m_run, w, tw, hb, b, split);
+}
+
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args a) {
-  using L = Layout<FP8, W, R, REGS, QR>;
-  static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0), "Q k-steps in registers");
+  using L = Layout<FP8, W, R, REGS, QR, SEESAW>;
+  static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0) && !(SEESAW && QR > 0), "Q k-steps in registers");
   static_assert(L::kAlloc <= 232448, "shared memory");
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -216,6 +492,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   const int start = split * split_len;
   const int end = min(start + split_len, seq_len);
   const int ntiles = end > start ? (end - start + kBN - 1) / kBN : 0;
+  const int nload = SEESAW ? (ntiles + 1) / 2 * 2 : ntiles;  // tiles the producer fills (the seesaw's: pairs)
   const uint32_t bar_full = sbase + L::kBar, bar_empty = bar_full + 8 * W;
 
   if (tid == 0) {
@@ -248,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR>::kProducer));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kProducer));
     const int t = tw >> 2, sub = tw & 3;  // this thread's token row of every tile, and its quarter of the row
     const int* trow = a.table + b * a.stride_tb;
     // Page ids are loaded a tile before their row is copied: the table load is off the copy's critical path.
@@ -283,12 +560,43 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
         for (int i = 0; i < 9; ++i)
           r[i] = bytes ? __ldg(reinterpret_cast<const uint4*>(src + 16 * (sub + 4 * i))) : make_uint4(0u, 0u, 0u, 0u);
       };
+      if constexpr (SEESAW) {
+        // Stages free two at a time (a pair's end): both tiles of the next pair are loaded as soon as this pair's
+        // are stored, a whole pair ahead (a tile ahead left the second tile of each pair a bare load's latency).
+        uint4 buf[2][9];
+        int pg0 = page_of(0), pg1 = page_of(1);
+        for (int j = 0; j < nload; j += 2) {
+          if (j == 0) {
+            load(0, pg0, buf[0]);
+            load(1, pg1, buf[1]);
+            pg0 = page_of(2);
+            pg1 = page_of(3);
+          }
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int s = (j + u) % W;
+            mbar_wait(bar_empty + 8 * s, (((j + u) / W) & 1) ^ 1);
+            uint8_t* stage = smem + L::kStage + s * kStageBytes;
+#pragma unroll
+            for (int i = 0; i < 9; ++i) widen(stage, i, buf[u][i]);
+            fence_proxy_async();
+            mbar_arrive(bar_full + 8 * s);
+          }
+          if (j + 2 < nload) {
+            load(j + 2, pg0, buf[0]);
+            load(j + 3, pg1, buf[1]);
+            pg0 = page_of(j + 4);
+            pg1 = page_of(j + 5);
+          }
+        }
+        return;
+      }
       uint4 cur[9];
-      if (ntiles > 0) load(0, page_of(0), cur);
+      if (nload > 0) load(0, page_of(0), cur);
       int page_next = page_of(1);
-      for (int j = 0; j < ntiles; ++j) {
+      for (int j = 0; j < nload; ++j) {
         uint4 nxt[9];
-        if (j + 1 < ntiles) load(j + 1, page_next, nxt);
+        if (j + 1 < nload) load(j + 1, page_next, nxt);
         page_next = page_of(j + 2);
         const int s = j % W;
         mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
@@ -312,11 +620,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
       };
 #pragma unroll
       for (int i = 0; i < R; ++i) {
-        if (i < ntiles) issue(i, i, page_of(i));
+        if (i < nload) issue(i, i, page_of(i));
         cp_async_commit();
       }
       int page_next = page_of(R);
-      for (int j = 0; j < ntiles; ++j) {
+      for (int j = 0; j < nload; ++j) {
         cp_async_wait<R - 1>();  // tile j's raw bytes (this thread's) have landed
         const int s = j % W;
         mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
@@ -329,14 +637,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
         }
         fence_proxy_async();
         mbar_arrive(bar_full + 8 * s);
-        if (j + R < ntiles) issue(j + R, j % R, page_next);
+        if (j + R < nload) issue(j + R, j % R, page_next);
         cp_async_commit();
         page_next = page_of(j + R + 1);
       }
     } else {
       // BF16: 16-byte unit u = sub + 4i (i = 0..17) of the 1152-byte row: dims 8u .. 8u + 7 = chunk u >> 3.
       int page = page_of(0);
-      for (int j = 0; j < ntiles; ++j) {
+      for (int j = 0; j < nload; ++j) {
         const int s = j % W;
         mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
         int bytes;
@@ -356,7 +664,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   }
 
   // ------------------------------------------------------------------ consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR>::kConsumer));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kConsumer));
+  if constexpr (SEESAW) {
+    consume_seesaw<FP8, W, L>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw, ntiles, start, end, hb, b,
+                              split);
+    return;
+  }
   const int w = wg - 1;  // dims: scores over k-steps 18w .. 18w + 17, output dims 256w .. 256w + 255
   const int lane = tw & 31, g = lane >> 2, c = lane & 3;
   float o[128];
@@ -490,47 +803,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
     mbar_arrive(bar_empty + 8 * s);  // this thread is done with the stage
   }
 
-  // Epilogue: rows 16 (warp in group) + g and + 8; o[4jj + 2half + e] = dim 256w + 8jj + 2c + e.
-  const int r0 = 16 * (tw >> 5) + g;
+  // Epilogue: each row's sum over its 4 threads (c), then the rows out.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float l = l_run[half];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int h = hb * kM + r0 + 8 * half;
-    if (h >= a.num_heads) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse2 = l > 0.f ? m_run[half] + log2f(l) : -kInf;
-    if (a.num_splits == 1) {
-      uint16_t* dst = a.out + b * a.stride_ob + (long long)h * a.stride_oh + 256 * w + 2 * c;
-      const float scale = inv * a.out_scale;
-#pragma unroll
-      for (int jj = 0; jj < 32; ++jj)
-        *reinterpret_cast<uint32_t*>(dst + 8 * jj) =
-            pack2<false>(o[4 * jj + 2 * half] * scale, o[4 * jj + 2 * half + 1] * scale);
-      if (w == 0 && c == 0 && a.lse != nullptr) a.lse[b * a.num_heads + h] = lse2 * 0.6931471805599453f;
-    } else {
-      const long long slot = (b * a.num_heads + h) * a.num_splits + split;
-      if constexpr (FP8) {
-        __half* dst = static_cast<__half*>(a.part) + slot * 512 + 256 * w + 2 * c;
-#pragma unroll
-        for (int jj = 0; jj < 32; ++jj)
-          *reinterpret_cast<uint32_t*>(dst + 8 * jj) =
-              pack2<true>(o[4 * jj + 2 * half] * inv, o[4 * jj + 2 * half + 1] * inv);
-      } else {
-        float* dst = static_cast<float*>(a.part) + slot * 512 + 256 * w + 2 * c;
-#pragma unroll
-        for (int jj = 0; jj < 32; ++jj)
-          *reinterpret_cast<float2*>(dst + 8 * jj) =
-              make_float2(o[4 * jj + 2 * half] * inv, o[4 * jj + 2 * half + 1] * inv);
-      }
-      if (w == 0 && c == 0) a.part_lse[slot] = lse2;
-    }
+    l_run[half] += __shfl_xor_sync(0xffffffffu, l_run[half], 1);
+    l_run[half] += __shfl_xor_sync(0xffffffffu, l_run[half], 2);
   }
+  store_rows<FP8>(a, o, l_run, m_run, w, tw, hb, b, split);
 }
 
 // The configurations (variant: cache, stages, FP8 raw-ring depth, FP8 loads through registers, how many of each
-// consumer's 18 score k-steps take Q from registers; registers per producer / consumer thread):
+// consumer's 18 score k-steps take Q from registers, seesaw consumers; registers per producer / consumer thread):
 //  0: BF16, 3 stages (cp.async); Q in shared memory (40 / 232).
 //  1: FP8, 2 stages + a 2-deep cp.async raw ring; Q in shared memory (40 / 232).
 //  2: FP8, 3 stages, loads through registers a tile ahead (88 / 208).
@@ -540,24 +823,27 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 //  6: BF16, 3 stages, 14 of 18 k-steps' Q in registers (40 / 232).   7: as 6 with 4 stages.
 //  8: as 3 with 16 of 18 k-steps' Q in registers (24 / 240; Q's shared copy 16 KB).
 // (All 18 in registers, 72 per thread, does not fit: ptxas serializes the wgmmas even at 240.)
-#define DG_WGMMA_CONFIGS(X)                                                                                   \
-  X(0, false, 3, 1, false, 0) X(1, true, 2, 2, false, 0) X(2, true, 3, 1, true, 0) X(3, true, 2, 2, false, 14) \
-  X(4, true, 3, 2, false, 14) X(5, true, 3, 3, false, 14) X(6, false, 3, 1, false, 14)                       \
-  X(7, false, 4, 1, false, 14) X(8, true, 2, 2, false, 16)
+// Seesaw (the last column; Q all in shared memory; 4 stages let the producer fill a whole pair ahead): 18: FP8, 4
+// stages, loads through registers a pair ahead (104 / 200).   19: BF16, 4 stages (cp.async; 40 / 232).
+#define DG_WGMMA_CONFIGS(X)                                                                                      \
+  X(0, false, 3, 1, false, 0, false) X(1, true, 2, 2, false, 0, false) X(2, true, 3, 1, true, 0, false)          \
+  X(3, true, 2, 2, false, 14, false) X(4, true, 3, 2, false, 14, false) X(5, true, 3, 3, false, 14, false)       \
+  X(6, false, 3, 1, false, 14, false) X(7, false, 4, 1, false, 14, false) X(8, true, 2, 2, false, 16, false)     \
+  X(18, true, 4, 1, true, 0, true) X(19, false, 4, 1, false, 0, true)
 
-template <bool FP8, int W, int R, bool REGS, int QR>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
-  auto kernel = mla_decode_wgmma_sm90<FP8, W, R, REGS, QR>;
-  constexpr int smem = Layout<FP8, W, R, REGS, QR>::kAlloc;
+  auto kernel = mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW>;
+  constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
   *smem_bytes = smem;
   return prepare_kernel(kernel, kThreads, smem, regs, per_sm);
 }
 
-template <bool FP8, int W, int R, bool REGS, int QR>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 int launch(const Args& a, int batch, cudaStream_t stream) {
-  constexpr int smem = Layout<FP8, W, R, REGS, QR>::kAlloc;
+  constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
   const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
-  mla_decode_wgmma_sm90<FP8, W, R, REGS, QR><<<grid, kThreads, smem, stream>>>(a);
+  mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW><<<grid, kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -566,10 +852,10 @@ int launch(const Args& a, int batch, cudaStream_t stream) {
 // Returns a cudaError_t (cudaErrorInvalidValue for an unknown variant). fp8 (out): whether it reads an e4m3 cache.
 extern "C" int dg_mla_wgmma_prepare(int variant, int* regs, int* per_sm, int* block_n, int* smem_bytes, int* fp8) {
   *block_n = kBN;
-#define DG_PREPARE(V, FP8, W, R, REGS, QR) \
-  if (variant == V) {                       \
-    *fp8 = FP8;                             \
-    return prepare<FP8, W, R, REGS, QR>(regs, per_sm, smem_bytes); \
+#define DG_PREPARE(V, FP8, W, R, REGS, QR, SEESAW)                           \
+  if (variant == V) {                                                         \
+    *fp8 = FP8;                                                               \
+    return prepare<FP8, W, R, REGS, QR, SEESAW>(regs, per_sm, smem_bytes); \
   }
   DG_WGMMA_CONFIGS(DG_PREPARE)
   return cudaErrorInvalidValue;
@@ -587,8 +873,8 @@ extern "C" int dg_mla_wgmma_launch(int variant, const void* q, const void* kv, c
          stride_ob, stride_oh, num_heads, num_splits, page_size,
          (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1, q_scale, s_scale, out_scale};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-#define DG_LAUNCH(V, FP8, W, R, REGS, QR) \
-  if (variant == V) return launch<FP8, W, R, REGS, QR>(a, batch, st);
+#define DG_LAUNCH(V, FP8, W, R, REGS, QR, SEESAW) \
+  if (variant == V) return launch<FP8, W, R, REGS, QR, SEESAW>(a, batch, st);
   DG_WGMMA_CONFIGS(DG_LAUNCH)
   return cudaErrorInvalidValue;
 }

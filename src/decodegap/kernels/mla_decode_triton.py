@@ -621,7 +621,9 @@ def _wgmma_splits(q, kv_cache, block_table, variant: int | None = None) -> int:
     from decodegap.kernels import mla_decode_sm90 as sm90
 
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    info = sm90.wgmma_info(device_index, sm90.default_wgmma_variant(kv_cache.dtype) if variant is None else variant)
+    if variant is None:
+        variant = sm90.default_wgmma_variant(kv_cache.dtype, q.shape[1])
+    info = sm90.wgmma_info(device_index, variant)
     return pick_num_splits(q.shape[0], triton.cdiv(q.shape[1], 64), block_table.shape[1] * kv_cache.shape[1],
                            q.shape[1], _num_sms(q.device.index), info.block_n, info.ctas_per_sm)
 
