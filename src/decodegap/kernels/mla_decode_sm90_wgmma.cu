@@ -308,6 +308,36 @@ __device__ __forceinline__ void store_rows(const Args& a, const float (&o)[128],
 // exp2(from - to): the factor that moves sums taken against the reference max `from` to `to` (>= from).
 __device__ __forceinline__ float rebase(float from, float to) { return to == -INFINITY ? 1.f : fast_exp2(from - to); }
 
+// Scores past the sequence's end to -inf, and the max of each of this thread's two rows over its tokens (sc[4jj + e]:
+// row r, token tok0 + 8jj + 2c + e; sc[4jj + 2 + e]: row r + 8).
+__device__ __forceinline__ void mask_row_max(float (&sc)[16], int tok0, int c, int end, float& mx0, float& mx1) {
+  mx0 = -INFINITY;
+  mx1 = -INFINITY;
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool live = tok0 + 8 * jj + 2 * c + e < end;
+      sc[4 * jj + e] = live ? sc[4 * jj + e] : -INFINITY;
+      sc[4 * jj + 2 + e] = live ? sc[4 * jj + 2 + e] : -INFINITY;
+      mx0 = fmaxf(mx0, sc[4 * jj + e]);
+      mx1 = fmaxf(mx1, sc[4 * jj + 2 + e]);
+    }
+}
+
+// P = 2^(score * s_scale - max) in place (nm0, nm1: each row's -max), summed per row into l_run.
+__device__ __forceinline__ void exp_rows(float (&sc)[16], float s_scale, float nm0, float nm1, float (&l_run)[2]) {
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      sc[4 * jj + e] = fast_exp2(fmaf(sc[4 * jj + e], s_scale, nm0));
+      sc[4 * jj + 2 + e] = fast_exp2(fmaf(sc[4 * jj + 2 + e], s_scale, nm1));
+      l_run[0] += sc[4 * jj + e];
+      l_run[1] += sc[4 * jj + 2 + e];
+    }
+}
+
 __device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) {
 #pragma unroll
   for (int jj = 0; jj < 32; ++jj) {
@@ -358,18 +388,8 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
     score_tile_full<FP8>(sc, dq0, dk0 + off_m);
 
     // Row max (sc[4jj + e]: row r0, token 8jj + 2c + e; sc[4jj + 2 + e]: row r0 + 8), masked past the end.
-    const int tok0 = start + jm * kBN;
-    float mx[2] = {-kInf, -kInf};
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool live = tok0 + 8 * jj + 2 * c + e < end;
-        sc[4 * jj + e] = live ? sc[4 * jj + e] : -kInf;
-        sc[4 * jj + 2 + e] = live ? sc[4 * jj + 2 + e] : -kInf;
-        mx[0] = fmaxf(mx[0], sc[4 * jj + e]);
-        mx[1] = fmaxf(mx[1], sc[4 * jj + 2 + e]);
-      }
+    float mx[2];
+    mask_row_max(sc, start + jm * kBN, c, end, mx[0], mx[1]);
     float m_new[2], f[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -383,14 +403,7 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
     if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) scale_rows(o, f[0], f[1]);
     const float nm0 = m_new[0] == -kInf ? 0.f : -m_new[0];
     const float nm1 = m_new[1] == -kInf ? 0.f : -m_new[1];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int jj = k >> 1, e = k & 1;
-      sc[4 * jj + e] = fast_exp2(fmaf(sc[4 * jj + e], a.s_scale, nm0));
-      sc[4 * jj + 2 + e] = fast_exp2(fmaf(sc[4 * jj + 2 + e], a.s_scale, nm1));
-      l_run[0] += sc[4 * jj + e];
-      l_run[1] += sc[4 * jj + 2 + e];
-    }
+    exp_rows(sc, a.s_scale, nm0, nm1, l_run);
     // P as wgmma A fragments (k-step kk: tokens 16kk ..), and into this tile's rope chunk for the other warpgroup:
     // pa[kk][2q + hh] holds row r0 + 8hh, tokens 16kk + 8q + 2c (+1) = 16-byte unit 2kk + q of the row.
     uint32_t pa[2][4];
@@ -742,18 +755,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
     }
 
     // Online softmax. Accumulator layout: sc[4jj + e] = (row g, token 8jj + 2c + e), sc[4jj + 2 + e] = row g + 8.
-    const int tok0 = start + j * kBN;
-    float mx0 = -kInf, mx1 = -kInf;
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool live = tok0 + 8 * jj + 2 * c + e < end;
-        sc[4 * jj + e] = live ? sc[4 * jj + e] : -kInf;
-        sc[4 * jj + 2 + e] = live ? sc[4 * jj + 2 + e] : -kInf;
-        mx0 = fmaxf(mx0, sc[4 * jj + e]);
-        mx1 = fmaxf(mx1, sc[4 * jj + 2 + e]);
-      }
+    float mx0, mx1;
+    mask_row_max(sc, start + j * kBN, c, end, mx0, mx1);
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * a.s_scale;
@@ -776,15 +779,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
     }
     const float nm0 = m_run[0] == -kInf ? 0.f : -m_run[0];
     const float nm1 = m_run[1] == -kInf ? 0.f : -m_run[1];
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        sc[4 * jj + e] = fast_exp2(fmaf(sc[4 * jj + e], a.s_scale, nm0));
-        sc[4 * jj + 2 + e] = fast_exp2(fmaf(sc[4 * jj + 2 + e], a.s_scale, nm1));
-        l_run[0] += sc[4 * jj + e];
-        l_run[1] += sc[4 * jj + 2 + e];
-      }
+    exp_rows(sc, a.s_scale, nm0, nm1, l_run);
     // P as wgmma A fragments: k-step kk (tokens 16kk .. 16kk + 15) = n-blocks 2kk (k 0-7) and 2kk + 1 (k 8-15).
     uint32_t pa[2][4];
 #pragma unroll
