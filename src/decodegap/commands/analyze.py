@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from importlib import resources
 from pathlib import Path
 
 import click
@@ -12,7 +11,7 @@ from decodegap.errors import UserError
 
 def example_path(name: str = "example_trace.json.gz") -> Path:
     """A file of the bundled example (decodegap.api.EXAMPLE_TRACE and its config)."""
-    return Path(str(resources.files("decodegap") / "data" / name))
+    return Path(__file__).parent.parent / "data" / name  # the package's folder, as importlib.resources finds it
 
 
 def _finite_positive_ms(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
