@@ -14,7 +14,7 @@ from decodegap.steps.layers import LayerKind, Layers, count_layers, data_depende
 from decodegap.steps.repetition import name_classes
 from decodegap.steps.steps import PHASES, Steps, idle_gaps_ns
 from decodegap.trace.link import Links
-from decodegap.trace.tables import GPU_KIND_NAMES, Trace, group_rows
+from decodegap.trace.tables import GPU_KIND_NAMES, Trace, group_rows, unique
 
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                 "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel",
@@ -284,7 +284,7 @@ def _group(trace: Trace, key: tuple, entry: list, n_steps: int, total_gpu_ns: in
 
 def _launch_cost_us(trace: Trace, links: Links, rows: np.ndarray) -> float | None:
     rt_rows = links.runtime_idx[rows]
-    rt_rows = np.unique(rt_rows[rt_rows >= 0])
+    rt_rows = unique(rt_rows[rt_rows >= 0])
     if not len(rt_rows):
         return None
     launch_ids = [i for i, name in enumerate(trace.names) if name in LAUNCH_CALLS]

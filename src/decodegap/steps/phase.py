@@ -13,7 +13,7 @@ import numpy as np
 from decodegap.ops import shapes as shape_info
 from decodegap.ops.categories import is_backward
 from decodegap.trace.link import Links
-from decodegap.trace.tables import Trace, group_rows
+from decodegap.trace.tables import Trace, group_rows, unique
 
 # Autograd and optimizer work exist only when a model trains.
 _TRAINING_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.(step|zero_grad)#|"
@@ -29,7 +29,7 @@ _ATTENTION_FORWARD = re.compile(r"^aten::_(flash|efficient)_attention_forward$")
 
 def is_training(trace: Trace) -> bool:
     names = trace.names
-    op_names = {names[i] for i in np.unique(trace.cpu_ops.name_id).tolist()} if len(trace.cpu_ops.name_id) else set()
+    op_names = {names[i] for i in unique(trace.cpu_ops.name_id).tolist()} if len(trace.cpu_ops.name_id) else set()
     op_names |= {a.name for a in trace.annotations}
     if any(_TRAINING_OP.search(n) for n in op_names):
         return True
@@ -75,7 +75,7 @@ def _distinct_ops(ops, op_rows: np.ndarray) -> tuple[list[tuple[int, bytes | Non
 
 def step_tokens(trace: Trace, links: Links, rows: np.ndarray) -> StepTokens:
     ops = trace.cpu_ops
-    op_rows = np.unique(links.op_idx[rows])
+    op_rows = unique(links.op_idx[rows])
     op_rows = op_rows[op_rows >= 0]
     gemm, query, kv, batch, widths = [], [], [], [], []
     distinct, counts, _ = _distinct_ops(ops, op_rows)
@@ -122,7 +122,7 @@ def widest_gemm_rows(trace: Trace, links: Links) -> np.ndarray | None:
     """Per GPU row: launched by the trace's widest GEMM (the lm_head over the vocabulary, once per forward).
     None when no GEMM op recorded its shapes (CUDA-graph replay, record_shapes off)."""
     ops = trace.cpu_ops
-    op_rows = np.unique(links.op_idx[links.op_idx >= 0])
+    op_rows = unique(links.op_idx[links.op_idx >= 0])
     distinct, _, which = _distinct_ops(ops, op_rows)
     width_of: dict[int, int] = {}  # distinct op -> its GEMM's output width
     for i, (name_id, dims, types) in enumerate(distinct):
