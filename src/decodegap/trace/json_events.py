@@ -141,7 +141,7 @@ class _Batches:
             events = _event_list.decode(text)
         except DECODE_ERRORS:
             try:
-                items = loads(text)
+                items = loads(text if isinstance(text, bytes) else bytes(text))  # (Python's json takes no views)
             except Unreadable:
                 return False
             events = self._convert(items if isinstance(items, list) else [items])
@@ -286,17 +286,18 @@ class _Parallel:
         self.worker = Worker(remote)
         self.on = True
 
-    def offer(self, text: bytes, mark) -> bool:
-        """Like `_Batches.whole` (False: not valid JSON, nothing read), for a batch whose decoding may be taken for
-        granted and merged later."""
+    def offer(self, buf: bytearray, end: int, mark) -> bool:
+        """Like `_Batches.whole` of `[` + buf[:end] + `]` (False: not valid JSON, nothing read), for a batch whose
+        decoding may be taken for granted and merged later."""
         self._collect(wait=False)
-        if self.free and len(text) <= SLOT_BYTES:
+        if self.free and end + 2 <= SLOT_BYTES:
             slot = self.free.pop()
-            self.worker.ask(slot, text)
-            entry = [False, None, len(text), mark, slot, _REMOTE]  # its text stays in the slot until merged
+            self.worker.ask(slot, buf, end)
+            entry = [False, None, end + 2, mark, slot, _REMOTE]  # its text stays in the slot until merged
             self.pending.append(entry)
             self.asked.append(entry)
             return True
+        text = _as_array(buf, 0, end)
         result = self.local.run(text)
         if result is None:
             self.settle()
@@ -612,16 +613,14 @@ class Reader:
         cut = self._last_separator() if self.lost or self.misses < GUESS_MISSES else -1
         self.searched = len(buf)
         if cut >= 0:
-            text = _as_array(buf, 0, cut)
             if self.lost:  # back on track after text the scan could not follow
                 self._settle()
-                batches(text)
+                batches(_as_array(buf, 0, cut))
                 self._cut(cut + 1, reset=True)
                 self.lost, cut = False, -1
-            elif parallel.offer(text, mark) if parallel is not None else batches.whole(text):
+            elif parallel.offer(buf, cut, mark) if parallel is not None else batches.whole(_as_array(buf, 0, cut)):
                 self._cut(cut + 1, reset=True)
                 cut = -1
-            del text
         if self.lost:
             return False
         commas, close = self.scan.scan(buf, self.scanned, len(buf))
