@@ -74,8 +74,7 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
             batch, context, allreduce_us, output, jobs, ray_address, annotate_out):
     """Read a torch.profiler trace (a .json/.json.gz file or a folder of per-rank traces) and show where the
     time of each decode step goes, the root causes, and the fixes."""
-    from decodegap.analysis import build
-    from decodegap.api import EXAMPLE_TRACE, run
+    from decodegap.api import EXAMPLE_TRACE, run  # (decodegap.analysis is imported while the trace is read)
     from decodegap.report.progress import load_progress
 
     if trace is None and ray_address and Path(ray_address).exists():  # `--ray TRACE`: the trace, not an address
@@ -101,6 +100,8 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
 
         for written in write_overlay(report, annotate_out):
             click.echo(f"decodegap: annotated trace written to {written}", err=True)
+    from decodegap.analysis import build
+
     text = render(build(report), fmt, top=top, full_names=full_names)
     if output is not None:
         try:
