@@ -153,3 +153,22 @@ def test_an_analysis_reads_back_as_it_was_written(name, tmp_path):
     saved.write_text(a.to_json())
     assert decodegap.load(saved).to_json() == a.to_json()
     assert a.to_dict() == json.loads(a.to_json())
+
+
+def test_the_analysis_modules_imported_while_reading_are_all_it_imports_after():
+    # api.ANALYSIS_MODULES are imported by the reader while its second process decodes (json_events._Parallel):
+    # a module the analysis imports after reading that the list misses would only be imported later, serially.
+    import importlib.util
+    import subprocess
+    import sys
+
+    from decodegap import api
+
+    assert all(importlib.util.find_spec(name) is not None for name in api.ANALYSIS_MODULES)
+    trace = Path(__file__).parent / "fixtures" / "traces" / "hf_llama_generate_6steps.json.gz"
+    code = ("import sys\nimport decodegap.api, decodegap.pipeline, decodegap.floor.ledger, decodegap.floor.floor\n"
+            "from decodegap.trace import load\nbefore = set(sys.modules)\n"
+            f"decodegap.api.analyze({str(trace)!r})\n"
+            "print(sorted(m for m in set(sys.modules) - before if m.startswith('decodegap')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert set(eval(out.stdout)) <= set(api.ANALYSIS_MODULES), out.stdout

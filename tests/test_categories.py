@@ -180,3 +180,37 @@ def test_a_huge_templated_name_is_judged_by_its_head():
         category, backward = categorize(name), is_backward(name)
         assert time.perf_counter() - start < 2.0
         assert category == categorize(name[:NAME_HEAD]) and backward is False
+
+
+def test_ascii_names_read_lowercased_as_the_rules_read_them():
+    # ASCII names take lowercased rules without IGNORECASE (~4x faster): the same category as the IGNORECASE rules
+    # for every name here, every kernel name of the committed traces, and their case-swapped spellings.
+    import glob
+    import gzip
+    import json
+    import re
+
+    from decodegap.ops import categories
+
+    def by_ignorecase(name: str) -> str:
+        name = name[:NAME_HEAD]
+        if categories._CAST_TEMPLATE.search(name) and categories._COPY_TEMPLATE.search(name):
+            return "cast"
+        return next((c for c, pattern in categories._rules(False) if pattern.search(name)), "other")
+
+    names = {n for n, _ in NAMES + LIBRARY_NAMES} | set(BACKWARD) | set(FORWARD)
+    paths = glob.glob("tests/fixtures/traces/*.json.gz") + glob.glob("tests/fixtures/traces/*/*.json.gz")
+    for path in [p for p in paths if "/corpus/" not in p]:  # the corpus's 383 names agree too (10 s to read)
+        try:
+            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+                events = json.load(f)
+        except (OSError, EOFError, ValueError):  # the damaged and cut fixtures
+            continue
+        events = events.get("traceEvents", []) if isinstance(events, dict) else events
+        names |= {e["name"] for e in events if isinstance(e, dict) and isinstance(e.get("name"), str)
+                  and e.get("cat") in ("kernel", "Kernel")}
+    assert not any(pattern.flags & re.IGNORECASE for _, pattern in categories._rules(True)) and len(names) > 300
+    for name in sorted(names):
+        for spelling in (name, name.swapcase(), name.upper()):
+            if spelling.isascii():
+                assert categorize.__wrapped__(spelling) == by_ignorecase(spelling), spelling

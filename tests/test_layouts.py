@@ -151,8 +151,8 @@ def _alone_and_with_a_worker(path: Path, monkeypatch) -> tuple:
 
     asked = []
     real_ask = worker.Worker.ask
-    monkeypatch.setattr(worker.Worker, "ask", lambda self, slot, text: (asked.append(len(text)),
-                                                                          real_ask(self, slot, text))[1])
+    monkeypatch.setattr(worker.Worker, "ask", lambda self, slot, buf, end: (asked.append(end),
+                                                                              real_ask(self, slot, buf, end))[1])
     monkeypatch.setenv("DECODEGAP_READ_WORKER", "0")
     alone = _trace_fields(path)
     monkeypatch.setenv("DECODEGAP_READ_WORKER", "1")
@@ -187,12 +187,12 @@ def test_a_second_process_that_dies_leaves_the_reader_reading_alone(tmp_path, mo
     calls = []
     real_ask = worker.Worker.ask
 
-    def ask(self, slot, text):
+    def ask(self, slot, buf, end):
         calls.append(slot)
         if len(calls) == 3:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
-        real_ask(self, slot, text)
+        real_ask(self, slot, buf, end)
 
     monkeypatch.setattr(worker.Worker, "ask", ask)
     monkeypatch.setenv("DECODEGAP_READ_WORKER", "1")

@@ -7,21 +7,60 @@ names the parameter as Python spells it (`tp=3`; the CLI words the same line wit
 from __future__ import annotations
 
 import filecmp
+import importlib
 import math
 import numbers
 import os
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from decodegap.analysis import Analysis, build
-from decodegap.analysis import load as load  # noqa: PLC0414  (re-exported: decodegap.load)
 from decodegap.errors import ParameterError, UserError
+
+if TYPE_CHECKING:
+    from decodegap.analysis import Analysis
+
+
+def __getattr__(name: str):
+    # decodegap.analysis (and every stage below it) is imported once a trace's reading has begun (run), so that
+    # the reader can import them while a second process decodes; these names still read as before.
+    if name in ("Analysis", "build", "load"):
+        from decodegap import analysis
+
+        return getattr(analysis, name)
+    raise AttributeError(f"module 'decodegap.api' has no attribute {name!r}")
+
+
+# What analyzing a trace imports once it is read, in an order that imports each module's own imports before it:
+# the reader of a big file imports them one at a time while its second decoding process holds every batch it can
+# (json_events._Parallel), instead of in one go before reading. A module left out is imported where first used.
+ANALYSIS_MODULES = (
+    "html", "difflib", "numpy.ma", "decodegap.ops", "decodegap.ops.shapes", "decodegap.ops.categories",
+    "decodegap.ops.kernel_names", "decodegap.steps", "decodegap.steps.repetition", "decodegap.steps.layers",
+    "decodegap.trace.link", "decodegap.steps.phase", "decodegap.steps.marks", "decodegap.steps.anchors",
+    "decodegap.steps.steps", "decodegap.breakdown", "decodegap.breakdown.breakdown", "decodegap.findings.base",
+    "decodegap.findings.records", "decodegap.findings", "decodegap.rounding", "decodegap.samples",
+    "decodegap.findings.profiler_check", "decodegap.breakdown.rows", "decodegap.analysis",
+    "decodegap.findings.host_bound", "decodegap.findings.kv_pool_cast", "decodegap.findings.weight_copy",
+    "decodegap.findings.collective_bound", "decodegap.findings.profiler_overhead",
+)
+
+
+def _import_aside():
+    """ANALYSIS_MODULES imported, one per step."""
+    for name in ANALYSIS_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # raised again where it is used
+            return
+        yield
 
 # The bundled example: the demo's GLM-5-shaped rank (decodegap.demo) replayed from a CUDA graph on an H200, with
 # the config of the model it ran; the demo keeps 2,048 active tokens in the pool.
-EXAMPLE_TRACE = Path(str(resources.files("decodegap") / "data" / "example_trace.json.gz"))
-EXAMPLE_MODEL = Path(str(resources.files("decodegap") / "data" / "example_model_config.json"))
+# (The package's own folder, as importlib.resources.files finds it for a package on disk, without importing it and
+# the tempfile, shutil, random and zipfile modules it brings: ~20 ms of every run's start.)
+EXAMPLE_TRACE = Path(__file__).parent / "data" / "example_trace.json.gz"
+EXAMPLE_MODEL = Path(__file__).parent / "data" / "example_model_config.json"
 EXAMPLE_CONTEXT = 2048
 DEFAULT_BATCH = 1
 
@@ -78,7 +117,7 @@ def run(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: in
     path = Path(path)
     options = _options(path, model, quant, weights, kv, gpu, tp, batch, context, tpot_ms, allreduce_us, jobs)
     try:
-        return analyze_path(path, options, jobs=jobs, ray=_ray_address(ray))
+        return analyze_path(path, options, jobs=jobs, ray=_ray_address(ray), aside=_import_aside())
     except ParameterError:
         raise
     except UserError as exc:
@@ -151,8 +190,11 @@ def analyze(path, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp
     Returns:
         the Analysis (immutable; `.to_dict()` is the JSON report).
     """
-    return build(run(path, model=model, quant=quant, weights=weights, kv=kv, gpu=gpu, tp=tp, batch=batch,
-                     context=context, tpot_ms=tpot_ms, allreduce_us=allreduce_us, jobs=jobs, ray=ray))
+    report = run(path, model=model, quant=quant, weights=weights, kv=kv, gpu=gpu, tp=tp, batch=batch,
+                 context=context, tpot_ms=tpot_ms, allreduce_us=allreduce_us, jobs=jobs, ray=ray)
+    from decodegap.analysis import build
+
+    return build(report)
 
 
 def diff(before, after, *, model=None, batch: int | None = None, context: int | None = None) -> dict:
@@ -160,6 +202,7 @@ def diff(before, after, *, model=None, batch: int | None = None, context: int | 
     kernel groups new/gone/faster/slower, findings gone/kept/new, and the step BEFORE's findings predict once those
     gone are fixed beside the one AFTER measured (`predicted`). `model`, `batch`, `context`: as for `analyze`, for
     the sides that are traces. Returns the `decodegap.diff/1` dict."""
+    from decodegap.analysis import Analysis
     from decodegap.report.diff import diff_reports
 
     def as_dict(side) -> dict:
@@ -180,7 +223,10 @@ def load_report(path: Path, tpot_ms: float | None = None, *, model=None, batch: 
     saved = saved_report(path)
     if saved is not None:
         return saved
-    return build(run(path, model=model, batch=batch, context=context, tpot_ms=tpot_ms)).to_dict()
+    report = run(path, model=model, batch=batch, context=context, tpot_ms=tpot_ms)
+    from decodegap.analysis import build
+
+    return build(report).to_dict()
 
 
 def annotate(path, out, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1,

@@ -16,19 +16,22 @@ from pathlib import Path
 
 import numpy as np
 
-from decodegap.breakdown.breakdown import Breakdown, compute_breakdown
+from typing import TYPE_CHECKING
+
 from decodegap.errors import ParameterError, UserError
-from decodegap.findings.records import AnyFinding, BestCase
-from decodegap.floor.ledger import FloorRequest, GapLedger
-from decodegap.floor.floor import Floor
-from decodegap.findings.profiler_check import ProfilerCheck, profiler_check, recording_warnings
 from decodegap.records import Struct
-from decodegap.breakdown.rows import LayerRow, StepRow, layer_rows, step_rows
-from decodegap.steps.steps import Steps, find_steps
 from decodegap.trace import Trace, load_trace
-from decodegap.trace.link import link
 from decodegap.trace.load import find_trace_files, rank_from_filename
 from decodegap.trace.read import NotATrace, available_memory_bytes
+
+if TYPE_CHECKING:  # the stages after reading are imported where they run (a trace's reading can start before them)
+    from decodegap.breakdown.breakdown import Breakdown
+    from decodegap.breakdown.rows import LayerRow, StepRow
+    from decodegap.findings.profiler_check import ProfilerCheck
+    from decodegap.findings.records import AnyFinding, BestCase
+    from decodegap.floor.floor import Floor
+    from decodegap.floor.ledger import FloorRequest, GapLedger
+    from decodegap.steps.steps import Steps
 
 # What a worker's peak memory is per byte of trace text (measured: benchmarks/bench_scale.py), plus the interpreter
 # and its libraries: sizes the default number of parallel workers so that they fit in memory together.
@@ -189,7 +192,12 @@ _NO_ROWS = np.empty(0, dtype=np.int64)
 
 def summarize(trace: Trace, options: AnalysisOptions) -> RankSummary:
     """Analyze one rank's trace down to its summary (the trace can be dropped afterwards)."""
+    from decodegap.breakdown.breakdown import compute_breakdown
+    from decodegap.breakdown.rows import layer_rows, step_rows
     from decodegap.findings import RankInput, run_rank_detectors
+    from decodegap.findings.profiler_check import recording_warnings
+    from decodegap.steps.steps import find_steps
+    from decodegap.trace.link import link
 
     links = link(trace)
     steps = find_steps(trace, links)
@@ -453,15 +461,18 @@ def _floor_and_ledger(options: AnalysisOptions, main: RankSummary,
 
 
 def analyze_path(path: str | Path, options: AnalysisOptions | None = None, *, jobs: int | None = None,
-                 ray: str | None = None) -> Report:
+                 ray: str | None = None, aside=None) -> Report:
     """Analyze a trace file or a folder of per-rank traces. `jobs`: ranks analyzed in parallel processes (default:
-    the cores, capped by memory); `ray`: run them as Ray tasks instead ("" starts a local Ray, else an address)."""
+    the cores, capped by memory); `ray`: run them as Ray tasks instead ("" starts a local Ray, else an address).
+    `aside`: work for the reader of a file to do while a second process decodes (trace.load.load_trace)."""
+    from decodegap.findings.profiler_check import profiler_check
+
     options = options or AnalysisOptions()
     path = Path(path)
     files = find_trace_files(path)
     left_out: list[str] = []
     if path.is_file():
-        summaries = [summarize(load_trace(files[0]), options)]
+        summaries = [summarize(load_trace(files[0], aside=aside), options)]
     else:
         summaries, left_out = _folder_summaries(path, files, _analyze_files(files, options, jobs, ray))
     ranks = _order_ranks(summaries)

@@ -4,7 +4,6 @@ timed window, e.g. two generate calls of different shapes). Stdlib only: record 
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 # The bimodality rule (docs/record.md, "Unprofiled timing"): split the sorted samples at their widest gap, among
@@ -37,6 +36,16 @@ class Spread:
     modes: tuple[Mode, ...]
 
 
+def median(values: list[float]) -> float:
+    """statistics.median of non-empty values (the middle one, or the mean of the middle two), without importing
+    statistics and the random, fractions and decimal modules it brings to every run's start."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n % 2:
+        return ordered[n // 2]
+    return (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
 def percentile(ordered: list[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default); `ordered` sorted and non-empty."""
     pos = q * (len(ordered) - 1)
@@ -66,7 +75,7 @@ def two_modes(samples: list[float]) -> tuple[list[float], list[float]] | None:
     gap = high[0] - low[-1]
     if gap < BIMODAL_GAP_FACTOR * max(_side_spread(low), _side_spread(high)):
         return None
-    if gap < BIMODAL_MIN_REL_GAP * statistics.median(ordered):
+    if gap < BIMODAL_MIN_REL_GAP * median(ordered):
         return None
     return low, high
 
@@ -76,9 +85,9 @@ def spread(samples: list[float]) -> Spread:
         return Spread(None, None, None, False, ())
     ordered = sorted(samples)
     groups = two_modes(ordered)
-    modes = tuple(Mode(float(statistics.median(g)), len(g)) for g in groups) if groups else ()
+    modes = tuple(Mode(float(median(g)), len(g)) for g in groups) if groups else ()
     return Spread(
-        median=float(statistics.median(ordered)),
+        median=float(median(ordered)),
         p10=percentile(ordered, 0.1),
         p90=percentile(ordered, 0.9),
         bimodal=groups is not None,

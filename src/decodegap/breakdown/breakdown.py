@@ -14,7 +14,7 @@ from decodegap.steps.layers import LayerKind, Layers, count_layers, data_depende
 from decodegap.steps.repetition import name_classes
 from decodegap.steps.steps import PHASES, Steps, idle_gaps_ns
 from decodegap.trace.link import Links
-from decodegap.trace.tables import GPU_KIND_NAMES, Trace
+from decodegap.trace.tables import GPU_KIND_NAMES, Trace, group_rows, unique
 
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                 "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel",
@@ -148,15 +148,6 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     decode = steps.of(phase)
     n = max(len(decode), 1)
     rows = np.concatenate([s.rows for s in decode]) if decode else np.empty(0, np.int64)
-    category_of_name = {}
-
-    def category(row: int) -> str:
-        key = (int(gpu.name_id[row]), int(gpu.kind[row]))
-        found = category_of_name.get(key)
-        if found is None:
-            found = category_of_name[key] = categorize(trace.names[key[0]], GPU_KIND_NAMES[key[1]])
-        return found
-
     dur = gpu.dur_ns
     total_gpu_ns = int(dur[rows].sum()) if len(rows) else 0
     wall = [s.wall_ns / 1e6 for s in decode]
@@ -164,26 +155,8 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     busy_fraction = float(sum(busy) / sum(wall)) if sum(wall) > 0 else 0.0
     step_ms = Spread.of(wall)
 
-    by_category: Counter = Counter()
-    groups: dict[tuple, list] = {}
-    ops = trace.cpu_ops
-    for row in rows.tolist():
-        cat = category(row)
-        by_category[cat] += int(dur[row])
-        op = int(links.op_idx[row])
-        if op >= 0 and ops.input_dims[op]:
-            key = (int(gpu.name_id[row]), "op", int(ops.name_id[op]), ops.input_dims[op], ops.input_types[op])
-        else:
-            key = (int(gpu.name_id[row]), "launch", int(gpu.grid_id[row]), int(gpu.block_id[row]),
-                   int(ops.name_id[op]) if op >= 0 else -1)
-        entry = groups.get(key)
-        if entry is None:
-            groups[key] = [row, 1, int(dur[row]), bool(links.from_graph[row])]
-        else:
-            entry[1] += 1
-            entry[2] += int(dur[row])
-
-    kernels = [_group(trace, key, entry, n, total_gpu_ns, category(entry[0])) for key, entry in groups.items()]
+    by_category, groups = _category_times_and_groups(trace, links, rows)
+    kernels = [_group(trace, key, entry, n, total_gpu_ns, category) for key, entry, category in groups]
     kernels.sort(key=lambda k: -k.ms_per_step)
     categories = [
         CategoryTime(name, by_category[name] / 1e6 / n, by_category[name] / total_gpu_ns if total_gpu_ns else 0.0,
@@ -207,6 +180,57 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
         layer_starts=found.starts, layer_end=found.end, typical_step=len(decode) // 2 if decode else None,
         layer_kind_of=found.kind_of,
     )
+
+
+def _sums(values: np.ndarray, inverse: np.ndarray, counts: np.ndarray) -> list[int]:
+    """Per group (`inverse`: each value's group, `counts`: values per group): the sum of its values, as Python
+    ints (exact whatever their size)."""
+    if not len(values):
+        return [0] * len(counts)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    return np.add.reduceat(values[np.argsort(inverse, kind="stable")].astype(object), starts).tolist()
+
+
+def _category_times_and_groups(trace: Trace, links: Links, rows: np.ndarray) -> tuple[Counter, list]:
+    """GPU time per category over `rows`, and the kernel groups, in the order of their first row: each (key,
+    [first row, calls, ns, from graph], category of its first row). A group is a kernel name with the launching op's
+    name and input shapes when it recorded them, else with its grid, block and op name. Computed over columns: the
+    same as reading row by row."""
+    gpu, ops = trace.gpu, trace.cpu_ops
+    name = gpu.name_id[rows].astype(np.int64)
+    kind = gpu.kind[rows].astype(np.int64)
+    dur = gpu.dur_ns[rows].astype(np.int64)
+    op = links.op_idx[rows].astype(np.int64)
+    launched = op >= 0
+    op_name = np.full(len(rows), -1, dtype=np.int64)
+    dims = np.zeros(len(rows), dtype=np.int64)  # ids into the op texts (distinct values: an id is its text)
+    types = np.zeros(len(rows), dtype=np.int64)
+    op_name[launched] = ops.name_id[op[launched]]
+    dims[launched] = ops.input_dims.ids[op[launched]]
+    types[launched] = ops.input_types.ids[op[launched]]
+    texts = ops.input_dims.values
+    has_shapes = np.fromiter(map(bool, texts), dtype=bool, count=len(texts))[dims]
+
+    by_category: Counter = Counter()
+    pair_first, pair_of, pair_counts = group_rows(name, kind)  # a category per (kernel name, kind of activity)
+    categories = [categorize(trace.names[n], GPU_KIND_NAMES[k])
+                  for n, k in zip(name[pair_first].tolist(), kind[pair_first].tolist(), strict=True)]
+    for category, ns in zip(categories, _sums(dur, pair_of, pair_counts), strict=True):
+        by_category[category] += ns
+
+    key = (name, has_shapes, np.where(has_shapes, op_name, gpu.grid_id[rows]),
+           np.where(has_shapes, dims, gpu.block_id[rows]), np.where(has_shapes, types, op_name))
+    first, group_of, calls = group_rows(*key)
+    ns = _sums(dur, group_of, calls)
+    groups = []
+    for g in np.argsort(first, kind="stable").tolist():
+        row_i = int(first[g])
+        n, shaped, a, b, c = (int(column[row_i]) for column in key)
+        row = int(rows[row_i])
+        group_key = (n, "op", a, texts[b], texts[c]) if shaped else (n, "launch", a, b, c)
+        groups.append((group_key, [row, int(calls[g]), ns[g], bool(links.from_graph[row])],
+                       categories[pair_of[row_i]]))
+    return by_category, groups
 
 
 def _share_of_step(ms_per_step: float, step_ms: Spread) -> float:
@@ -260,7 +284,7 @@ def _group(trace: Trace, key: tuple, entry: list, n_steps: int, total_gpu_ns: in
 
 def _launch_cost_us(trace: Trace, links: Links, rows: np.ndarray) -> float | None:
     rt_rows = links.runtime_idx[rows]
-    rt_rows = np.unique(rt_rows[rt_rows >= 0])
+    rt_rows = unique(rt_rows[rt_rows >= 0])
     if not len(rt_rows):
         return None
     launch_ids = [i for i, name in enumerate(trace.names) if name in LAUNCH_CALLS]

@@ -36,18 +36,21 @@ class LayerRow(Struct):
     gpu_ms: float  # GPU time of its kernels
 
 
-def _row_categories(trace: Trace) -> np.ndarray:
-    """The category of every GPU row, naming each distinct (name, kind) once."""
+def _row_categories(trace: Trace) -> tuple[np.ndarray, list[str]]:
+    """The category of every GPU row, as an index into the distinct categories returned with it, naming each
+    distinct (name, kind) once."""
     from decodegap.ops.categories import categorize
     from decodegap.trace.tables import GPU_KIND_NAMES
 
     gpu = trace.gpu
     if not len(gpu):
-        return np.empty(0, dtype=object)
+        return np.empty(0, dtype=np.int64), []
     keys = gpu.name_id.astype(np.int64) * 4 + gpu.kind.astype(np.int64)
     uniq, inverse = np.unique(keys, return_inverse=True)
-    names = np.array([categorize(trace.names[int(k) // 4], GPU_KIND_NAMES[int(k) % 4]) for k in uniq], dtype=object)
-    return names[inverse]
+    of_key = [categorize(trace.names[int(k) // 4], GPU_KIND_NAMES[int(k) % 4]) for k in uniq.tolist()]
+    names = list(dict.fromkeys(of_key))
+    index = np.array([names.index(c) for c in of_key], dtype=np.int64)
+    return index[inverse.reshape(-1)], names
 
 
 def step_rows(trace: Trace, steps: Steps) -> list[StepRow]:
@@ -57,15 +60,19 @@ def step_rows(trace: Trace, steps: Steps) -> list[StepRow]:
                         ms=_r(s.wall_ns / 1e6), gpu_busy_ms=0.0, batch=s.batch, tokens=s.tokens, category_ms={})
                 for s in steps.steps]
     gpu = trace.gpu
-    cats = _row_categories(trace)
+    cats, names = _row_categories(trace)
     end = gpu.end_ns
     rows = []
     for s in steps.steps:
         r = s.rows
         per: dict[str, float] = {}
         if len(r):
-            for name, dur in zip(cats[r].tolist(), gpu.dur_ns[r].tolist(), strict=True):
-                per[name] = per.get(name, 0.0) + dur
+            # GPU time per category, the categories in the order the step first runs them: bincount adds the float
+            # durations in row order, as a sum row by row does
+            of_row = cats[r]
+            ns = np.bincount(of_row, weights=gpu.dur_ns[r], minlength=len(names)).tolist()
+            present, first = np.unique(of_row, return_index=True)
+            per = {names[c]: ns[c] for c in present[np.argsort(first)].tolist()}
         busy = busy_ns(gpu.ts_ns[r], end[r], s.start_ns, s.end_ns) if len(r) else 0
         rows.append(StepRow(index=s.index, phase=s.kind, label=s.label, start_ms=_r(s.start_ns / 1e6),
                             ms=_r(s.wall_ns / 1e6), gpu_busy_ms=_r(busy / 1e6), batch=s.batch, tokens=s.tokens,

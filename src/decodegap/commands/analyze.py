@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from importlib import resources
 from pathlib import Path
 
 import click
@@ -12,7 +11,7 @@ from decodegap.errors import UserError
 
 def example_path(name: str = "example_trace.json.gz") -> Path:
     """A file of the bundled example (decodegap.api.EXAMPLE_TRACE and its config)."""
-    return Path(str(resources.files("decodegap") / "data" / name))
+    return Path(__file__).parent.parent / "data" / name  # the package's folder, as importlib.resources finds it
 
 
 def _finite_positive_ms(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -75,8 +74,7 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
             batch, context, allreduce_us, output, jobs, ray_address, annotate_out):
     """Read a torch.profiler trace (a .json/.json.gz file or a folder of per-rank traces) and show where the
     time of each decode step goes, the root causes, and the fixes."""
-    from decodegap.analysis import build
-    from decodegap.api import EXAMPLE_TRACE, run
+    from decodegap.api import EXAMPLE_TRACE, run  # (decodegap.analysis is imported while the trace is read)
     from decodegap.report.progress import load_progress
 
     if trace is None and ray_address and Path(ray_address).exists():  # `--ray TRACE`: the trace, not an address
@@ -102,6 +100,8 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
 
         for written in write_overlay(report, annotate_out):
             click.echo(f"decodegap: annotated trace written to {written}", err=True)
+    from decodegap.analysis import build
+
     text = render(build(report), fmt, top=top, full_names=full_names)
     if output is not None:
         try:

@@ -13,7 +13,7 @@ import numpy as np
 from decodegap.ops import shapes as shape_info
 from decodegap.ops.categories import is_backward
 from decodegap.trace.link import Links
-from decodegap.trace.tables import Trace
+from decodegap.trace.tables import Trace, group_rows, unique
 
 # Autograd and optimizer work exist only when a model trains.
 _TRAINING_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.(step|zero_grad)#|"
@@ -29,7 +29,7 @@ _ATTENTION_FORWARD = re.compile(r"^aten::_(flash|efficient)_attention_forward$")
 
 def is_training(trace: Trace) -> bool:
     names = trace.names
-    op_names = {names[i] for i in np.unique(trace.cpu_ops.name_id).tolist()} if len(trace.cpu_ops.name_id) else set()
+    op_names = {names[i] for i in unique(trace.cpu_ops.name_id).tolist()} if len(trace.cpu_ops.name_id) else set()
     op_names |= {a.name for a in trace.annotations}
     if any(_TRAINING_OP.search(n) for n in op_names):
         return True
@@ -62,17 +62,29 @@ def _out_width(name: str, weight: list) -> int:
     return int(weight[0]) if name == "aten::linear" else int(weight[-1])
 
 
+def _distinct_ops(ops, op_rows: np.ndarray) -> tuple[list[tuple[int, bytes | None, bytes | None]], np.ndarray,
+                                                         np.ndarray]:
+    """The distinct (name id, input dims, input types) of CPU ops `op_rows`, how many of the rows have each, and per
+    row its index among them: what an op's shapes say depends on these three only, so each is read once."""
+    dims, types = ops.input_dims, ops.input_types
+    names, dim_ids, type_ids = ops.name_id[op_rows], dims.ids[op_rows], types.ids[op_rows]
+    first, which, counts = group_rows(names, dim_ids, type_ids)
+    return ([(n, dims.values[d], types.values[t]) for n, d, t in
+             zip(names[first].tolist(), dim_ids[first].tolist(), type_ids[first].tolist(), strict=True)], counts, which)
+
+
 def step_tokens(trace: Trace, links: Links, rows: np.ndarray) -> StepTokens:
     ops = trace.cpu_ops
-    op_rows = np.unique(links.op_idx[rows])
+    op_rows = unique(links.op_idx[rows])
     op_rows = op_rows[op_rows >= 0]
     gemm, query, kv, batch, widths = [], [], [], [], []
-    for op in op_rows.tolist():
-        dims = ops.input_dims[op]
+    distinct, counts, _ = _distinct_ops(ops, op_rows)
+    # max and median do not depend on the order of the ops, so each distinct op counts as often as it runs
+    for (name_id, dims, types), count in zip(distinct, counts.tolist(), strict=True):
         if not dims:
             continue
-        name = trace.names[ops.name_id[op]]
-        shapes = [s for s, _ in shape_info.tensors(dims, ops.input_types[op])]
+        name = trace.names[name_id]
+        shapes = [s for s, _ in shape_info.tensors(dims, types)]
         if not shapes or not shapes[0]:
             continue
         operands = _gemm_operands(name, shapes) if name in GEMM_OPS else None
@@ -83,9 +95,9 @@ def step_tokens(trace: Trace, links: Links, rows: np.ndarray) -> StepTokens:
         elif len(shapes) >= 2 and len(shapes[0]) == 4 and len(shapes[1]) == 4:
             seq_dim = 1 if _ATTENTION_FORWARD.match(name) else 2 if _SDPA.match(name) else None
             if seq_dim is not None:
-                query.append(shapes[0][seq_dim])
-                kv.append(shapes[1][seq_dim])
-                batch.append(shapes[0][0])
+                query += [shapes[0][seq_dim]] * count
+                kv += [shapes[1][seq_dim]] * count
+                batch += [shapes[0][0]] * count
     head = max(widths)[1] if widths else None
     # The most rows any projection sees: the tokens of the step (an eager MoE layer's experts see fewer, each).
     return StepTokens(max(gemm) if gemm else None, _median(query), _median(kv), _median(batch), head)
@@ -110,18 +122,22 @@ def widest_gemm_rows(trace: Trace, links: Links) -> np.ndarray | None:
     """Per GPU row: launched by the trace's widest GEMM (the lm_head over the vocabulary, once per forward).
     None when no GEMM op recorded its shapes (CUDA-graph replay, record_shapes off)."""
     ops = trace.cpu_ops
-    width_of: dict[int, int] = {}
-    for op in np.unique(links.op_idx[links.op_idx >= 0]).tolist():
-        name = trace.names[ops.name_id[op]]
-        if name not in GEMM_OPS or not ops.input_dims[op]:
+    op_rows = unique(links.op_idx[links.op_idx >= 0])
+    distinct, _, which = _distinct_ops(ops, op_rows)
+    width_of: dict[int, int] = {}  # distinct op -> its GEMM's output width
+    for i, (name_id, dims, types) in enumerate(distinct):
+        name = trace.names[name_id]
+        if name not in GEMM_OPS or not dims:
             continue
-        operands = _gemm_operands(name, [s for s, _ in shape_info.tensors(ops.input_dims[op], ops.input_types[op])])
+        operands = _gemm_operands(name, [s for s, _ in shape_info.tensors(dims, types)])
         if operands is not None and operands[1]:
-            width_of[op] = _out_width(name, operands[1])
+            width_of[i] = _out_width(name, operands[1])
     if not width_of:
         return None
     widest = max(width_of.values())
-    heads = np.array([op for op, w in width_of.items() if w >= 0.9 * widest], dtype=np.int64)
+    head = np.zeros(len(distinct), dtype=bool)
+    head[[i for i, w in width_of.items() if w >= 0.9 * widest]] = True
+    heads = op_rows[head[which]]
     return np.isin(links.op_idx, heads)
 
 

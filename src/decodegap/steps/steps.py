@@ -36,7 +36,7 @@ from decodegap.steps.repetition import (
 from decodegap.errors import UserError
 from decodegap.steps.marks import FAMILY_ORDER, StepMark, step_marks
 from decodegap.trace.link import Links
-from decodegap.trace.tables import Trace
+from decodegap.trace.tables import Trace, unique
 
 PHASES = ("decode", "prefill", "mixed", "training")
 SAME_MIX = 0.8  # kernel-mix overlap above which a step counts as the same kind as the typical one
@@ -626,7 +626,7 @@ def _incomplete_words(incomplete: list) -> str:
 
 
 def _runtime(trace: Trace) -> str:
-    ids = np.unique(trace.runtime.name_id).tolist()
+    ids = unique(trace.runtime.name_id).tolist()
     return "HIP" if any(trace.names[i].startswith("hip") for i in ids) else "CUDA"
 
 

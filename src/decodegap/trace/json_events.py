@@ -141,7 +141,7 @@ class _Batches:
             events = _event_list.decode(text)
         except DECODE_ERRORS:
             try:
-                items = loads(text)
+                items = loads(text if isinstance(text, bytes) else bytes(text))  # (Python's json takes no views)
             except Unreadable:
                 return False
             events = self._convert(items if isinstance(items, list) else [items])
@@ -272,8 +272,8 @@ class _Parallel:
     could not read puts the reader back where it stood before that batch, with the text since then, and the
     reader reads on alone, exactly as without a second process: what is read never depends on it."""
 
-    def __init__(self, reader: Reader, builder, batches: _Batches) -> None:
-        self.reader, self.builder, self.batches = reader, builder, batches
+    def __init__(self, reader: Reader, builder, batches: _Batches, aside=None) -> None:
+        self.reader, self.builder, self.batches, self.aside = reader, builder, batches, aside
         self.local = _Producer(builder)
         remote = _Producer(builder)  # the child's, forked with it
         self.ids = [[np.zeros(1, np.int32) for _ in range(3)] for _ in (_LOCAL, _REMOTE)]
@@ -286,17 +286,20 @@ class _Parallel:
         self.worker = Worker(remote)
         self.on = True
 
-    def offer(self, text: bytes, mark) -> bool:
-        """Like `_Batches.whole` (False: not valid JSON, nothing read), for a batch whose decoding may be taken for
-        granted and merged later."""
+    def offer(self, buf: bytearray, end: int, mark) -> bool:
+        """Like `_Batches.whole` of `[` + buf[:end] + `]` (False: not valid JSON, nothing read), for a batch whose
+        decoding may be taken for granted and merged later."""
         self._collect(wait=False)
-        if self.free and len(text) <= SLOT_BYTES:
+        while not self.free and self._aside():  # the second process holds every batch it can: other work first
+            self._collect(wait=False)
+        if self.free and end + 2 <= SLOT_BYTES:
             slot = self.free.pop()
-            self.worker.ask(slot, text)
-            entry = [False, None, len(text), mark, slot, _REMOTE]  # its text stays in the slot until merged
+            self.worker.ask(slot, buf, end)
+            entry = [False, None, end + 2, mark, slot, _REMOTE]  # its text stays in the slot until merged
             self.pending.append(entry)
             self.asked.append(entry)
             return True
+        text = _as_array(buf, 0, end)
         result = self.local.run(text)
         if result is None:
             self.settle()
@@ -305,6 +308,17 @@ class _Parallel:
         self.pending.append([True, result, text, mark, None, _LOCAL])
         self._merge()
         return True
+
+    def _aside(self) -> bool:
+        """One step of the aside work; False when there is none (left)."""
+        if self.aside is None:
+            return False
+        try:
+            next(self.aside)
+            return True
+        except StopIteration:
+            self.aside = None
+            return False
 
     def settle(self) -> None:
         """Wait for every answer and merge them all (or rewind at one the second process could not read)."""
@@ -612,16 +626,14 @@ class Reader:
         cut = self._last_separator() if self.lost or self.misses < GUESS_MISSES else -1
         self.searched = len(buf)
         if cut >= 0:
-            text = _as_array(buf, 0, cut)
             if self.lost:  # back on track after text the scan could not follow
                 self._settle()
-                batches(text)
+                batches(_as_array(buf, 0, cut))
                 self._cut(cut + 1, reset=True)
                 self.lost, cut = False, -1
-            elif parallel.offer(text, mark) if parallel is not None else batches.whole(text):
+            elif parallel.offer(buf, cut, mark) if parallel is not None else batches.whole(_as_array(buf, 0, cut)):
                 self._cut(cut + 1, reset=True)
                 cut = -1
-            del text
         if self.lost:
             return False
         commas, close = self.scan.scan(buf, self.scanned, len(buf))
@@ -724,15 +736,17 @@ class Reader:
         return _decode_header(path, b"{" + b",".join(self.members) + b"}"), truncated
 
 
-def decode_trace(path: Path, consume: Consume, builder=None) -> tuple[schema.TraceDocument, list[str], str | None]:
+def decode_trace(path: Path, consume: Consume, builder=None,
+                 aside=None) -> tuple[schema.TraceDocument, list[str], str | None]:
     """Feed every event batch to `consume`; return the document's other fields, any warnings, and why the text
     ends early when it does (the caller decides whether what came before the cut can be trusted). With `builder`
-    (whose `add` is `consume`; see TableBuilder.fresh, take_chunk, merge) a big file is decoded on two cores."""
+    (whose `add` is `consume`; see TableBuilder.fresh, take_chunk, merge) a big file is decoded on two cores, and
+    `aside` (an iterator) stepped while the second process holds every batch it can (load_trace)."""
     batches = _Batches(consume)
     reader = Reader(path, batches)
     truncated: str | None = None
     if builder is not None and _use_worker(path):
-        reader.parallel = _Parallel(reader, builder, batches)  # forked before the read-ahead thread starts
+        reader.parallel = _Parallel(reader, builder, batches, aside)  # forked before the read-ahead thread starts
     try:
         try:
             with closing(iter_text_chunks(path, text_limit_bytes())) as chunks:  # closed at once when feed raises

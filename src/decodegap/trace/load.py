@@ -514,12 +514,15 @@ def _no_gc():
             gc.enable()
 
 
-def load_trace(path: str | Path) -> Trace:
+def load_trace(path: str | Path, aside=None) -> Trace:
+    """One rank's trace. `aside`: an iterator whose each step is a piece of other work (importing the next module
+    of the analysis), stepped while a second decoding process (json_events._Parallel) has every batch it can hold:
+    instead of decoding a batch itself then, the reader does that work. What is read does not depend on it."""
     path = Path(path)
     builder = TableBuilder()
     try:
         with _no_gc():
-            header, warnings, truncated = decode_trace(path, builder.add, builder)
+            header, warnings, truncated = decode_trace(path, builder.add, builder, aside)
             trace = builder.finish(path, header, warnings)
     except MemoryError:  # e.g. one event of gigabytes, or damaged text held whole
         raise UserError(f"{path}: the trace does not fit in this machine's memory (capture fewer steps, or set "

@@ -72,11 +72,17 @@ class Worker:
         os.close(answer_w)
         self.pid, self.ask_fd, self.answer_fd = pid, ask_w, answer_r
 
-    def ask(self, slot: int, text: bytes) -> None:
+    def ask(self, slot: int, buf, end: int) -> None:
+        """Hand on `[` + buf[:end] + `]` (a batch's elements), written straight into the slot (no copy of it is made
+        first)."""
         start = slot * SLOT_BYTES
-        self.memory[start:start + len(text)] = text
+        memory = self.memory
+        memory[start] = 0x5B  # [
+        with memoryview(buf) as view:
+            memory[start + 1:start + 1 + end] = view[:end]
+        memory[start + 1 + end] = 0x5D  # ]
         try:
-            _write(self.ask_fd, _ASK.pack(slot, len(text)))
+            _write(self.ask_fd, _ASK.pack(slot, end + 2))
         except OSError:  # the child is gone (killed, out of memory): its answer reads as the pipe's end, None
             pass
 
@@ -141,8 +147,8 @@ def _serve(ask_fd: int, answer_fd: int, memory: mmap.mmap, producer) -> None:
             return
         slot, size = _ASK.unpack(head)
         start = slot * SLOT_BYTES
-        try:
-            result = producer.run(memory[start:start + size])
+        try:  # decoded where it lies (the records' raw fields are copied out before the slot is asked again)
+            result = producer.run(memoryview(memory)[start:start + size])
         except Exception:  # noqa: BLE001  (MemoryError too: the reader reads this batch itself)
             result = None
         data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
