@@ -49,6 +49,7 @@ import numpy as np
 
 from decodegap.ops.categories import categorize
 from decodegap.ops.kernel_names import compiler_generated
+from decodegap.trace.tables import isin, unique
 
 MIN_BACKERS = 1  # names whose occurrences propose a layer count (the partition then has to prove itself)
 EDGE_FUSED_NAMES = 2  # names an edge layer may differ by from its neighbour and still be of its kind
@@ -124,11 +125,12 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     by_count: dict[int, list[int]] = {}
     for n, p in positions.items():
         by_count.setdefault(len(p), []).append(n)
-    matmul = {n for n in np.unique(ids).tolist() if names and categorize(names[n]) == "gemm"}
+    distinct = unique(ids).tolist()
+    matmul = {n for n in distinct if names and categorize(names[n]) == "gemm"}
     gemm = matmul & set(positions)
-    gemm_at = np.flatnonzero(np.isin(ids, np.fromiter(matmul, dtype=np.int64, count=len(matmul))))  # every GEMM run
-    act = [n for n in np.unique(ids).tolist() if names and ACTIVATION.search(names[n])]
-    act_at = np.flatnonzero(np.isin(ids, np.array(act, dtype=np.int64)))  # every MLP activation's run
+    gemm_at = np.flatnonzero(isin(ids, np.fromiter(matmul, dtype=np.int64, count=len(matmul))))  # every GEMM run
+    act = [n for n in distinct if names and ACTIVATION.search(names[n])]
+    act_at = np.flatnonzero(isin(ids, np.array(act, dtype=np.int64)))  # every MLP activation's run
     candidates: list[_Blocks] = []
     for c, group in by_count.items():
         if len(group) < MIN_BACKERS or c * 2 > len(seq):
@@ -307,7 +309,7 @@ def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray],
         if p[0] < blocks.bounds[0] or p[-1] >= blocks.bounds[-1] or len(p) >= c:
             continue
         held = np.searchsorted(blocks.bounds, p, side="right") - 1
-        if len(np.unique(held)) == len(p):
+        if len(unique(held)) == len(p):
             groups.setdefault(tuple(held.tolist()), []).append(n)
     out = []
     for held, group in groups.items():
@@ -329,14 +331,14 @@ def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int,
 def _share_running(bounds: np.ndarray, at: np.ndarray) -> float:
     """Share of the blocks between `bounds` that run a kernel at one of `at`'s positions."""
     inside = at[(at >= bounds[0]) & (at < bounds[-1])]
-    return len(np.unique(np.searchsorted(bounds, inside, side="right"))) / (len(bounds) - 1)
+    return len(unique(np.searchsorted(bounds, inside, side="right"))) / (len(bounds) - 1)
 
 
 def _alike_neighbours(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int]) -> float:
     """How alike neighbouring blocks run (the median matching share of their per-layer kernel sequences, GEMMs as one
     name): layers of two kinds differ in a few kernels (the attention kernel), a layer's halves in most."""
-    per_layer = np.isin(ids, np.fromiter(positions, dtype=np.int64))
-    names = np.where(np.isin(ids, np.fromiter(gemm, dtype=np.int64, count=len(gemm))), -1, ids)
+    per_layer = isin(ids, np.fromiter(positions, dtype=np.int64))
+    names = np.where(isin(ids, np.fromiter(gemm, dtype=np.int64, count=len(gemm))), -1, ids)
     cuts = blocks.cuts.tolist()
     runs = [names[lo:hi][per_layer[lo:hi]].tolist() for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
     shares = [SequenceMatcher(None, a, b, autojunk=False).ratio() for a, b in zip(runs[:-1], runs[1:], strict=True)]
@@ -372,7 +374,7 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     starts = _aligned(blocks, ids, positions, starts)
     last = int(max(int(positions[n][-1]) for n in blocks.backers))
     if blocks.mixers:
-        last = max(last, int(np.flatnonzero(np.isin(ids, np.array(blocks.mixers)))[-1]))
+        last = max(last, int(np.flatnonzero(isin(ids, np.array(blocks.mixers)))[-1]))
     period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
     # The last layer runs as long as the longest one: its work after the last per-layer kernel (the MoE block after the
     # norm that counted it) is still the layer's, not the once-per-forward tail.
@@ -385,7 +387,7 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     kinds, kind_of = _kinds(ids, starts, ends, positions, names)
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
     if blocks.mixers:
-        other = int(np.isin(ids, np.array(blocks.mixers)).sum()) // len(blocks.mixers)
+        other = int(isin(ids, np.array(blocks.mixers)).sum()) // len(blocks.mixers)
         evidence = (f"{len(blocks.backers)} kernels run once in each of {c - other} layers, {len(blocks.mixers)} once "
                     f"in each of the other {other} (a hybrid stack: two kinds of mixer)")
     if len(kinds) > 1:
@@ -402,7 +404,7 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
     ones) begins where a known tail, from its block's start, ends. Over the per-layer names only, so an expert loop
     that ran more or fewer times does not shift anything; `starts` (from the names' counts) where nothing lines up."""
     c = blocks.count
-    at = np.flatnonzero(np.isin(ids, np.fromiter(positions, dtype=np.int64)))  # where the per-layer kernels run
+    at = np.flatnonzero(isin(ids, np.fromiter(positions, dtype=np.int64)))  # where the per-layer kernels run
     seq = ids[at]
     cut = np.searchsorted(at, blocks.cuts)  # each cut's index among them
     lead = seq[:cut[0]]
@@ -459,7 +461,7 @@ def _final_norm(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.nda
     times): at the last run, after the last layer kernel, of what every layer begins with before its first matrix
     product (its input norm's kernels, which the final norm runs too, before the lm_head); 0 when that is fewer than
     two kernels or runs nowhere there."""
-    at = np.flatnonzero(np.isin(ids, np.fromiter(positions, dtype=np.int64)))
+    at = np.flatnonzero(isin(ids, np.fromiter(positions, dtype=np.int64)))
     seq = ids[at]
     cut = np.searchsorted(at, starts)
     heads = [seq[a:b] for a, b in zip(cut.tolist(), cut[1:].tolist() + [len(seq)], strict=True)]
