@@ -425,11 +425,14 @@ JAMBA_TAIL = _norm() + ["nvjet_sm90_tst_256x8_lm_head_TNT", "void at::native::re
     ["mamba mlp", "mamba moe", "attention mlp", "mamba moe"],
     ["mamba mlp", "mamba moe", "attention mlp", "mamba moe"] * 2,
     ["mamba mlp", "mamba moe", "mamba mlp", "attention moe", "mamba mlp", "mamba moe"],
+    ["mamba mlp", "mamba moe", "attention mlp", "attention moe", "mamba mlp", "mamba moe"],  # two in one block
 ])
 def test_a_hybrid_stacks_layers_each_run_one_mixer_of_their_kind(stack):
-    # The Mamba kernels count the Mamba layers; the attention kernels run once in some of their blocks and nowhere
-    # else: each such block holds two layers, which begin at their input norms, and the last layer ends at the final
-    # norm however many experts its loop ran (more than any earlier layer's here). Two decode steps, routed apart.
+    # The Mamba kernels count the Mamba layers; the attention kernels run in some of their blocks and nowhere else:
+    # such a block holds a Mamba layer and the attention layers, which begin at their input norms (a name that runs
+    # twice per layer, the residual add, cuts halves: an attention half runs no MLP), and the last layer ends at the
+    # final norm however many experts its loop ran (more than any earlier layer's here). Two decode steps, routed
+    # apart.
     experts = [[2 + (i * 3 + s) % 4 for i in range(len(stack))] for s in range(2)]
     for e in experts:
         e[-1] = 7

@@ -20,9 +20,9 @@ So layers are read from counts, not from a repeating sequence:
   hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
   them, most of them run work of their own besides, and each runs an MLP activation (every layer has its MLP or
   experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike);
-- a hybrid stack's layers each run one mixer of two kinds (Mamba layers with an attention layer among them): the
-  names that run once in some blocks of a partition and nowhere else split those blocks where each part runs an MLP
-  activation and a matrix product (_mixed);
+- a hybrid stack's layers each run one mixer of two kinds (Mamba layers with attention layers among them): the
+  names that run in some blocks of a partition and nowhere else split those blocks at each run where each part runs
+  an MLP activation and a matrix product (_mixed);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
@@ -275,22 +275,22 @@ def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
 
 def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, runs: dict[int, np.ndarray], gemm: set[int],
            gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
-    """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with an attention layer among
-    them): the names that count one kind's layers hold a layer of the other kind inside some of their blocks. Names
-    that run once in some blocks of a partition and nowhere else (the attention kernels) cut those blocks in two; the
+    """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with attention layers among
+    them): the names that count one kind's layers hold layers of the other kind inside some of their blocks. Names
+    that run in some blocks of a partition and nowhere else (the attention kernels) cut those blocks at each run; the
     parts are layers when each runs an MLP activation and a matrix product (each part then holds one layer's mixer
     and its MLP or experts; a split inside one layer leaves a part with neither) and most of the parts' work runs in
-    every part. Of such splits, the one whose parts run the most work in common wins over `best`. `runs`: the
-    per-layer names' positions and those of the names that run once."""
+    every part. Of such splits, the one whose parts run the most work in common wins over `best` when it cuts more
+    layers, or when some block of `best` runs no MLP activation (halves cut by a name that runs twice per layer).
+    `runs`: the per-layer names' positions and those of the names that run once."""
     positions = {n: p for n, p in runs.items() if len(p) > 1}
-    if _share_running(best.bounds, act_at) < 1:
-        return best
+    whole = _share_running(best.bounds, act_at) == 1  # else `best` cuts halves (an attention part runs no MLP)
     splits = []
     for coarse in candidates:
         for mixers, extra in _inside_some_blocks(coarse, runs, gemm):
             cuts = np.sort(np.concatenate((coarse.cuts, extra)))
             split = _blocks_at(cuts, coarse.backers, positions, len(ids), gemm, gemm_at, mixers)
-            if (split.count > best.count and split.valid and _share_running(split.bounds, act_at) == 1
+            if ((split.count > best.count or not whole) and split.valid and _share_running(split.bounds, act_at) == 1
                     and split.common >= FINER_COMMON * split.beside_gemm):
                 splits.append(split)
     # As among partitions: the layers run the most work in common (a split of a layer's halves runs less).
@@ -299,17 +299,17 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, runs: dict
 
 def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray],
                         gemm: set[int]) -> list[tuple[tuple[int, ...], np.ndarray]]:
-    """Groups of names (GEMM tiles aside: the tile tells no layer) that each run once in the same blocks, a proper
-    subset of them, and nowhere else; per group its names and where it begins in each of its blocks."""
+    """Groups of names (GEMM tiles aside: the tile tells no layer) that run alike (as often in the same blocks) in a
+    proper subset of the blocks and nowhere else; per group its names and where each of its runs begins."""
     c = blocks.count
     groups: dict[tuple[int, ...], list[int]] = {}
     for n, p in sorted(runs.items()):
         if n in gemm:
             continue
-        if p[0] < blocks.bounds[0] or p[-1] >= blocks.bounds[-1] or len(p) >= c:
+        if p[0] < blocks.bounds[0] or p[-1] >= blocks.bounds[-1]:
             continue
         held = np.searchsorted(blocks.bounds, p, side="right") - 1
-        if len(unique(held)) == len(p):
+        if len(unique(held)) < c:
             groups.setdefault(tuple(held.tolist()), []).append(n)
     out = []
     for held, group in groups.items():
