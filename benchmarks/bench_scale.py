@@ -266,7 +266,8 @@ def layout_table(args) -> None:
                         base.append(measure(JSON_LOAD, path))
                     ours.append(measure(ANALYZE.format(extra=", jobs=1"), path))
                     if args.alone_too:  # the same without the second decoding process
-                        alone.append(measure(ANALYZE.format(extra=", jobs=1"), path, env={"DECODEGAP_READ_WORKER": "0"}))
+                        alone.append(measure(ANALYZE.format(extra=", jobs=1"), path,
+                                             env={"DECODEGAP_READ_WORKER": "0"}))
             finally:
                 if temporary:
                     path.unlink()

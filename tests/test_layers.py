@@ -389,8 +389,9 @@ def test_an_elementwise_ops_vectorised_and_unrolled_kernels_are_one_name():
 def _mamba() -> list[str]:
     return (["nvjet_sm90_tst_64x8_in_proj_TNT", "void at::native::conv_depthwise2d_forward_kernel", SILU,
              "nvjet_sm90_tst_64x8_x_proj_TNT"] + _norm() * 3
-            + ["nvjet_sm90_tst_8x64_dt_proj_TNN", "void at::native::softplus_kernel", "void at::native::exp_kernel_cuda",
-               "void at::native::mul_kernel_cuda", SILU, "void at::native::mul_kernel_cuda",
+            + ["nvjet_sm90_tst_8x64_dt_proj_TNN", "void at::native::softplus_kernel",
+               "void at::native::exp_kernel_cuda", "void at::native::mul_kernel_cuda", SILU,
+               "void at::native::mul_kernel_cuda",
                "nvjet_sm90_tst_64x8_out_proj_TNT"])
 
 

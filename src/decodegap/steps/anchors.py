@@ -21,7 +21,7 @@ import numpy as np
 from decodegap.steps.layers import count_layers, data_dependent
 from decodegap.steps.phase import widest_gemm_rows
 from decodegap.trace.link import Links
-from decodegap.trace.tables import Trace, isin, unique
+from decodegap.trace.tables import Trace, isin
 
 GROUP_GAP = 0.25  # occurrences closer than this share of the widest spacing (in launches) are one anchor (wte + wpe)
 MAX_CHECKED = 12  # interior forwards whose layer count is checked (evenly spread): a 3,000-step trace stays fast
@@ -110,7 +110,7 @@ def lost_launches(trace: Trace) -> np.ndarray:
     has_gpu = isin(rt.correlation, gpu.correlation) & (rt.correlation >= 0)
     if not has_gpu.any():
         return np.empty(0, np.int64)
-    launching = np.isin(rt.name_id, unique(rt.name_id[has_gpu]))
+    launching = isin(rt.name_id, rt.name_id[has_gpu])
     lost = launching & ~has_gpu & (rt.correlation >= 0) & (rt.ts_ns > rt.ts_ns[has_gpu].max())
     return np.sort(rt.ts_ns[lost])
 

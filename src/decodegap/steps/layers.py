@@ -117,11 +117,11 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     order = np.argsort(ids, kind="stable")
     counts = np.bincount(ids)
     offsets = np.concatenate(([0], np.cumsum(counts)))
-    positions = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts >= 2)}
-    if stable is not None:
-        positions = {n: p for n, p in positions.items() if n in stable}
-    elif varying:
-        positions = {n: p for n, p in positions.items() if n not in varying}
+
+    def independent(n: int) -> bool:
+        return n in stable if stable is not None else n not in varying
+
+    positions = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts >= 2) if independent(int(n))}
     by_count: dict[int, list[int]] = {}
     for n, p in positions.items():
         by_count.setdefault(len(p), []).append(n)
@@ -159,8 +159,8 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     best = _finer(best, candidates, ids, positions, gemm, act_at)
     # Names that run once in the forward may be a lone layer's mixer (an attention layer among Mamba ones).
     lone = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts == 1)
-            if (int(n) in stable if stable is not None else int(n) not in varying) and int(n) not in matmul}
-    best = _mixed(best, partitions, ids, positions | lone, gemm, gemm_at, act_at)
+            if independent(int(n)) and int(n) not in matmul}
+    best = _mixed(best, partitions, ids, positions, lone, gemm, gemm_at, act_at)
     return _layers(best, ids, positions, names)
 
 
@@ -273,8 +273,8 @@ def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     return best
 
 
-def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, runs: dict[int, np.ndarray], gemm: set[int],
-           gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
+def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
+           lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
     """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with attention layers among
     them): the names that count one kind's layers hold layers of the other kind inside some of their blocks. Names
     that run in some blocks of a partition and nowhere else (the attention kernels) cut those blocks at each run; the
@@ -282,8 +282,8 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, runs: dict
     and its MLP or experts; a split inside one layer leaves a part with neither) and most of the parts' work runs in
     every part. Of such splits, the one whose parts run the most work in common wins over `best` when it cuts more
     layers, or when some block of `best` runs no MLP activation (halves cut by a name that runs twice per layer).
-    `runs`: the per-layer names' positions and those of the names that run once."""
-    positions = {n: p for n, p in runs.items() if len(p) > 1}
+    `lone`: where the names that run once in the forward run."""
+    runs = positions | lone
     whole = _share_running(best.bounds, act_at) == 1  # else `best` cuts halves (an attention part runs no MLP)
     splits = []
     for coarse in candidates:
@@ -311,11 +311,7 @@ def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray],
         held = np.searchsorted(blocks.bounds, p, side="right") - 1
         if len(unique(held)) < c:
             groups.setdefault(tuple(held.tolist()), []).append(n)
-    out = []
-    for held, group in groups.items():
-        at = np.array([runs[n] for n in group]).min(axis=0)
-        out.append((tuple(group), at))
-    return out
+    return [(tuple(group), np.array([runs[n] for n in group]).min(axis=0)) for group in groups.values()]
 
 
 def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int],
@@ -404,8 +400,7 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
     ones) begins where a known tail, from its block's start, ends. Over the per-layer names only, so an expert loop
     that ran more or fewer times does not shift anything; `starts` (from the names' counts) where nothing lines up."""
     c = blocks.count
-    at = np.flatnonzero(isin(ids, np.fromiter(positions, dtype=np.int64)))  # where the per-layer kernels run
-    seq = ids[at]
+    at, seq = _per_layer_runs(ids, positions)
     cut = np.searchsorted(at, blocks.cuts)  # each cut's index among them
     lead = seq[:cut[0]]
     between = [seq[cut[j]:cut[j + 1]] for j in range(c - 1)]  # block j: layer j's tail, then layer j + 1's head
@@ -426,6 +421,12 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
                 continue
         out[j + 1] = at[cut[j] + split]
     return out
+
+
+def _per_layer_runs(ids: np.ndarray, positions: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Where the per-layer names run in the forward, and which name runs there."""
+    at = np.flatnonzero(isin(ids, np.fromiter(positions, dtype=np.int64)))
+    return at, ids[at]
 
 
 def _seam(block: np.ndarray, head: np.ndarray, tails: list[np.ndarray]) -> int:
@@ -461,8 +462,7 @@ def _final_norm(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.nda
     times): at the last run, after the last layer kernel, of what every layer begins with before its first matrix
     product (its input norm's kernels, which the final norm runs too, before the lm_head); 0 when that is fewer than
     two kernels or runs nowhere there."""
-    at = np.flatnonzero(isin(ids, np.fromiter(positions, dtype=np.int64)))
-    seq = ids[at]
+    at, seq = _per_layer_runs(ids, positions)
     cut = np.searchsorted(at, starts)
     heads = [seq[a:b] for a, b in zip(cut.tolist(), cut[1:].tolist() + [len(seq)], strict=True)]
     norm = heads[0][:min(_common_prefix(heads[0], h) for h in heads)]

@@ -13,7 +13,7 @@ import numpy as np
 from decodegap.ops import shapes as shape_info
 from decodegap.ops.categories import is_backward
 from decodegap.trace.link import Links
-from decodegap.trace.tables import Trace, group_rows, unique
+from decodegap.trace.tables import Trace, group_rows, isin, unique
 
 # Autograd and optimizer work exist only when a model trains.
 _TRAINING_OP = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.(step|zero_grad)#|"
@@ -138,7 +138,7 @@ def widest_gemm_rows(trace: Trace, links: Links) -> np.ndarray | None:
     head = np.zeros(len(distinct), dtype=bool)
     head[[i for i, w in width_of.items() if w >= 0.9 * widest]] = True
     heads = op_rows[head[which]]
-    return np.isin(links.op_idx, heads)
+    return isin(links.op_idx, heads)
 
 
 SAME_LAUNCHES = 0.7  # share of launch shapes a step has in common with the typical one, below which it is another phase
