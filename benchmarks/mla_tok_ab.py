@@ -12,15 +12,16 @@ Exit 1 when a smoke case is wrong (then no timing): run it under a short timeout
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
 
 from decodegap.kernels import mla_decode_sm90 as sm90
 from decodegap.kernels.mla_decode import HEAD_DIM, reference
-from decodegap.kernels.mla_decode_triton import mla_decode_triton, num_splits_for
+from decodegap.kernels.mla_decode_triton import mla_decode_triton, num_splits_for, pick_num_splits
 
-SHAPES = "8x4096:16,16x4096:16,32x4096:16+8,32x16384:16,128x4096:16,128x16384:16"
+SHAPES = "1x4096:16,8x4096:16,32x4096:16+8,32x16384:16,128x4096:16,128x16384:16"
 
 
 def smoke() -> bool:
@@ -67,6 +68,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke-only", action="store_true")
     ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--small", action="store_true",
+                    help="only the mma.sync kernel, the tokens-major one at its split count and at the count for "
+                    "slices of one tile (small problems)")
     ap.add_argument("--h128-splits", action="store_true",
                     help="also the 128-head wgmma kernel (FP8, BF16) at B=32 ctx 4096 and B=128 ctx 16384 over split "
                     "counts around its heuristic's")
@@ -100,28 +104,44 @@ def main() -> int:
             ref = reference(q[:n], p.fp8, p.table[:n], p.lens[:n], SM_SCALE, KV_SCALE, ctx, False)[0].float()
             base = num_splits_for(q, p.fp8, p.table, cuda_variant=sm90.TOK_VARIANT)
             default = sm90.default_variant(0, batch * p.table.shape[1] * 64)
-            # (name, variant, splits, cluster max: None = as configured, 0 = the merge kernel)
-            cands = [("mma.sync v0", 0, None, None), ("tok v3 (TMA)", 3, None, None),
-                     ("tok v3 (TMA), merge kernel", 3, None, 0), ("tok v4 (cp.async)", 4, None, None)]
-            cands = [(n + (" [default]" if v == default and m is None else ""), v, s, m) for n, v, s, m in cands]
+            # (name, variant, splits, cluster max: None = as configured, 0 = the merge kernel, how: "" as
+            # configured, "plain" = the merge launched without PDL, "padded" = the table one column wider, so the
+            # tokens-major kernel's first page ids guessed for the table's span miss and are loaded again)
+            cands = [("mma.sync v0", 0, None, None, ""), ("mma.sync v0, merge without PDL", 0, None, None, "plain"),
+                     ("tok v3 (TMA)", 3, None, None, ""), ("tok v3 (TMA), merge kernel", 3, None, 0, ""),
+                     ("tok v3 (TMA), merge kernel without PDL", 3, None, 0, "plain"),
+                     ("tok v3 (TMA), table + 1 column", 3, None, None, "padded"),
+                     ("tok v4 (cp.async)", 4, None, None, "")]
+            cands = [(n + (" [default]" if v == default and m is None and not h else ""), v, s, m, h)
+                     for n, v, s, m, h in cands]
             for s in sorted({max(1, base // 2), 2 * base} - {base}):
-                cands.append((f"tok v3, {s} splits", 3, s, None))
-            for name, variant, splits, cluster_max in cands:
+                cands.append((f"tok v3, {s} splits", 3, s, None, ""))
+            one = pick_num_splits(batch, 1, p.table.shape[1] * 64, heads, torch.cuda.get_device_properties(0)
+                                  .multi_processor_count, 64, info.ctas_per_sm, min_tiles=1)
+            if args.small:
+                cands = [cands[0], cands[2]] + ([(f"tok v3, slices of one tile: {one} splits", 3, one, None, "")]
+                                                if one != base else [])
+            padded = torch.cat([p.table, p.table[:, :1]], dim=1)
+            for name, variant, splits, cluster_max, how in cands:
                 old = sm90.TOK_CLUSTER_MAX_SPLITS
                 if cluster_max is not None:
                     sm90.TOK_CLUSTER_MAX_SPLITS = cluster_max
+                if how == "plain":
+                    os.environ["DECODEGAP_MLA_PDL"] = "0"
                 try:
                     used = splits or num_splits_for(q, p.fp8, p.table, cuda_variant=variant)
                     if variant in sm90.TOK_VARIANTS and sm90.tok_cluster_combine(0, variant, used, batch):
                         name += " (cluster combine)"
+                    tab = padded if how == "padded" else p.table
 
-                    def call(q=q, p=p, a=a, s=splits, v=variant):
+                    def call(q=q, p=p, a=(tab, *a[1:]), s=used, v=variant):
                         return mla_decode_triton(q, p.fp8, *a, num_splits=s, backend="cuda", cuda_variant=v)
 
                     ms, out = time_graph(call)
                     ms_clean, _ = time_graph(call, read_flushed=True)
                 finally:
                     sm90.TOK_CLUSTER_MAX_SPLITS = old
+                    os.environ.pop("DECODEGAP_MLA_PDL", None)
                 err = ((out[:n].float() - ref).norm() / ref.norm()).item()
                 gb = bytes_moved(batch, ctx, heads, 1) / 1e9
                 pct, pct_clean = (100 * gb / (t * 1e-3) / copy for t in (ms, ms_clean))

@@ -731,3 +731,48 @@ def test_wgmma_kernel_large_scores(kv_dtype):
         assert torch.isfinite(out.float()).all(), variant
         assert rel_err(out, ref) < REL_TOL, variant
         assert torch.allclose(lse, ref_lse, rtol=1e-3, atol=2e-2), variant
+
+
+@pytest.mark.parametrize("combine", list(COMBINES))
+def test_tok_kernel_table_as_wide_as_the_longest_sequence(combine, monkeypatch):
+    """A table exactly as wide as the longest sequence: the tokens-major kernel loads its first page ids for the
+    slice of a sequence as long as the table's span, beside the length; they are right for the longest sequence and
+    loaded again for the shorter ones (whose entries past their end are poison)."""
+    needs_sm90()
+    from decodegap.kernels import mla_decode_sm90 as sm90
+    from decodegap.kernels.mla_decode_triton import mla_decode_triton
+
+    _combine(monkeypatch, combine)
+    case = make_case(3, 16, 64, FP8, [4096, 1000, 4059], 0.8)
+    case.block_table = case.block_table[:, :64].contiguous()  # no spare column
+    for splits in (None, 3, 8):
+        for variant in sm90.TOK_VARIANTS:
+            res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.8,
+                                         return_lse=True, num_splits=splits, backend="cuda", cuda_variant=variant)
+            check_against_reference(case, res, lse)
+
+
+def test_merge_after_the_cuda_kernels_runs_as_their_programmatic_dependent(monkeypatch):
+    """On sm_90 the merge after each CUDA stage 1 (mma.sync, tokens-major, wgmma) is launched with PDL where Triton
+    can (so the other tests run it so); launched plainly (DECODEGAP_MLA_PDL=0) it gives the same bits."""
+    needs_sm90()
+    from decodegap.kernels import mla_decode_sm90 as sm90
+    from decodegap.kernels import mla_decode_triton as mt
+
+    assert mt.merge_pdl(torch.device(DEVICE)) == mt._triton_has_pdl()
+    monkeypatch.setattr(sm90, "TOK_CLUSTER_MAX_SPLITS", 0)  # the tokens-major kernel's splits to the merge
+    runs = [(make_case(3, 16, 64, FP8, [3000, 700, 64], 0.8), {"cuda_variant": v}) for v in (0, 3)]
+    if sm90.applies_wgmma(torch.empty(1, 64, HEAD_DIM, device=DEVICE, dtype=BF16),
+                          torch.empty(1, 64, HEAD_DIM, device=DEVICE, dtype=BF16)):
+        runs += [(make_case(2, 64, 64, d, [2000, 333], 0.8), {}) for d in (FP8, BF16)]
+    for case, kw in runs:
+        def call(case=case, kw=kw):
+            return mt.mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE,
+                                        case.kv_scale, return_lse=True, num_splits=5, backend="cuda", **kw)
+
+        res, lse = call()
+        check_against_reference(case, res, lse)
+        monkeypatch.setenv("DECODEGAP_MLA_PDL", "0")
+        plain, plain_lse = call()
+        monkeypatch.delenv("DECODEGAP_MLA_PDL")
+        assert torch.equal(res, plain) and torch.equal(lse, plain_lse)

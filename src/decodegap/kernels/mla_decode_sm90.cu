@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kThreads, MIN_CTAS) mla_decode_fp8_sm90(const 
   extern __shared__ __align__(16) uint8_t smem[];
   float4* red = reinterpret_cast<float4*>(smem + STAGES * kTile);  // [warp][n-tile][lane] partial scores
 
+  pdl_launch_dependents();  // the merge (if any) may launch now: it waits for this grid's end
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int split = blockIdx.x;
   const long long b = blockIdx.y;

@@ -59,11 +59,14 @@ TOK_INLINE_MAX_SPLITS = 0
 # as one cluster of CTAs that merge their partials through distributed shared memory at the end (no partials in
 # HBM, no merge kernel); used where it costs no extra wave of clusters. 0 (or DECODEGAP_MLA_TOK_CLUSTER=0): never.
 TOK_CLUSTER_MAX_SPLITS = 8
-# Problems smaller than this many KV slots (batch x table span) run the mma.sync kernel: few tiles per CTA, where
-# the tokens-major kernel's per-CTA start (q in two e4m3 parts, the first tile's exact max) does not pay off. H200,
-# H=16 (benchmarks/results/mla_decode_tok_h200_2026-12-01.md): 4,096 slots (B=1, ctx 4096) 13.2 µs mma.sync vs
-# 14.9 tokens-major; 32,768 (B=8, ctx 4096) 25.3 vs 22.2; sizes in between were not measured.
-TOK_MIN_SLOTS = 16384
+# Problems smaller than this many KV slots (batch x table span) run the mma.sync kernel. 2026-12-01 it was 16,384
+# (4,096 slots, B=1 ctx 4096: 13.2 µs mma.sync vs 14.9 tokens-major). With the merge as a programmatic dependent
+# launch and, on problems of at most one tile per two SMs, slices of one tile (mla_decode_triton._cuda_splits), the
+# tokens-major kernel is the faster one at every size measured on the H200, H=16
+# (benchmarks/results/mla_decode_h200_2026-12-02-pdl.md, call 2; µs, mma.sync vs tokens-major): B=1 ctx 1024 12.4 vs
+# 10.9, ctx 2048 13.0 vs 11.3, ctx 4096 13.2 vs 11.8, ctx 8192 15.8 vs 13.8, B=2 ctx 4096 15.0 vs 13.3, B=4 19.6 vs
+# 15.7; smaller problems were not measured and keep the mma.sync kernel.
+TOK_MIN_SLOTS = 1024
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ def _tok_library(device_index: int):
     i, f, p, ll = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_longlong
     lib.dg_mla_tok_prepare.argtypes = [i] + [ctypes.POINTER(ctypes.c_int)] * 5
     lib.dg_mla_tok_prepare.restype = i
-    lib.dg_mla_tok_launch.argtypes = [i] + [p] * 9 + [ll] * 7 + [i] * 4 + [ll, f, f, p, ctypes.POINTER(i), i]
+    lib.dg_mla_tok_launch.argtypes = [i] + [p] * 9 + [ll] * 7 + [i] * 4 + [ll, f, f, p, ctypes.POINTER(i), i, i]
     lib.dg_mla_tok_launch.restype = i
     lib.dg_mla_tok_max_clusters.argtypes = [i, i, ctypes.POINTER(i)]
     lib.dg_mla_tok_max_clusters.restype = i
@@ -301,7 +304,7 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         counters.data_ptr() if counters is not None else None, q.stride(0), q.stride(1), kv_cache.stride(0),
         kv_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1), num_heads, num_splits, batch,
         kv_cache.shape[1], kv_cache.shape[0], qk_scale, out_scale, torch.cuda.current_stream(q.device).cuda_stream,
-        ctypes.byref(used_tma), int(cluster))
+        ctypes.byref(used_tma), int(cluster), block_table.shape[1] * kv_cache.shape[1])
     if err != 0:
         raise RuntimeError(f"the tokens-major MLA decode kernel failed to launch: CUDA error {err}")
     return bool(used_tma.value)
@@ -316,10 +319,11 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # warpgroup the full scores of every other tile; 4 stages); FP8 caches: 1 (2 stages + a cp.async raw ring), 2 (3
 # stages, loads through registers a tile ahead), 3-5 (as 1 with 14 of 18 k-steps' Q in registers; 2 stages, 3
 # stages, 3 stages + a 3-deep raw ring), 8 (as 3 with 16 of 18), 18 (the seesaw; 4 stages, loads through registers
-# a pair of tiles ahead). DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
+# a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers).
+# DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
-                  8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16}
+                  8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second
@@ -329,7 +333,9 @@ WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m
 DEFAULT_WGMMA_FP8_VARIANT = 8
 DEFAULT_WGMMA_FP8_MANY_HEADS_VARIANT = 18  # from WGMMA_FP8_SEESAW_MIN_HEADS heads
 WGMMA_FP8_SEESAW_MIN_HEADS = 65
-DEFAULT_WGMMA_BF16_VARIANT = 19
+# BF16: 20 (2026-12-02, mla_decode_h200_2026-12-02-pdl.md, call 1): B=128 ctx 16384 H=128 1264.7 vs 1328.4 / 1278.3
+# us (variant 19, twice), B=32 ctx 4096 H=128 92.7 vs 93.0 / 93.7, H=64 67.3 vs 67.3, B=1 25.0 vs 25.2.
+DEFAULT_WGMMA_BF16_VARIANT = 20
 
 
 def default_wgmma_variant(kv_dtype: torch.dtype, num_heads: int | None = None) -> int:

@@ -63,6 +63,15 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // ---- Hopper (sm_90 / sm_90a)
 
+// Programmatic dependent launch: lets the grid launched after this one with the PDL attribute (the Triton merge)
+// start now; it waits (griddepcontrol.wait) until this grid has finished and its writes are visible. A no-op where
+// nothing is launched so, and before sm_90.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>

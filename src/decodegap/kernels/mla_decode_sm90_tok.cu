@@ -68,6 +68,7 @@ struct Args {
   long long stride_qb, stride_qh, stride_page, stride_slot, stride_tb, stride_ob, stride_oh;
   int num_heads, num_splits, page_size, page_shift;  // page_shift: log2(page_size), or -1
   int box_rows;  // TMA: rows per tensor copy (min(page_size, 64))
+  int span;      // the table's span (max_pages x page_size): the length the first page ids are guessed for
   float qk_scale, out_scale;  // qk_scale = sm_scale * kv_scale * log2(e)
 };
 
@@ -194,6 +195,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const uint32_t sbase = smem_u32(smem);
 
+  pdl_launch_dependents();  // the merge (if any) may launch now: it waits for this grid's end
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int split = blockIdx.x;
   const long long b = blockIdx.y;
@@ -244,11 +246,12 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
   // TMA: warp 0 issues a tile's copies, lane r the page run r (box_rows rows: one page, or 64 rows of one); the
   // page ids of the next tile to issue are loaded one tile ahead.
   const uint32_t bar_full = sbase + L::kBar;
-  auto run_page = [&](int t) -> int {  // this lane's run of tile t: its page, or -1
-    const int n = start + t * kBN + lane * a.box_rows;
-    if (t >= ntiles || lane * a.box_rows >= kBN || n >= end) return -1;
+  auto run_page_in = [&](int t, int st0, int en, int nt) -> int {  // this lane's run of tile t: its page, or -1
+    const int n = st0 + t * kBN + lane * a.box_rows;
+    if (t >= nt || lane * a.box_rows >= kBN || n >= en) return -1;
     return trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size];
   };
+  auto run_page = [&](int t) -> int { return run_page_in(t, start, end, ntiles); };
   auto issue_tma = [&](int t, int stage, int page) {  // warp 0
     const int tok0 = start + t * kBN;
     const int runs = (min(kBN, end - tok0) + a.box_rows - 1) / a.box_rows;
@@ -273,9 +276,20 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
       }
       __syncwarp();
+      // The first tiles' page ids for the slice this CTA would have were the sequence as long as the table's span,
+      // loaded beside the length itself (not after it: one memory round trip less before the first copies); loaded
+      // again for the real slice where that differs (a shorter sequence, or a padded table).
+      const int len_g = a.span;
+      const int split_len_g = ((len_g + S - 1) / S + kBN - 1) / kBN * kBN;
+      const int start_g = split * split_len_g, end_g = min(start_g + split_len_g, len_g);
+      const int ntiles_g = end_g > start_g ? (end_g - start_g + kBN - 1) / kBN : 0;
       int pages[STAGES];
 #pragma unroll
-      for (int st = 0; st < STAGES; ++st) pages[st] = run_page(st);  // all loads in flight together
+      for (int st = 0; st < STAGES; ++st) pages[st] = run_page_in(st, start_g, end_g, ntiles_g);  // all in flight
+      if (start_g != start || end_g != end) {
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st) pages[st] = run_page(st);
+      }
 #pragma unroll
       for (int st = 0; st < STAGES; ++st)
         if (st < ntiles) issue_tma(st, st, pages[st]);
@@ -774,7 +788,7 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
                                  long long stride_slot, long long stride_tb, long long stride_ob,
                                  long long stride_oh, int num_heads, int num_splits, int batch, int page_size,
                                  long long num_pages, float qk_scale, float out_scale, void* stream, int* used_tma,
-                                 int cluster) {
+                                 int cluster, int table_span) {
   *used_tma = 0;
   if (num_heads < 1 || num_heads > 16 || (counters != nullptr && num_splits > kMaxInlineSplits))
     return cudaErrorInvalidValue;
@@ -803,6 +817,7 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
   a.page_size = page_size;
   a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
   a.box_rows = page_size < kBN ? page_size : kBN;
+  a.span = table_span;
   a.qk_scale = qk_scale;
   a.out_scale = out_scale;
   cudaStream_t st = static_cast<cudaStream_t>(stream);

@@ -17,8 +17,9 @@
 //    moves only when a score exceeds it by 2^8); O[64, 256 dims] += P V with P from registers (the score
 //    accumulator layout is the A-fragment layout) and V the same stage read N-major (m64n256k16, 2 k-steps);
 //    then the stage is released through its empty mbarrier.
-// Seesaw consumers (SEESAW, variants 18 and 19): each consumer warpgroup computes the full scores of its own tile
-// (tiles alternate: warpgroup 0 the even ones, 1 the odd ones; 36 k-steps of m64n32k16, Q and K from shared memory),
+// Seesaw consumers (SEESAW, variants 18-20): each consumer warpgroup computes the full scores of its own tile
+// (tiles alternate: warpgroup 0 the even ones, 1 the odd ones; 36 k-steps of m64n32k16, K from shared memory, Q
+// too, or from registers for the first QR k-steps),
 // so one's softmax can run while the other's MMA does; its P goes into its stage's rope chunk (free once the scores
 // are done) for the other warpgroup, and each warpgroup updates its half of O (256 of the 512 value dims) with both
 // tiles' P: its own from registers, the other's from shared memory. Each measures its tile against the pair's
@@ -198,6 +199,24 @@ struct QMap {
   __host__ __device__ static constexpr int pos(int c) { return c <= 4 ? c - kLo0 : kN0 + c - kLo1; }
 };
 
+// The seesaw's Q: both consumers read all 36 k-steps; the first QR (a multiple of 4: whole 64-dim chunks) come
+// from registers in each, so shared memory holds chunks QR / 4 .. 8 only.
+template <int QR>
+struct QMapSeesaw {
+  static_assert(QR >= 0 && QR <= 16 && QR % 4 == 0, "QR");
+  static constexpr int kLo = QR / 4, kChunks = 9 - kLo;
+  __host__ __device__ static constexpr bool needed(int c) { return c >= kLo; }
+  __host__ __device__ static constexpr int pos(int c) { return c - kLo; }
+};
+template <int QR, bool SEESAW>
+struct QMapOf {
+  using T = QMap<QR>;
+};
+template <int QR>
+struct QMapOf<QR, true> {
+  using T = QMapSeesaw<QR>;
+};
+
 // Partial scores of one tile over k-steps 18 WI .. 18 WI + 17 (k-step ks: chunk ks >> 2, 16 dims = 32 bytes at
 // (ks & 3) of the 128-byte row; descriptor addresses are in 16-byte units). The first QR k-steps take Q from
 // registers (qa[k], loaded once per CTA), the others from shared memory.
@@ -222,14 +241,21 @@ __device__ __forceinline__ void score_tile(float (&sc)[16], const uint32_t (&qa)
   fence_regs(sc);
 }
 
-// The seesaw's full scores of one tile: all 36 k-steps, Q and K from shared memory (one async group, as above).
-template <bool F16>
-__device__ __forceinline__ void score_tile_full(float (&sc)[16], uint64_t dq, uint64_t dk) {
+// The seesaw's full scores of one tile: all 36 k-steps, K from shared memory, Q from registers for the first QR
+// (qa) and from shared memory for the others (one async group, as above).
+template <bool F16, int QR>
+__device__ __forceinline__ void score_tile_full(float (&sc)[16], const uint32_t (&qa)[QR > 0 ? QR : 1][4],
+                                                uint64_t dq, uint64_t dk) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 36; ++ks) {
     const uint32_t off = (ks & 3) * 32;
-    wgmma_s<F16>(sc, dq + (((ks >> 2) * (kM * 128) + off) >> 4), dk + (((ks >> 2) * kChunkBytes + off) >> 4), ks > 0);
+    const uint64_t db = dk + (((ks >> 2) * kChunkBytes + off) >> 4);
+    if (ks < QR) {
+      wgmma_s_rs<F16>(sc, qa[ks < QR ? ks : 0], db, ks > 0);
+    } else {
+      wgmma_s<F16>(sc, dq + ((QMapSeesaw<QR>::pos(ks >> 2) * (kM * 128) + off) >> 4), db, ks > 0);
+    }
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -242,7 +268,7 @@ __device__ __forceinline__ void score_tile_full(float (&sc)[16], uint64_t dq, ui
 template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 struct Layout {
   static constexpr int kQ = 0;
-  static constexpr int kStage = QMap<QR>::kChunks * kM * 128;  // kQBytes with all of Q in shared memory
+  static constexpr int kStage = QMapOf<QR, SEESAW>::T::kChunks * kM * 128;  // kQBytes with all of Q in shared memory
   static constexpr int kRaw = kStage + W * kStageBytes;
   static constexpr int kExch = kRaw + (FP8 && !REGS ? R * kRawBytes : 0);
   static constexpr int kBar = kExch + (SEESAW ? 6 * kM * 4 : kExchBytes);
@@ -355,7 +381,7 @@ __device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) 
 // its softmax after warpgroup 0's: 6% slower.) Named barriers: 1 + w (pairs of parity 1: 6 + w) = warpgroup w's P
 // and max are published, 3 = the row sums at the end, 4 + w = warpgroup w's own votes and syncs. Max slots
 // [parity][w][64]: a slot is rewritten two pairs later, after the barrier that follows its reader's read.
-template <bool FP8, int W, typename L>
+template <bool FP8, int W, int QR, typename L>
 __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uint32_t sbase, uint32_t bar_full,
                                                uint32_t bar_empty, int w, int tw, int ntiles, int start, int end,
                                                int hb, long long b, int split) {
@@ -371,6 +397,35 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
   const uint64_t dk0 = make_desc(sbase + L::kStage, 16, 1024);
   const uint64_t dv0 = make_desc(sbase + L::kStage + 4 * w * kChunkBytes, kChunkBytes, 1024);
   const uint64_t dp0 = make_desc(sbase + L::kStage + 8 * kChunkBytes, 16, 512, 2);  // a stage's P, 64-byte swizzle
+  // Q's first QR k-steps as wgmma A fragments (rows r0 and r0 + 8, dims 16 k + 2c (+ 8)), straight from global
+  // memory (FP8 caches: q * q_scale in fp16, as the shared-memory copy).
+  uint32_t qa[QR > 0 ? QR : 1][4];
+  if constexpr (QR > 0) {
+    const int h0 = hb * kM + r0, h1 = h0 + 8;
+    const uint16_t* q0 = a.q + b * a.stride_qb + (long long)h0 * a.stride_qh;
+    const uint16_t* q1 = a.q + b * a.stride_qb + (long long)h1 * a.stride_qh;
+#pragma unroll
+    for (int k = 0; k < QR; ++k) {
+      const int d = 16 * k + 2 * c;
+      uint32_t x[4] = {0u, 0u, 0u, 0u};
+      if (h0 < a.num_heads) {
+        x[0] = __ldg(reinterpret_cast<const unsigned int*>(q0 + d));
+        x[2] = __ldg(reinterpret_cast<const unsigned int*>(q0 + d + 8));
+      }
+      if (h1 < a.num_heads) {
+        x[1] = __ldg(reinterpret_cast<const unsigned int*>(q1 + d));
+        x[3] = __ldg(reinterpret_cast<const unsigned int*>(q1 + d + 8));
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (FP8) {
+          qa[k][e] = bf16x2_to_f16x2(x[e], a.q_scale);
+        } else {
+          qa[k][e] = x[e];
+        }
+      }
+    }
+  }
   const int npairs = (ntiles + 1) / 2;
   for (int i = 0; i < npairs; ++i) {
     const int jm = 2 * i + w, jo = 2 * i + 1 - w;  // my tile, the other warpgroup's
@@ -385,7 +440,7 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
     float sc[16];
 #pragma unroll
     for (int k = 0; k < 16; ++k) sc[k] = 0.f;
-    score_tile_full<FP8>(sc, dq0, dk0 + off_m);
+    score_tile_full<FP8, QR>(sc, qa, dq0, dk0 + off_m);
 
     // Row max (sc[4jj + e]: row r0, token 8jj + 2c + e; sc[4jj + 2 + e]: row r0 + 8), masked past the end.
     float mx[2];
@@ -490,13 +545,15 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
 template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args a) {
   using L = Layout<FP8, W, R, REGS, QR, SEESAW>;
-  static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0) && !(SEESAW && QR > 0), "Q k-steps in registers");
+  static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0) && !(SEESAW && QR % 4), "Q k-steps in registers");
+  using QM = typename QMapOf<QR, SEESAW>::T;
   static_assert(L::kAlloc <= 232448, "shared memory");
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const uint32_t sbase = smem_u32(smem);
 
+  pdl_launch_dependents();  // the merge (if any) may launch now: it waits for this grid's end
   const int tid = threadIdx.x, wg = tid >> 7, tw = tid & 127;
   const int hb = blockIdx.x, split = blockIdx.y;
   const long long b = blockIdx.z;
@@ -517,9 +574,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   }
   // Q [64 heads, 576] -> shared memory, swizzled; head rows past num_heads are zeros. FP8 caches: q * q_scale
   // in fp16 (exact: q_scale is a power of two); BF16: q as is.
-  for (int i = tid; i < (QMap<QR>::kChunks > 0 ? kM * 72 : 0); i += kThreads) {
+  for (int i = tid; i < (QM::kChunks > 0 ? kM * 72 : 0); i += kThreads) {
     const int row = i / 72, u = i - row * 72;  // 16-byte unit u = dims 8u .. 8u + 7
-    if (!QMap<QR>::needed(u >> 3)) continue;
+    if (!QM::needed(u >> 3)) continue;
     const int h = hb * kM + row;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (h < a.num_heads) {
@@ -531,7 +588,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
         v = x;
       }
     }
-    *reinterpret_cast<uint4*>(smem + L::kQ + QMap<QR>::pos(u >> 3) * (kM * 128) + swz(row, u & 7)) = v;
+    *reinterpret_cast<uint4*>(smem + L::kQ + QM::pos(u >> 3) * (kM * 128) + swz(row, u & 7)) = v;
   }
   fence_proxy_async();  // Q's generic stores, read by wgmma (the async proxy)
   __syncthreads();
@@ -679,8 +736,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   // ------------------------------------------------------------------ consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kConsumer));
   if constexpr (SEESAW) {
-    consume_seesaw<FP8, W, L>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw, ntiles, start, end, hb, b,
-                              split);
+    consume_seesaw<FP8, W, QR, L>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw, ntiles, start, end, hb, b,
+                                  split);
     return;
   }
   const int w = wg - 1;  // dims: scores over k-steps 18w .. 18w + 17, output dims 256w .. 256w + 255
@@ -819,12 +876,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 //  8: as 3 with 16 of 18 k-steps' Q in registers (24 / 240; Q's shared copy 16 KB).
 // (All 18 in registers, 72 per thread, does not fit: ptxas serializes the wgmmas even at 240.)
 // Seesaw (the last column; Q all in shared memory; 4 stages let the producer fill a whole pair ahead): 18: FP8, 4
-// stages, loads through registers a pair ahead (104 / 200).   19: BF16, 4 stages (cp.async; 40 / 232).
+// stages, loads through registers a pair ahead (104 / 200).   19: BF16, 4 stages (cp.async; 40 / 232).   20: as 19
+// with the first 8 of the 36 score k-steps' Q in registers (32 per consumer thread; Q's shared copy the other 7
+// chunks, 56 KB). (Tried: 12 k-steps, BF16, no faster than 8; FP8 with 8 k-steps in registers, a 1-deep cp.async
+// raw ring and 40 / 232 registers, 10% slower than 18: the raw ring keeps one tile in flight.)
 #define DG_WGMMA_CONFIGS(X)                                                                                      \
   X(0, false, 3, 1, false, 0, false) X(1, true, 2, 2, false, 0, false) X(2, true, 3, 1, true, 0, false)          \
   X(3, true, 2, 2, false, 14, false) X(4, true, 3, 2, false, 14, false) X(5, true, 3, 3, false, 14, false)       \
   X(6, false, 3, 1, false, 14, false) X(7, false, 4, 1, false, 14, false) X(8, true, 2, 2, false, 16, false)     \
-  X(18, true, 4, 1, true, 0, true) X(19, false, 4, 1, false, 0, true)
+  X(18, true, 4, 1, true, 0, true) X(19, false, 4, 1, false, 0, true) X(20, false, 4, 1, false, 8, true)
 
 template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {

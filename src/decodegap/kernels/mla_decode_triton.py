@@ -235,12 +235,16 @@ def _mla_decode_merge(
     part_ptr, part_lse_ptr, out_ptr, lse_ptr, num_heads, num_splits, part_scale,
     stride_ob, stride_oh,
     DL: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ONE_SHOT: tl.constexpr,
-    RETURN_LSE: tl.constexpr,
+    RETURN_LSE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One (head, sequence, BLOCK_D output columns) per program. ONE_SHOT (num_splits <= BLOCK_S): the split
     lse and the partial rows are loaded at once, one memory round trip; else BLOCK_S splits at a time, whose
     loads are independent (a loop over single splits waits one memory latency per split: most of a B=1 call).
-    Partials are fp32 or fp16 (times part_scale)."""
+    Partials are fp32 or fp16 (times part_scale). PDL: launched as the CUDA stage 1's programmatic dependent
+    (sm_90), so it waits here until that grid has finished and its partials are visible."""
+    if PDL:
+        tl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)
     pid_h = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
     pid_d = tl.program_id(2)
@@ -328,17 +332,17 @@ _PROGRAM_OVERHEAD_TOKENS = 64
 
 
 def pick_num_splits(batch: int, head_blocks: int, max_len: int, num_heads: int, num_sms: int, block_n: int,
-                    programs_per_sm: int = 2) -> int:
+                    programs_per_sm: int = 2, min_tiles: int = 2) -> int:
     """The split count with the least modelled time: whole waves of programs times each program's slice, plus
     the partials that the merge writes and reads.
 
     A grid of P programs on S SMs that each hold `programs_per_sm` runs in ceil(P / slots) waves; a slice that
     leaves a wave part-empty wastes the idle slots (on the H200 at B=32, ctx 4096, H=16: 8 splits = 256 programs
-    in one wave of 264 slots ran 68 µs, 13 splits = 1.6 waves 87 µs). Slices stay at least 2 tiles long.
+    in one wave of 264 slots ran 68 µs, 13 splits = 1.6 waves 87 µs). Slices stay at least `min_tiles` tiles long.
     Uses only the table's span (max_pages * page_size), never the lengths' values: no device sync.
     """
     slots = max(1, num_sms * programs_per_sm)
-    most = max(1, min(256, max_len // (2 * block_n)))
+    most = max(1, min(256, max_len // (min_tiles * block_n)))
     # fp32 partials, written then read: H x 512 x 4 x 2 bytes per (sequence, split); one KV token is 576 bytes.
     partial_tokens = num_heads * LATENT_DIM * 4 * 2 / (LATENT_DIM + ROPE_DIM)
 
@@ -509,8 +513,36 @@ def mla_decode_triton(
     return (out, lse) if return_lse else out
 
 
+# The merge after a CUDA stage 1 runs as its programmatic dependent launch (PDL, sm_90): the CUDA kernels signal
+# griddepcontrol.launch_dependents as they start, so the merge's launch overlaps stage 1 instead of following it
+# (the launch gap of a graph replay); the merge's griddepcontrol.wait keeps it after stage 1's writes.
+# DECODEGAP_MLA_PDL=0 (or MERGE_PDL = False) launches it plainly.
+MERGE_PDL = True
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_has_pdl() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_device(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0) and _triton_has_pdl()
+
+
+def merge_pdl(device: torch.device) -> bool:
+    """Whether the merge after a CUDA stage 1 on `device` runs as its programmatic dependent launch."""
+    if not MERGE_PDL or _INTERPRETED or device.type != "cuda" or os.environ.get("DECODEGAP_MLA_PDL", "") == "0":
+        return False
+    return _pdl_device(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _merge(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, return_lse: bool,
-           part_scale: float = 1.0):
+           part_scale: float = 1.0, pdl: bool = False):
     batch, num_heads, num_splits, _ = part.shape
     # One warp per program, <= 2048 partial elements: the sum over splits stays within a warp (with 4 warps the
     # [16, 256] tile was summed through shared memory: 13 µs at B=32, 12 splits, L1 82% busy, DRAM 10%).
@@ -519,7 +551,7 @@ def _merge(part: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: t
     _mla_decode_merge[(num_heads, batch, LATENT_DIM // block_d)](
         part, part_lse, out, lse, num_heads, num_splits, float(part_scale), out.stride(0), out.stride(1),
         DL=LATENT_DIM, BLOCK_S=block_s, BLOCK_D=block_d, ONE_SHOT=num_splits <= block_s,
-        RETURN_LSE=return_lse, num_warps=1,
+        RETURN_LSE=return_lse, PDL=pdl, num_warps=1, **({"launch_pdl": True} if pdl else {}),
     )
 
 
@@ -573,11 +605,11 @@ def _mla_decode_cuda(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_
         sm90.launch_tok(q, kv_cache, block_table, seq_lens, part, part_lse, out, lse if return_lse else None,
                         counters, float(sm_scale) * float(kv_scale) * _LOG2E, float(kv_scale), num_splits, variant)
         if not inline:
-            _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale))
+            _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale), pdl=merge_pdl(q.device))
         return (out, lse) if return_lse else out
     q_scale, s_scale = _score_scales(sm_scale, kv_scale, tl.float16)
     sm90.launch_stage1(q, kv_cache, block_table, seq_lens, part, part_lse, q_scale, s_scale, num_splits, variant)
-    _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale))
+    _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale), pdl=merge_pdl(q.device))
     return (out, lse) if return_lse else out
 
 
@@ -586,8 +618,12 @@ def _cuda_splits(q, kv_cache, block_table, variant) -> int:
 
     info = sm90.kernel_info(q.device.index if q.device.index is not None else torch.cuda.current_device(),
                             variant)
-    return pick_num_splits(q.shape[0], 1, block_table.shape[1] * kv_cache.shape[1], q.shape[1],
-                           _num_sms(q.device.index), info.block_n, info.ctas_per_sm)
+    span, num_sms = block_table.shape[1] * kv_cache.shape[1], _num_sms(q.device.index)
+    # The tokens-major kernel on a problem of at most one tile per two SMs: slices of one tile (each CTA's start
+    # then overlaps the others' instead of following its own first tile).
+    one_tile = variant in sm90.TOK_VARIANTS and q.shape[0] * -(-span // info.block_n) <= num_sms // 2
+    return pick_num_splits(q.shape[0], 1, span, q.shape[1], num_sms, info.block_n, info.ctas_per_sm,
+                           min_tiles=1 if one_tile else 2)
 
 
 def cuda_path(q: torch.Tensor, kv_cache: torch.Tensor, config: Config | None = None,
@@ -647,5 +683,5 @@ def _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv
                                 torch.float16 if fp8 else torch.float32)
     sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, part, part_lse, out, None, q_scale, s_scale,
                       float(kv_scale), num_splits, variant)
-    _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale))
+    _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale), pdl=merge_pdl(q.device))
     return (out, lse) if return_lse else out
