@@ -20,6 +20,8 @@
 # 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02.md): the cluster combine and the chained wgmma variants.
 # 2026-12-02, later (mla_decode_h200_2026-12-02-seesaw.md): the seesaw wgmma variants; NO_PROBE=1 skips the
 # building-block probe (smoke check and A/B only).
+# 2026-12-02, fifth (mla_decode_h200_2026-12-02-pdl.md): TOK_AB_ARGS=--small for the small-problem A/B; WGMMA_AB must
+# name at least one variant of each cache (else the smoke step exits 1 and the sm_90 kernels are off for the call).
 STEPS=${STEPS:-probe tok tests bench demo ncu ncu16}
 T0=$(date +%s)
 since() { echo "== $1 $(( $(date +%s) - T0 )) s"; }
