@@ -277,6 +277,35 @@ def test_a_cut_gzip_keeps_the_text_before_the_cut(tmp_path):
     assert [w.split("); ")[-1] for w in a.warnings] == [w.split("); ")[-1] for w in b.warnings]
 
 
+
+@pytest.mark.parametrize("inflater", ["zlib", "isal"])
+@pytest.mark.parametrize("whole", [True, False])
+def test_gzip_text_comes_whole_in_pieces_smaller_than_its_blocks(tmp_path, monkeypatch, inflater, whole):
+    """Every byte of a .gz's text comes out, whole or cut, however small the pieces asked for: ISA-L's inflater
+    holds back what did not fit in a piece with no input left over (zlib leaves input instead)."""
+    from decodegap.trace import read
+
+    if inflater == "isal":
+        monkeypatch.setattr(read, "inflate_library", pytest.importorskip("isal.isal_zlib"))
+    else:
+        monkeypatch.setattr(read, "inflate_library", zlib)
+    text = b"".join(b'{"ph": "X", "name": "k%d", "ts": %d}, ' % (i, i) for i in range(3000))
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    packed = deflate.compress(text) + deflate.flush(zlib.Z_FINISH if whole else zlib.Z_SYNC_FLUSH)
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(packed)
+    monkeypatch.setattr(read, "CHUNK_BYTES", 256)
+    pieces: list[bytes] = []
+    try:
+        pieces.extend(read.iter_text_chunks(path))
+        ended_early = False
+    except read.TruncatedStream:
+        ended_early = True
+    assert b"".join(pieces) == text
+    assert max(map(len, pieces)) == 256
+    assert ended_early is not whole
+
+
 # --- memory before refusing ---------------------------------------------------------------------------------------
 
 def _gzip_of_spaces(path: Path, total: int, prefix: bytes = b"", suffix: bytes = b"") -> Path:
