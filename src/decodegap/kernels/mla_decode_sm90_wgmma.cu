@@ -294,6 +294,37 @@ struct Regs {
   static_assert(128 * kProducer + 256 * kConsumer <= 168 * kThreads, "registers");
 };
 
+// Q's k-steps k0 .. k0 + QR - 1 of rows h0 and h0 + 8 of sequence b as wgmma A fragments (dims 16 k + 2c (+ 8)),
+// straight from global memory; rows past the heads are zeros; FP8 caches: q * q_scale in fp16, as the shared copy.
+template <bool FP8, int QR>
+__device__ __forceinline__ void load_q_fragments(const Args& a, long long b, int h0, int k0, int c,
+                                                 uint32_t (&qa)[QR > 0 ? QR : 1][4]) {
+  const int h1 = h0 + 8;
+  const uint16_t* q0 = a.q + b * a.stride_qb + (long long)h0 * a.stride_qh;
+  const uint16_t* q1 = a.q + b * a.stride_qb + (long long)h1 * a.stride_qh;
+#pragma unroll
+  for (int k = 0; k < QR; ++k) {
+    const int d = 16 * (k0 + k) + 2 * c;
+    uint32_t x[4] = {0u, 0u, 0u, 0u};
+    if (h0 < a.num_heads) {
+      x[0] = __ldg(reinterpret_cast<const unsigned int*>(q0 + d));
+      x[2] = __ldg(reinterpret_cast<const unsigned int*>(q0 + d + 8));
+    }
+    if (h1 < a.num_heads) {
+      x[1] = __ldg(reinterpret_cast<const unsigned int*>(q1 + d));
+      x[3] = __ldg(reinterpret_cast<const unsigned int*>(q1 + d + 8));
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (FP8) {
+        qa[k][e] = bf16x2_to_f16x2(x[e], a.q_scale);
+      } else {
+        qa[k][e] = x[e];
+      }
+    }
+  }
+}
+
 // Epilogue: rows 16 (warp in group) + g and + 8 of this warpgroup's 256 output dims (256w ..); o[4jj + 2half + e] =
 // dim 256w + 8jj + 2c + e; l: the rows' full sums, m: their reference max (log2 units).
 template <bool FP8>
@@ -407,30 +438,7 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
   // memory (FP8 caches: q * q_scale in fp16, as the shared-memory copy).
   uint32_t qa[QR > 0 ? QR : 1][4];
   if constexpr (QR > 0) {
-    const int h0 = hb * kM + r0, h1 = h0 + 8;
-    const uint16_t* q0 = a.q + b * a.stride_qb + (long long)h0 * a.stride_qh;
-    const uint16_t* q1 = a.q + b * a.stride_qb + (long long)h1 * a.stride_qh;
-#pragma unroll
-    for (int k = 0; k < QR; ++k) {
-      const int d = 16 * k + 2 * c;
-      uint32_t x[4] = {0u, 0u, 0u, 0u};
-      if (h0 < a.num_heads) {
-        x[0] = __ldg(reinterpret_cast<const unsigned int*>(q0 + d));
-        x[2] = __ldg(reinterpret_cast<const unsigned int*>(q0 + d + 8));
-      }
-      if (h1 < a.num_heads) {
-        x[1] = __ldg(reinterpret_cast<const unsigned int*>(q1 + d));
-        x[3] = __ldg(reinterpret_cast<const unsigned int*>(q1 + d + 8));
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if constexpr (FP8) {
-          qa[k][e] = bf16x2_to_f16x2(x[e], a.q_scale);
-        } else {
-          qa[k][e] = x[e];
-        }
-      }
-    }
+    load_q_fragments<FP8, QR>(a, b, hb * kM + r0, 0, c, qa);
   }
   const int npairs = (ntiles + 1) / 2;
   // PF 1: the next pair's score product is issued (its own async group, into scn) before this tile's softmax, so it
@@ -805,31 +813,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   // straight from global memory; FP8 caches: q * q_scale in fp16, as the shared-memory copy.
   uint32_t qa[QR > 0 ? QR : 1][4];
   if constexpr (QR > 0) {
-    const int r = 16 * (tw >> 5) + g;
-    const int h0 = hb * kM + r, h1 = h0 + 8;
-    const uint16_t* q0 = a.q + b * a.stride_qb + (long long)h0 * a.stride_qh;
-    const uint16_t* q1 = a.q + b * a.stride_qb + (long long)h1 * a.stride_qh;
-#pragma unroll
-    for (int k = 0; k < QR; ++k) {
-      const int d = 16 * (18 * w + k) + 2 * c;
-      uint32_t x[4] = {0u, 0u, 0u, 0u};
-      if (h0 < a.num_heads) {
-        x[0] = __ldg(reinterpret_cast<const unsigned int*>(q0 + d));
-        x[2] = __ldg(reinterpret_cast<const unsigned int*>(q0 + d + 8));
-      }
-      if (h1 < a.num_heads) {
-        x[1] = __ldg(reinterpret_cast<const unsigned int*>(q1 + d));
-        x[3] = __ldg(reinterpret_cast<const unsigned int*>(q1 + d + 8));
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if constexpr (FP8) {
-          qa[k][e] = bf16x2_to_f16x2(x[e], a.q_scale);
-        } else {
-          qa[k][e] = x[e];
-        }
-      }
-    }
+    load_q_fragments<FP8, QR>(a, b, hb * kM + 16 * (tw >> 5) + g, 18 * w, c, qa);
   }
   // Descriptors (K-major Q and K: 8-row groups 1024 bytes apart; V N-major: 64-dim chunks kChunkBytes apart).
   const uint64_t dq0 = make_desc(sbase + L::kQ, 16, 1024);
