@@ -17,7 +17,7 @@
 //    moves only when a score exceeds it by 2^8); O[64, 256 dims] += P V with P from registers (the score
 //    accumulator layout is the A-fragment layout) and V the same stage read N-major (m64n256k16, 2 k-steps);
 //    then the stage is released through its empty mbarrier.
-// Seesaw consumers (SEESAW, variants 18-20, 23-25): each consumer warpgroup computes the full scores of its own tile
+// Seesaw consumers (SEESAW, variants 18-20): each consumer warpgroup computes the full scores of its own tile
 // (tiles alternate: warpgroup 0 the even ones, 1 the odd ones; 36 k-steps of m64n32k16, K from shared memory, Q
 // too, or from registers for the first QR k-steps),
 // so one's softmax can run while the other's MMA does; its P goes into its stage's rope chunk (free once the scores
@@ -243,12 +243,9 @@ __device__ __forceinline__ void score_tile(float (&sc)[16], const uint32_t (&qa)
 
 // The seesaw's full scores of one tile: all 36 k-steps, K from shared memory, Q from registers for the first QR
 // (qa) and from shared memory for the others (one async group, as above).
-template <bool F16, int QR, bool WAIT = true>
+template <bool F16, int QR>
 __device__ __forceinline__ void score_tile_full(float (&sc)[16], const uint32_t (&qa)[QR > 0 ? QR : 1][4],
                                                 uint64_t dq, uint64_t dk) {
-  // (!WAIT, the prefetching seesaw: Q's descriptors made here, not hoisted out of the loop into 2 x 28 registers
-  // that spill beside the second score accumulator.)
-  if constexpr (!WAIT) asm volatile("" : "+l"(dq));
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 36; ++ks) {
@@ -261,20 +258,17 @@ __device__ __forceinline__ void score_tile_full(float (&sc)[16], const uint32_t 
     }
   }
   wgmma_commit();
-  if constexpr (WAIT) {
-    wgmma_wait<0>();
-    fence_regs(sc);
-  }
+  wgmma_wait<0>();
+  fence_regs(sc);
 }
 
 // Shared memory, from a 1024-byte aligned base: Q, the KV stages, the FP8 raw ring, the score exchange, barriers.
 // The seesaw's exchange holds, per pair parity and warpgroup, the reference max of each of the 64 rows it published,
 // and at the end each one's row sums: [2][2][64] + [2][64] floats.
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 struct Layout {
   static constexpr int kQ = 0;
-  // kQBytes with all of Q in shared memory
-  static constexpr int kStage = QMapOf<QR, (SEESAW > 0)>::T::kChunks * kM * 128;
+  static constexpr int kStage = QMapOf<QR, SEESAW>::T::kChunks * kM * 128;  // kQBytes with all of Q in shared memory
   static constexpr int kRaw = kStage + W * kStageBytes;
   static constexpr int kExch = kRaw + (FP8 && !REGS ? R * kRawBytes : 0);
   static constexpr int kBar = kExch + (SEESAW ? 6 * kM * 4 : kExchBytes);
@@ -287,7 +281,7 @@ struct Layout {
 // leaves the producer the minimum, 24.
 // The seesaw's register loads hold a pair of tiles (72 registers): 104 (at 88 ptxas spills 24 bytes), its
 // consumers fit in 200.
-template <bool FP8, bool REGS, int QR, int SEESAW>
+template <bool FP8, bool REGS, int QR, bool SEESAW>
 struct Regs {
   static constexpr int kProducer = REGS ? (SEESAW ? 104 : 88) : (FP8 && QR > 14 ? 24 : 40);
   static constexpr int kConsumer = REGS ? (SEESAW ? 200 : 208) : (FP8 && QR > 14 ? 240 : 232);
@@ -418,7 +412,7 @@ __device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) 
 // its softmax after warpgroup 0's: 6% slower.) Named barriers: 1 + w (pairs of parity 1: 6 + w) = warpgroup w's P
 // and max are published, 3 = the row sums at the end, 4 + w = warpgroup w's own votes and syncs. Max slots
 // [parity][w][64]: a slot is rewritten two pairs later, after the barrier that follows its reader's read.
-template <bool FP8, int W, int QR, int PF, typename L>
+template <bool FP8, int W, int QR, typename L>
 __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uint32_t sbase, uint32_t bar_full,
                                                uint32_t bar_empty, int w, int tw, int ntiles, int start, int end,
                                                int hb, long long b, int split) {
@@ -441,22 +435,7 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
     load_q_fragments<FP8, QR>(a, b, hb * kM + r0, 0, c, qa);
   }
   const int npairs = (ntiles + 1) / 2;
-  // PF 1: the next pair's score product is issued (its own async group, into scn) before this tile's softmax, so it
-  // runs on the tensor cores during the softmax and the P.V products; waited at the end of the pair. PF 2: issued
-  // after both P.V products (the producer has one pair longer to fill its stage), waited at the next pair's top.
-  float scn[16];
-#pragma unroll
-  for (int k = 0; k < 16; ++k) scn[k] = 0.f;
-  // (A do-while right after the first group: a guarded loop entry or a branch around that group makes ptxas
-  // copy the in-flight accumulator at the merge and inject a wait, C7517.)
-  if (npairs > 0) {
-  if constexpr (PF > 0) {
-    mbar_wait(bar_full + 8 * (w % W), 0);
-    fence_proxy_async();
-    score_tile_full<FP8, QR, false>(scn, qa, dq0, dk0 + (static_cast<uint64_t>((w % W) * kStageBytes) >> 4));
-  }
-  int i = 0;
-  do {
+  for (int i = 0; i < npairs; ++i) {
     const int jm = 2 * i + w, jo = 2 * i + 1 - w;  // my tile, the other warpgroup's
     const int sm_ = jm % W, so = jo % W;
     const uint64_t off_m = static_cast<uint64_t>(sm_ * kStageBytes) >> 4;
@@ -464,27 +443,12 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
     float* mine = sm + 128 * (i & 1) + 64 * w;
     const float* other = sm + 128 * (i & 1) + 64 * (1 - w);
     const int bar_mine = (i & 1 ? 6 : 1) + w, bar_other = (i & 1 ? 6 : 1) + 1 - w;
+    mbar_wait(bar_full + 8 * sm_, (jm / W) & 1);
+    fence_proxy_async();  // the stage's cp.async (generic proxy) writes, read by wgmma
     float sc[16];
-    if constexpr (PF > 0) {
-      wgmma_wait<0>();  // this tile's scores (issued in the previous pair, or before the loop)
-      fence_regs(scn);
 #pragma unroll
-      for (int k = 0; k < 16; ++k) sc[k] = scn[k];
-      // The next pair's tile; in the last pair this tile again (its stage is held until the pair's end; the
-      // result is unused): one unconditional async group, as ptxas injects waits around a conditional one.
-      if constexpr (PF == 1) {
-        const int jn = i + 1 < npairs ? jm + 2 : jm, sn = jn % W;
-        mbar_wait(bar_full + 8 * sn, (jn / W) & 1);
-        fence_proxy_async();
-        score_tile_full<FP8, QR, false>(scn, qa, dq0, dk0 + (static_cast<uint64_t>(sn * kStageBytes) >> 4));
-      }
-    } else {
-      mbar_wait(bar_full + 8 * sm_, (jm / W) & 1);
-      fence_proxy_async();  // the stage's cp.async (generic proxy) writes, read by wgmma
-#pragma unroll
-      for (int k = 0; k < 16; ++k) sc[k] = 0.f;
-      score_tile_full<FP8, QR>(sc, qa, dq0, dk0 + off_m);
-    }
+    for (int k = 0; k < 16; ++k) sc[k] = 0.f;
+    score_tile_full<FP8, QR>(sc, qa, dq0, dk0 + off_m);
 
     // Row max (sc[4jj + e]: row r0, token 8jj + 2c + e; sc[4jj + 2 + e]: row r0 + 8), masked past the end.
     float mx[2];
@@ -563,29 +527,11 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
     wgmma_pv_ss<FP8>(o, dp0 + off_o, dv0 + off_o, 1);
     wgmma_pv_ss<FP8>(o, dp0 + off_o + (32 >> 4), dv0 + off_o + (2048 >> 4), 1);
     wgmma_commit();
-    if constexpr (PF == 2) {
-      const int jn = i + 1 < npairs ? jm + 2 : jm, sn = jn % W;  // (the last pair: this tile again, unused)
-      mbar_wait(bar_full + 8 * sn, (jn / W) & 1);
-      fence_proxy_async();
-      score_tile_full<FP8, QR, false>(scn, qa, dq0, dk0 + (static_cast<uint64_t>(sn * kStageBytes) >> 4));
-      wgmma_wait<2>();
-      mbar_arrive(bar_empty + 8 * sm_);
-      wgmma_wait<1>();
-      fence_regs(o);
-      mbar_arrive(bar_empty + 8 * so);
-      continue;
-    }
     wgmma_wait<1>();
     mbar_arrive(bar_empty + 8 * sm_);  // this thread is done with its own tile's stage
     wgmma_wait<0>();
     fence_regs(o);
-    if constexpr (PF == 1) fence_regs(scn);
     mbar_arrive(bar_empty + 8 * so);
-  } while (++i < npairs);
-  if constexpr (PF == 2) {
-    wgmma_wait<0>();  // the last pair's unused score product
-    fence_regs(scn);
-  }
   }
 
   // Row sums: over the 4 threads of a row, then the two warpgroups' (both now against the same max).
@@ -604,11 +550,11 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
   store_rows<FP8>(a, o, l_all, m_run, w, tw, hb, b, split);
 }
 
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args a) {
   using L = Layout<FP8, W, R, REGS, QR, SEESAW>;
   static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0) && !(SEESAW && QR % 4), "Q k-steps in registers");
-  using QM = typename QMapOf<QR, (SEESAW > 0)>::T;
+  using QM = typename QMapOf<QR, SEESAW>::T;
   static_assert(L::kAlloc <= 232448, "shared memory");
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -798,8 +744,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   // ------------------------------------------------------------------ consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kConsumer));
   if constexpr (SEESAW) {
-    consume_seesaw<FP8, W, QR, (SEESAW > 1 ? SEESAW - 1 : 0), L>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw,
-                                                              ntiles, start, end, hb, b, split);
+    consume_seesaw<FP8, W, QR, L>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw, ntiles, start, end, hb, b,
+                                  split);
     return;
   }
   const int w = wg - 1;  // dims: scores over k-steps 18w .. 18w + 17, output dims 256w .. 256w + 255
@@ -918,21 +864,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 // with the first 8 of the 36 score k-steps' Q in registers (32 per consumer thread; Q's shared copy the other 7
 // chunks, 56 KB). (Tried: 12 k-steps, BF16, no faster than 8; FP8 with 8 k-steps in registers, a 1-deep cp.async
 // raw ring and 40 / 232 registers, 10% slower than 18: the raw ring keeps one tile in flight.)
-// Prefetching seesaw (SEESAW = 2): 23, 24, 25: as 18, 20, 19 with the next pair's score product (own tile) issued
-// before this tile's softmax into a second accumulator, so it overlaps the softmax and both P.V products.
-// 26, 27 (SEESAW = 3): as 18, 20 with it issued after both P.V products. All slower on the H200 (2026-12-02,
-// mla_decode_h200_2026-12-02-pdl.md, sixth session): B=32 ctx 4096 H=128 FP8 112.4 (23) / 106.0 (26) vs 104.6-105.2
-// us (18), BF16 128.7 (24) / 126.8 (25) / 110.8 (27) vs 93.2-94.3 (20): with 4 stages the early prefetch waits for
-// a stage the producer has only just been given back, and a warpgroup's groups run in order anyway.
 #define DG_WGMMA_CONFIGS(X)                                                                                      \
   X(0, false, 3, 1, false, 0, false) X(1, true, 2, 2, false, 0, false) X(2, true, 3, 1, true, 0, false)          \
   X(3, true, 2, 2, false, 14, false) X(4, true, 3, 2, false, 14, false) X(5, true, 3, 3, false, 14, false)       \
   X(6, false, 3, 1, false, 14, false) X(7, false, 4, 1, false, 14, false) X(8, true, 2, 2, false, 16, false)     \
-  X(18, true, 4, 1, true, 0, 1) X(19, false, 4, 1, false, 0, 1) X(20, false, 4, 1, false, 8, 1)                \
-  X(23, true, 4, 1, true, 0, 2) X(24, false, 4, 1, false, 8, 2) X(25, false, 4, 1, false, 0, 2)                \
-  X(26, true, 4, 1, true, 0, 3) X(27, false, 4, 1, false, 8, 3)
+  X(18, true, 4, 1, true, 0, true) X(19, false, 4, 1, false, 0, true) X(20, false, 4, 1, false, 8, true)
 
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
   auto kernel = mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW>;
   constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
@@ -940,7 +878,7 @@ int prepare(int* regs, int* per_sm, int* smem_bytes) {
   return prepare_kernel(kernel, kThreads, smem, regs, per_sm);
 }
 
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 int launch(const Args& a, int batch, cudaStream_t stream) {
   constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
   const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
