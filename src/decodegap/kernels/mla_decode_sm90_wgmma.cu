@@ -149,6 +149,24 @@ __device__ __forceinline__ void wgmma_s64(float (&d)[32], uint64_t da, uint64_t 
   }
 }
 
+// The same with A (16 x 16 of Q) from registers (the 64-token lockstep's first QR k-steps).
+template <bool F16>
+__device__ __forceinline__ void wgmma_s64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int accumulate) {
+  if constexpr (F16) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  } else {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  }
+}
+
 // The same with A (16 x 16 of Q) from registers: the A-fragment layout of mma.m16n8k16 per warp (warp i of the
 // warpgroup: rows 16i ..), B K-major from shared memory (no transpose).
 template <bool F16>
@@ -873,113 +891,117 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   store_rows<FP8>(a, o, l_run, m_run, w, tw, hb, b, split);
 }
 
-// ------------------------------------------------------------------ the 64-token seesaw (variants 28 FP8, 29 BF16)
-// The seesaw above with 64-token KV blocks, FlashMLA's block size: each consumer's score product is 36 k-steps of
-// m64n64k16 (on the H200 two warpgroups of m64n32k16 from shared memory reach 64% of the tensor peak, of m64n64k16
-// 100%: benchmarks/mla_wgmma_rate.py) and its P.V 4 + 4 k-steps of m64n256k16. Shared memory: Q (72 KB) and two
-// blocks of 72 KB, block 2i of each pair warpgroup 0's (buffer 0), block 2i + 1 warpgroup 1's (buffer 1); no
-// third block fits, so the pipeline lives inside the blocks (as FlashMLA's):
-//  - every 64-dim chunk of a block has its own full barrier, and a consumer's score k-steps wait for each chunk
-//    as they reach it, starting with the chunks it frees first;
-//  - a block is handed back in two parts: its owner's value half (chunks 4w .. 4w + 3) when the owner's own P.V
-//    is done, the rest (the other half and the rope chunk, which holds the owner's P) when the other warpgroup's
-//    P.V with it is done. The producer refills in that order, so the next pair's scores start on the chunks
-//    freed first while the others still come in; warpgroup 1 takes its chunks in the order 4-7, 0-3, 8.
-// Producer: BF16 cp.async straight into the chunks; FP8 each part's raw bytes loaded into registers one part
-// ahead (a part: the chunks one release frees), widened when its chunks are free.
-namespace s64 {
-constexpr int kBN = 64;                          // tokens per block
-constexpr int kChunk = kBN * 128;                // one 64-dim chunk of a block: 8,192
-constexpr int kBlock = 9 * kChunk;               // 73,728
-constexpr int kBuf = kQBytes;                    // the two blocks after Q
-constexpr int kExch = kBuf + 2 * kBlock;         // max slots [parity][warpgroup][64], sums [warpgroup][64]
-constexpr int kBar = kExch + 6 * kM * 4;         // full[buffer][chunk], own[buffer], rest[buffer]
-constexpr int kAlloc = kBar + (18 + 4) * 8 + 1024;
+// ------------------------------------------------------------ the 64-token lockstep (variant 32, BF16 caches)
+// Both consumer warpgroups work on every 64-token tile, each over half of the 576 score dims (18 k-steps of
+// m64n64k16, the first 8 with Q from registers), and sum the two partial score tiles through shared memory; then
+// each runs the same softmax (bit for bit) and accumulates its half of the 512 output dims (4 k-steps of
+// m64n256k16, P from registers). The 64-token score tile is what the 32-token kernels lack: on the H200 two
+// warpgroups of m64n32k16 from shared memory reach 64% of the tensor peak, of m64n64k16 100%
+// (benchmarks/mla_wgmma_rate.py). Its KV comes in 32-token stages, as the other kernels', so the producer keeps
+// four stages in flight and refills each pair of them as its tile ends (a 64-token seesaw, variants 28-31 of
+// commit 0e16a91, held two 72 KB blocks and refilled them only as a pair of blocks ended: 20% slower). Shared
+// memory: Q's chunks 2-4 and 6-8 (48 KB), a ring of 128 token slots in every 64-dim chunk, [9][128][128 B]
+// (144 KB: a tile is 64 consecutive slots, so one descriptor spans it), and the partial scores [2][8][128]
+// float4 (32 KB).
+namespace ls64 {
+constexpr int kBN = 64;                          // tokens per tile (two 32-token stages)
+constexpr int kSlots = 128;                      // ring slots per chunk: two tiles
+constexpr int kChunk = kSlots * 128;             // 16,384
+constexpr int kQR = 8;                           // each consumer's first k-steps with Q from registers
+using QM = QMap<kQR>;
+constexpr int kRing = QM::kChunks * kM * 128;    // after Q (48 KB)
+constexpr int kExch = kRing + 9 * kChunk;
+constexpr int kBar = kExch + 2 * 8 * 128 * 16;   // full[2], empty[2] (per tile slot)
+constexpr int kAlloc = kBar + 4 * 8 + 1024;
 static_assert(kAlloc <= 232448, "shared memory");
-// Warpgroup w's score chunk order: its own value half first.
-__host__ __device__ constexpr int chunk_of(int w, int i) { return i == 8 ? 8 : (i + 4 * w) & 7; }
-// The producer's parts per pair, in the order it fills them: 0 buffer 0's own half, 1 buffer 1's own half,
-// 2 buffer 0's rest, 3 buffer 1's rest; part p is buffer p & 1, its k-th chunk:
-__host__ __device__ constexpr int part_chunks(int p) { return p < 2 ? 4 : 5; }
-__host__ __device__ constexpr int part_chunk(int p, int k) {
-  return p < 2 ? 4 * (p & 1) + k : (k < 4 ? 4 * (1 - (p & 1)) + k : 8);
-}
-constexpr int kProducerRegs[2] = {40, 120};      // [FP8]; at 104 ptxas spills 64 bytes
-constexpr int kConsumerRegs[2] = {232, 192};
-static_assert(128 * kProducerRegs[1] + 256 * kConsumerRegs[1] <= 168 * kThreads, "registers");
-}  // namespace s64
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads, "registers");
+}  // namespace ls64
 
-// One warpgroup's full scores of its block (36 k-steps of m64n64k16, Q and K from shared memory), each chunk's
-// k-steps after that chunk's full barrier; one async group.
-template <bool F16, int W>
-__device__ __forceinline__ void score_block64(float (&sc)[32], uint64_t dq, uint64_t dk, uint32_t full,
-                                              uint32_t parity) {
+// Partial scores of one 64-token tile over k-steps 18 WI .. 18 WI + 17 (the first kQR with Q from registers);
+// one async group.
+template <int WI>
+__device__ __forceinline__ void score_tile64(float (&sc)[32], const uint32_t (&qa)[ls64::kQR][4], uint64_t dq,
+                                             uint64_t dk) {
   wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < 9; ++i) {
-    const int c = s64::chunk_of(W, i);
-    mbar_wait(full + 8 * c, parity);
-    fence_proxy_async();  // the chunk's producer writes (cp.async or st.shared), read by wgmma
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      wgmma_s64<F16>(sc, dq + ((c * (kM * 128) + k * 32) >> 4), dk + ((c * s64::kChunk + k * 32) >> 4), i + k > 0);
+  for (int k = 0; k < 18; ++k) {
+    const int ks = 18 * WI + k;
+    const uint64_t db = dk + (((ks >> 2) * ls64::kChunk + (ks & 3) * 32) >> 4);
+    if (k < ls64::kQR) {
+      wgmma_s64_rs<false>(sc, qa[k < ls64::kQR ? k : 0], db, k > 0);
+    } else {
+      wgmma_s64<false>(sc, dq + ((ls64::QM::pos(ks >> 2) * (kM * 128) + (ks & 3) * 32) >> 4), db, k > 0);
+    }
   }
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(sc);
 }
 
-template <bool FP8>
-__device__ __forceinline__ void consume_seesaw64(const Args& a, uint8_t* smem, uint32_t sbase, int w, int tw,
-                                                 int ntiles, int start, int end, int hb, long long b, int split) {
+__device__ __forceinline__ void consume_lockstep64(const Args& a, uint8_t* smem, uint32_t sbase, int w, int tw,
+                                                   int ntiles, int start, int end, int hb, long long b,
+                                                   int split) {
   constexpr float kInf = INFINITY;
   const int lane = tw & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = 16 * (tw >> 5) + g;  // this thread's rows r0 and r0 + 8
+  const int r0 = 16 * (tw >> 5) + g;
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float m_run[2] = {-kInf, -kInf}, l_run[2] = {0.f, 0.f};
-  float* sm = reinterpret_cast<float*>(smem + s64::kExch);
-  const uint32_t full = sbase + s64::kBar, own = full + 18 * 8, rest = own + 2 * 8;
-  const uint32_t mbuf = sbase + s64::kBuf + w * s64::kBlock, obuf = sbase + s64::kBuf + (1 - w) * s64::kBlock;
-  const uint64_t dq = make_desc(sbase, 16, 1024), dk = make_desc(mbuf, 16, 1024);
-  const uint64_t dv_m = make_desc(mbuf + 4 * w * s64::kChunk, s64::kChunk, 1024);  // my value half, N-major
-  const uint64_t dv_o = make_desc(obuf + 4 * w * s64::kChunk, s64::kChunk, 1024);
-  const uint64_t dp_o = make_desc(obuf + 8 * s64::kChunk, 16, 1024);  // the other's P (its rope chunk), K-major
-  uint8_t* pmine = smem + s64::kBuf + w * s64::kBlock + 8 * s64::kChunk;
-  uint8_t* pother = smem + s64::kBuf + (1 - w) * s64::kBlock + 8 * s64::kChunk;
-  const int npairs = (ntiles + 1) / 2;
-  for (int i = 0; i < npairs; ++i) {
-    const uint32_t par = i & 1;
-    const int jm = 2 * i + w;
-    float* mine = sm + 128 * par + 64 * w;
-    const float* other = sm + 128 * par + 64 * (1 - w);
-    const int bar_mine = (par ? 6 : 1) + w, bar_other = (par ? 6 : 1) + 1 - w;
+  float4* mine = reinterpret_cast<float4*>(smem + ls64::kExch) + w * 8 * 128;
+  const float4* other = reinterpret_cast<const float4*>(smem + ls64::kExch) + (1 - w) * 8 * 128;
+  const uint32_t full = sbase + ls64::kBar, empty = full + 2 * 8;
+  uint32_t qa[ls64::kQR][4];
+  load_q_fragments<false, ls64::kQR>(a, b, hb * kM + r0, 18 * w, c, qa);
+  const uint64_t dq = make_desc(sbase, 16, 1024), dk0 = make_desc(sbase + ls64::kRing, 16, 1024);
+  const uint64_t dv0 = make_desc(sbase + ls64::kRing + 4 * w * ls64::kChunk, ls64::kChunk, 1024);
+  for (int j = 0; j < ntiles; ++j) {
+    const int p = j & 1;  // the tile's half of the ring: slots 64p .. 64p + 63
+    mbar_wait(full + 8 * p, (j >> 1) & 1);
+    fence_proxy_async();
+    const uint64_t off = static_cast<uint64_t>(p * 64 * 128) >> 4;
     float sc[32];
 #pragma unroll
-    for (int k = 0; k < 32; ++k) sc[k] = 0.f;
-    if (w == 0) {  // warpgroup-uniform: compile-time chunk order in each branch
-      score_block64<FP8, 0>(sc, dq, dk, full, par);
+    for (int i = 0; i < 32; ++i) sc[i] = 0.f;
+    if (w == 0) {
+      score_tile64<0>(sc, qa, dq, dk0 + off);
     } else {
-      score_block64<FP8, 1>(sc, dq, dk, full + 9 * 8, par);
+      score_tile64<1>(sc, qa, dq, dk0 + off);
     }
-    float mx[2];
-    mask_row_max(sc, start + jm * s64::kBN, c, end, mx[0], mx[1]);
-    float m_new[2], f[2];
+    // The full scores: mine + the other's (a + b == b + a: both warpgroups hold the same S). Barrier 2 + w: the
+    // other warpgroup has read my previous partial (it arrives there after reading), so I may overwrite it.
+    if (j > 0) named_bar_sync(2 + w, 256);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float x = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2)) * a.s_scale;
-      m_new[h] = x > m_run[h] + 8.f ? x : m_run[h];  // the reference moves only by more than 2^8
-      f[h] = rebase(m_run[h], m_new[h]);
-      l_run[h] *= f[h];
+    for (int r = 0; r < 8; ++r) mine[r * 128 + tw] = make_float4(sc[4 * r], sc[4 * r + 1], sc[4 * r + 2], sc[4 * r + 3]);
+    named_bar_sync(1, 256);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const float4 x = other[r * 128 + tw];
+      sc[4 * r] += x.x;
+      sc[4 * r + 1] += x.y;
+      sc[4 * r + 2] += x.z;
+      sc[4 * r + 3] += x.w;
     }
-    if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) scale_rows(o, f[0], f[1]);
-    const float nm0 = m_new[0] == -kInf ? 0.f : -m_new[0];
-    const float nm1 = m_new[1] == -kInf ? 0.f : -m_new[1];
+    if (j + 1 < ntiles) named_bar_arrive(2 + (1 - w), 256);
+    float mx0, mx1;
+    mask_row_max(sc, start + j * ls64::kBN, c, end, mx0, mx1);
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * a.s_scale;
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * a.s_scale;
+    if (__any_sync(0xffffffffu, mx0 > m_run[0] + 8.f || mx1 > m_run[1] + 8.f)) {
+      const float n0 = fmaxf(m_run[0], mx0), n1 = fmaxf(m_run[1], mx1);
+      const float f0 = rebase(m_run[0], n0), f1 = rebase(m_run[1], n1);
+      m_run[0] = n0;
+      m_run[1] = n1;
+      l_run[0] *= f0;
+      l_run[1] *= f1;
+      scale_rows(o, f0, f1);
+    }
+    const float nm0 = m_run[0] == -kInf ? 0.f : -m_run[0];
+    const float nm1 = m_run[1] == -kInf ? 0.f : -m_run[1];
     exp_rows(sc, a.s_scale, nm0, nm1, l_run);
-    // P as A fragments (k-step kk: tokens 16kk ..) and into my block's rope chunk, [64 rows][128 B] with the
-    // 128-byte swizzle: row r, tokens 8jj + 2c (+1) at 16-byte unit jj, byte 4c.
     uint32_t pa[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -988,198 +1010,55 @@ __device__ __forceinline__ void consume_seesaw64(const Args& a, uint8_t* smem, u
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int jj = 2 * kk + q;
-          pa[kk][2 * q + hh] = pack2<FP8>(sc[4 * jj + 2 * hh], sc[4 * jj + 2 * hh + 1]);
-          *reinterpret_cast<uint32_t*>(pmine + swz(r0 + 8 * hh, jj) + 4 * c) = pa[kk][2 * q + hh];
+          pa[kk][2 * q + hh] = pack2<false>(sc[4 * jj + 2 * hh], sc[4 * jj + 2 * hh + 1]);
         }
-    if (c == 0) {
-      mine[r0] = m_new[0];
-      mine[r0 + 8] = m_new[1];
-    }
-    fence_proxy_async();  // P's generic stores, read by the other warpgroup's wgmma
-    named_bar_arrive(bar_mine, 256);
-    // The other block's chunks that this warpgroup reads (its value half of it; the other's P is published by
-    // the barrier below): long complete, the other warpgroup's scores waited for them.
-#pragma unroll
-    for (int k = 0; k < 4; ++k) mbar_wait(full + 8 * (9 * (1 - w) + 4 * w + k), par);
-    fence_proxy_async();
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_pv<FP8>(o, pa[kk], dv_m + ((kk * 2048) >> 4), 1);
+    for (int kk = 0; kk < 4; ++kk) wgmma_pv<false>(o, pa[kk], dv0 + off + ((kk * 2048) >> 4), 1);
     wgmma_commit();
-    named_bar_sync(bar_other, 256);  // the other warpgroup's P and max
-    const float mo[2] = {other[r0], other[r0 + 8]};
-    float fp[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float top = fmaxf(m_new[h], mo[h]);
-      f[h] = rebase(m_new[h], top);
-      fp[h] = rebase(mo[h], top);
-      l_run[h] *= f[h];
-      m_run[h] = top;
-    }
-    if (warpgroup_any(4 + w, f[0] != 1.f || f[1] != 1.f || fp[0] != 1.f || fp[1] != 1.f)) {
-      wgmma_wait<0>();
-      fence_regs(o);
-      scale_rows(o, f[0], f[1]);
-      // The other's P (read by this warpgroup alone) to the larger max, in place: the units its own thread wrote.
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          uint32_t* x = reinterpret_cast<uint32_t*>(pother + swz(r0 + 8 * hh, jj) + 4 * c);
-          const float2 v = unpack2<FP8>(*x);
-          *x = pack2<FP8>(v.x * fp[hh], v.y * fp[hh]);
-        }
-      fence_proxy_async();
-      named_bar_sync(4 + w, 128);
-    }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_pv_ss<FP8>(o, dp_o + ((kk * 32) >> 4), dv_o + ((kk * 2048) >> 4), 1);
-    wgmma_commit();
-    wgmma_wait<1>();
-    mbar_arrive(own + 8 * w);  // my block's value half is free
     wgmma_wait<0>();
     fence_regs(o);
-    mbar_arrive(rest + 8 * (1 - w));  // the other block's rest (my value half of it and its P) is free
+    mbar_arrive(empty + 8 * p);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
-  float* sl = sm + 4 * kM;
-  if (c == 0) {
-    sl[64 * w + r0] = l_run[0];
-    sl[64 * w + r0 + 8] = l_run[1];
-  }
-  named_bar_sync(3, 256);
-  const float l_all[2] = {sl[r0] + sl[64 + r0], sl[r0 + 8] + sl[64 + r0 + 8]};
-  store_rows<FP8>(a, o, l_all, m_run, w, tw, hb, b, split);
+  store_rows<false>(a, o, l_run, m_run, w, tw, hb, b, split);
 }
 
-// The producer: thread (t, h) copies row t of every block, 16-byte units 4h .. 4h + 3 of each chunk (BF16; FP8:
-// the 32 raw bytes that widen into them).
-template <bool FP8, bool PF>
-__device__ __forceinline__ void produce_seesaw64(const Args& a, uint8_t* smem, uint32_t sbase, int tw, int nload,
-                                                 int start, int end, long long b) {
+// BF16 producer: thread (t, h) copies row t of every tile, its 16-byte units h, h + 2, .. (36 of the 72).
+__device__ __forceinline__ void produce_lockstep64(const Args& a, uint32_t sbase, int tw, int ntiles, int start,
+                                                   int end, long long b) {
   const int t = tw >> 1, h = tw & 1;
-  const uint32_t full = sbase + s64::kBar, own = full + 18 * 8, rest = own + 2 * 8;
+  const uint32_t full = sbase + ls64::kBar, empty = full + 2 * 8;
   const int* trow = a.table + b * a.stride_tb;
-  auto page_of = [&](int j) -> int {  // -1: past the slice's end (zero-filled, never read from HBM)
-    const int n = start + j * s64::kBN + t;
+  auto page_of = [&](int j) -> int {
+    const int n = start + j * ls64::kBN + t;
     return n < end ? trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size] : -1;
   };
-  auto row_of = [&](int j, int page) -> const uint8_t* {
-    if (page < 0) return a.kv;
-    const int n = start + j * s64::kBN + t;
+  int page = page_of(0);
+  for (int j = 0; j < ntiles; ++j) {
+    const int p = j & 1;
+    mbar_wait(empty + 8 * p, ((j >> 1) & 1) ^ 1);
+    const int n = start + j * ls64::kBN + t;
     const int slot = a.page_shift >= 0 ? n & (a.page_size - 1) : n % a.page_size;
-    return a.kv + (long long)page * a.stride_page + (long long)slot * a.stride_slot;
-  };
-  // PF: the next pair's rows (this thread's half of each) prefetched into L2 as this pair's first parts go out,
-  // so that its copies, issued when the chunks are handed back, come from L2.
-  auto prefetch = [&](int j, int page) {
-    if (PF && page >= 0) {
-      const uint8_t* src = row_of(j, page) + (FP8 ? 288 : 576) * h;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "n"(FP8 ? 288 : 576) : "memory");
+    const uint8_t* src = page >= 0 ? a.kv + (long long)page * a.stride_page + (long long)slot * a.stride_slot : a.kv;
+    const int bytes = page >= 0 ? 16 : 0;
+    page = page_of(j + 1);
+    const uint32_t ring = sbase + ls64::kRing;
+#pragma unroll
+    for (int i = 0; i < 36; ++i) {
+      const int u = h + 2 * i;
+      cp_async16(ring + (u >> 3) * ls64::kChunk + swz(64 * p + t, u & 7), src + 16 * u, bytes);
     }
-  };
-  const int npairs = nload / 2;
-  int pg[2] = {page_of(0), page_of(1)};
-  if constexpr (!FP8) {
-    for (int i = 0; i < npairs; ++i) {
-      const uint32_t epar = (i & 1) ^ 1;
-      const uint8_t* src[2] = {row_of(2 * i, pg[0]), row_of(2 * i + 1, pg[1])};
-      const int bytes[2] = {pg[0] >= 0 ? 16 : 0, pg[1] >= 0 ? 16 : 0};
-      pg[0] = page_of(2 * i + 2);  // the next pair's page ids, a pair ahead
-      pg[1] = page_of(2 * i + 3);
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const int bf = p & 1;
-        mbar_wait((p < 2 ? own : rest) + 8 * bf, epar);
-        const uint32_t blk = sbase + s64::kBuf + bf * s64::kBlock;
-#pragma unroll
-        for (int k = 0; k < s64::part_chunks(p); ++k) {
-          const int ch = s64::part_chunk(p, k);
-#pragma unroll
-          for (int u = 0; u < 4; ++u)
-            cp_async16(blk + ch * s64::kChunk + swz(t, 4 * h + u), src[bf] + 16 * (8 * ch + 4 * h + u), bytes[bf]);
-          cp_async_mbar_arrive(full + 8 * (9 * bf + ch));
-        }
-        if (p == 1) {
-          prefetch(2 * i + 2, pg[0]);
-          prefetch(2 * i + 3, pg[1]);
-        }
-      }
-    }
-    cp_async_wait<0>();
-  } else {
-    // Raw bytes of part p of the pair: chunk k's 32 bytes at 64 ch + 32 h of the row, two uint4 per chunk.
-    auto load = [&](int p, const uint8_t* src, bool live, uint4 (&r)[10]) {
-#pragma unroll
-      for (int k = 0; k < 5; ++k) {
-        if (k < s64::part_chunks(p)) {
-          const int ch = s64::part_chunk(p, k);
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            r[2 * k + e] = live ? __ldg(reinterpret_cast<const uint4*>(src + 64 * ch + 32 * h + 16 * e))
-                                : make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
-    };
-    auto widen = [&](int p, const uint4 (&r)[10]) {
-      uint8_t* blk = smem + s64::kBuf + (p & 1) * s64::kBlock;
-#pragma unroll
-      for (int k = 0; k < 5; ++k) {
-        if (k < s64::part_chunks(p)) {
-          const int ch = s64::part_chunk(p, k);
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            uint4 lo, hi;
-            e4m3x4_to_f16x2x2(r[2 * k + e].x, lo.x, lo.y);
-            e4m3x4_to_f16x2x2(r[2 * k + e].y, lo.z, lo.w);
-            e4m3x4_to_f16x2x2(r[2 * k + e].z, hi.x, hi.y);
-            e4m3x4_to_f16x2x2(r[2 * k + e].w, hi.z, hi.w);
-            *reinterpret_cast<uint4*>(blk + ch * s64::kChunk + swz(t, 4 * h + 2 * e)) = lo;
-            *reinterpret_cast<uint4*>(blk + ch * s64::kChunk + swz(t, 4 * h + 2 * e + 1)) = hi;
-          }
-          fence_proxy_async();
-          mbar_arrive(full + 8 * (9 * (p & 1) + ch));
-        }
-      }
-    };
-    uint4 ra[10], rb[10];
-    const uint8_t* src[2] = {row_of(0, pg[0]), row_of(1, pg[1])};
-    bool live[2] = {pg[0] >= 0, pg[1] >= 0};
-    if (npairs > 0) load(0, src[0], live[0], ra);
-    for (int i = 0; i < npairs; ++i) {
-      const uint32_t epar = (i & 1) ^ 1;
-      pg[0] = page_of(2 * i + 2);
-      pg[1] = page_of(2 * i + 3);
-      load(1, src[1], live[1], rb);
-      mbar_wait(own, epar);
-      widen(0, ra);
-      load(2, src[0], live[0], ra);
-      mbar_wait(own + 8, epar);
-      widen(1, rb);
-      prefetch(2 * i + 2, pg[0]);
-      prefetch(2 * i + 3, pg[1]);
-      load(3, src[1], live[1], rb);
-      mbar_wait(rest, epar);
-      widen(2, ra);
-      src[0] = row_of(2 * i + 2, pg[0]);
-      src[1] = row_of(2 * i + 3, pg[1]);
-      live[0] = pg[0] >= 0;
-      live[1] = pg[1] >= 0;
-      if (i + 1 < npairs) load(0, src[0], live[0], ra);
-      mbar_wait(rest + 8, epar);
-      widen(3, rb);
-    }
+    cp_async_mbar_arrive(full + 8 * p);
   }
+  cp_async_wait<0>();
 }
 
-template <bool FP8, bool PF>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma64_sm90(const Args a) {
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_ls64_sm90(const Args a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const uint32_t sbase = smem_u32(smem);
@@ -1188,27 +1067,27 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma64_sm90(const Arg
   const int hb = blockIdx.x, split = blockIdx.y;
   const long long b = blockIdx.z;
   const int seq_len = a.lens[b];
-  const int split_len = ((seq_len + a.num_splits - 1) / a.num_splits + s64::kBN - 1) / s64::kBN * s64::kBN;
+  const int split_len = ((seq_len + a.num_splits - 1) / a.num_splits + ls64::kBN - 1) / ls64::kBN * ls64::kBN;
   const int start = split * split_len;
   const int end = min(start + split_len, seq_len);
-  const int ntiles = end > start ? (end - start + s64::kBN - 1) / s64::kBN : 0;
-  const uint32_t full = sbase + s64::kBar;
+  const int ntiles = end > start ? (end - start + ls64::kBN - 1) / ls64::kBN : 0;
+  const uint32_t full = sbase + ls64::kBar;
   if (tid == 0) {
-#pragma unroll
-    for (int i = 0; i < 18; ++i) mbar_init(full + 8 * i, 128);  // the producer's 128 threads
-#pragma unroll
-    for (int i = 0; i < 4; ++i) mbar_init(full + 8 * (18 + i), 128);  // one consumer warpgroup
+    mbar_init(full, 128);  // full[2]: the producer's 128 threads
+    mbar_init(full + 8, 128);
+    mbar_init(full + 16, 256);  // empty[2]: both consumer warpgroups
+    mbar_init(full + 24, 256);
   }
-  load_q_shared<FP8, QMapSeesaw<0>>(a, smem, hb, b, tid);
+  load_q_shared<false, ls64::QM>(a, smem, hb, b, tid);
   fence_proxy_async();
   __syncthreads();
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(s64::kProducerRegs[FP8]));
-    produce_seesaw64<FP8, PF>(a, smem, sbase, tw, (ntiles + 1) / 2 * 2, start, end, b);
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ls64::kProducerRegs));
+    produce_lockstep64(a, sbase, tw, ntiles, start, end, b);
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(s64::kConsumerRegs[FP8]));
-  consume_seesaw64<FP8>(a, smem, sbase, wg - 1, tw, ntiles, start, end, hb, b, split);
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ls64::kConsumerRegs));
+  consume_lockstep64(a, smem, sbase, wg - 1, tw, ntiles, start, end, hb, b, split);
 }
 
 // The configurations (variant: cache, stages, FP8 raw-ring depth, FP8 loads through registers, how many of each
@@ -1249,16 +1128,14 @@ int launch(const Args& a, int batch, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <bool FP8, bool PF>
-int prepare64(int* regs, int* per_sm, int* smem_bytes) {
-  *smem_bytes = s64::kAlloc;
-  return prepare_kernel(mla_decode_wgmma64_sm90<FP8, PF>, kThreads, s64::kAlloc, regs, per_sm);
+int prepare_ls64(int* regs, int* per_sm, int* smem_bytes) {
+  *smem_bytes = ls64::kAlloc;
+  return prepare_kernel(mla_decode_wgmma_ls64_sm90, kThreads, ls64::kAlloc, regs, per_sm);
 }
 
-template <bool FP8, bool PF>
-int launch64(const Args& a, int batch, cudaStream_t stream) {
+int launch_ls64(const Args& a, int batch, cudaStream_t stream) {
   const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
-  mla_decode_wgmma64_sm90<FP8, PF><<<grid, kThreads, s64::kAlloc, stream>>>(a);
+  mla_decode_wgmma_ls64_sm90<<<grid, kThreads, ls64::kAlloc, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -1266,13 +1143,10 @@ int launch64(const Args& a, int batch, cudaStream_t stream) {
 
 // Returns a cudaError_t (cudaErrorInvalidValue for an unknown variant). fp8 (out): whether it reads an e4m3 cache.
 extern "C" int dg_mla_wgmma_prepare(int variant, int* regs, int* per_sm, int* block_n, int* smem_bytes, int* fp8) {
-  if (variant >= 28 && variant <= 31) {  // the 64-token seesaw (30, 31: with the L2 prefetch)
-    *block_n = s64::kBN;
-    *fp8 = variant % 2 == 0;
-    if (variant == 28) return prepare64<true, false>(regs, per_sm, smem_bytes);
-    if (variant == 29) return prepare64<false, false>(regs, per_sm, smem_bytes);
-    if (variant == 30) return prepare64<true, true>(regs, per_sm, smem_bytes);
-    return prepare64<false, true>(regs, per_sm, smem_bytes);
+  if (variant == 32) {  // the 64-token lockstep (BF16)
+    *block_n = ls64::kBN;
+    *fp8 = 0;
+    return prepare_ls64(regs, per_sm, smem_bytes);
   }
   *block_n = kBN;
 #define DG_PREPARE(V, FP8, W, R, REGS, QR, SEESAW)                           \
@@ -1296,10 +1170,7 @@ extern "C" int dg_mla_wgmma_launch(int variant, const void* q, const void* kv, c
          stride_ob, stride_oh, num_heads, num_splits, page_size,
          (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1, q_scale, s_scale, out_scale};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (variant == 28) return launch64<true, false>(a, batch, st);
-  if (variant == 29) return launch64<false, false>(a, batch, st);
-  if (variant == 30) return launch64<true, true>(a, batch, st);
-  if (variant == 31) return launch64<false, true>(a, batch, st);
+  if (variant == 32) return launch_ls64(a, batch, st);
 #define DG_LAUNCH(V, FP8, W, R, REGS, QR, SEESAW) \
   if (variant == V) return launch<FP8, W, R, REGS, QR, SEESAW>(a, batch, st);
   DG_WGMMA_CONFIGS(DG_LAUNCH)
