@@ -193,6 +193,30 @@ def test_split_count_fills_whole_waves(batch, head_blocks, max_len, heads, per_s
     assert pick_num_splits(batch, head_blocks, max_len, heads, 132, 32, per_sm) == want
 
 
+@pytest.mark.parametrize("partial_bytes,token_bytes,want", [
+    (4, 576, 26),   # fp32 partials on FP8 tokens: the merge weighs 910 tokens per (sequence, split)
+    (4, 1152, 32),  # a BF16 cache's tokens are twice the bytes: the merge half as heavy, more splits
+    (2, 576, 32),   # fp16 partials (the wgmma kernel on an FP8 cache): the same
+])
+def test_split_count_weighs_the_merge_in_cached_bytes(partial_bytes, token_bytes, want):
+    # B=1, ctx 4096, H=128 (two head blocks, one CTA per SM): cost(s) = slice + 64 + s x 128 x 512 x partial_bytes
+    # x 2 / token_bytes / 132, the slice ceil(4096 / s) in whole 32-token tiles; least at these s (26: a slice of
+    # 160, 403 against 412 at 32; the H200 ran 32 splits 1-2 us under 24 and 34, whose slice is 32's)
+    from decodegap.kernels.mla_decode_triton import pick_num_splits
+
+    assert pick_num_splits(1, 2, 4096, 128, 132, 32, 1, partial_bytes=partial_bytes, token_bytes=token_bytes,
+                           whole_tiles=True) == want
+
+
+def test_split_count_in_whole_tiles_never_adds_empty_slices():
+    # Without whole tiles the model takes 34 splits (4096 / 34 = 120.5 tokens each); the kernel rounds slices up to
+    # 128 tokens, so 32 splits hold them all and 2 would be empty: whole tiles take 32.
+    from decodegap.kernels.mla_decode_triton import pick_num_splits
+
+    assert pick_num_splits(1, 2, 4096, 128, 132, 32, 1, partial_bytes=4, token_bytes=1152) == 34
+    assert pick_num_splits(1, 2, 4096, 128, 132, 32, 1, partial_bytes=4, token_bytes=1152, whole_tiles=True) == 32
+
+
 @pytest.mark.parametrize("sm_scale,kv_scale,q_mag", [(1 / 16, 0.8, 1.0), (1.0, 40.0, 1e-3), (1e-3, 1e-2, 3e3)])
 def test_fp16_dots_keep_q_in_range(sm_scale, kv_scale, q_mag):
     """FP8 caches run fp16 dots on q * 2^e (2^e ~ the score scale): far-off scales and query magnitudes stay

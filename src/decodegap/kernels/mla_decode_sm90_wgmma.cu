@@ -131,42 +131,6 @@ __device__ __forceinline__ void wgmma_s(float (&d)[16], uint64_t da, uint64_t db
   }
 }
 
-// m64n64k16 with A and B from shared memory (both K-major): the 64-token kernel's score k-steps.
-template <bool F16>
-__device__ __forceinline__ void wgmma_s64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
-  if constexpr (F16) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0; }\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(accumulate));
-  } else {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0; }\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(accumulate));
-  }
-}
-
-// The same with A (16 x 16 of Q) from registers (the 64-token lockstep's first QR k-steps).
-template <bool F16>
-__device__ __forceinline__ void wgmma_s64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int accumulate) {
-  if constexpr (F16) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-  } else {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-  }
-}
-
 // The same with A (16 x 16 of Q) from registers: the A-fragment layout of mma.m16n8k16 per warp (warp i of the
 // warpgroup: rows 16i ..), B K-major from shared memory (no transpose).
 template <bool F16>
@@ -355,28 +319,6 @@ __device__ __forceinline__ void load_q_fragments(const Args& a, long long b, int
   }
 }
 
-// Q [64 heads, 576] -> shared memory (the chunks QM keeps, [chunk][64 rows][128 B], swizzled); head rows past
-// num_heads are zeros. FP8 caches: q * q_scale in fp16 (exact: q_scale is a power of two); BF16: q as is.
-template <bool FP8, typename QM>
-__device__ __forceinline__ void load_q_shared(const Args& a, uint8_t* sq, int hb, long long b, int tid) {
-  for (int i = tid; i < (QM::kChunks > 0 ? kM * 72 : 0); i += kThreads) {
-    const int row = i / 72, u = i - row * 72;  // 16-byte unit u = dims 8u .. 8u + 7
-    if (!QM::needed(u >> 3)) continue;
-    const int h = hb * kM + row;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (h < a.num_heads) {
-      const uint4 x = *reinterpret_cast<const uint4*>(a.q + b * a.stride_qb + (long long)h * a.stride_qh + 8 * u);
-      if constexpr (FP8) {
-        v = make_uint4(bf16x2_to_f16x2(x.x, a.q_scale), bf16x2_to_f16x2(x.y, a.q_scale),
-                       bf16x2_to_f16x2(x.z, a.q_scale), bf16x2_to_f16x2(x.w, a.q_scale));
-      } else {
-        v = x;
-      }
-    }
-    *reinterpret_cast<uint4*>(sq + QM::pos(u >> 3) * (kM * 128) + swz(row, u & 7)) = v;
-  }
-}
-
 // Epilogue: rows 16 (warp in group) + g and + 8 of this warpgroup's 256 output dims (256w ..); o[4jj + 2half + e] =
 // dim 256w + 8jj + 2c + e; l: the rows' full sums, m: their reference max (log2 units).
 template <bool FP8>
@@ -425,12 +367,11 @@ __device__ __forceinline__ float rebase(float from, float to) { return to == -IN
 
 // Scores past the sequence's end to -inf, and the max of each of this thread's two rows over its tokens (sc[4jj + e]:
 // row r, token tok0 + 8jj + 2c + e; sc[4jj + 2 + e]: row r + 8).
-template <int N>
-__device__ __forceinline__ void mask_row_max(float (&sc)[N], int tok0, int c, int end, float& mx0, float& mx1) {
+__device__ __forceinline__ void mask_row_max(float (&sc)[16], int tok0, int c, int end, float& mx0, float& mx1) {
   mx0 = -INFINITY;
   mx1 = -INFINITY;
 #pragma unroll
-  for (int jj = 0; jj < N / 4; ++jj)
+  for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const bool live = tok0 + 8 * jj + 2 * c + e < end;
@@ -442,10 +383,9 @@ __device__ __forceinline__ void mask_row_max(float (&sc)[N], int tok0, int c, in
 }
 
 // P = 2^(score * s_scale - max) in place (nm0, nm1: each row's -max), summed per row into l_run.
-template <int N>
-__device__ __forceinline__ void exp_rows(float (&sc)[N], float s_scale, float nm0, float nm1, float (&l_run)[2]) {
+__device__ __forceinline__ void exp_rows(float (&sc)[16], float s_scale, float nm0, float nm1, float (&l_run)[2]) {
 #pragma unroll
-  for (int jj = 0; jj < N / 4; ++jj)
+  for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       sc[4 * jj + e] = fast_exp2(fmaf(sc[4 * jj + e], s_scale, nm0));
@@ -640,7 +580,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
       mbar_init(bar_empty + 8 * s, 256);  // the consumers' 256 threads
     }
   }
-  load_q_shared<FP8, QM>(a, smem + L::kQ, hb, b, tid);
+  // Q [64 heads, 576] -> shared memory, swizzled; head rows past num_heads are zeros. FP8 caches: q * q_scale
+  // in fp16 (exact: q_scale is a power of two); BF16: q as is.
+  for (int i = tid; i < (QM::kChunks > 0 ? kM * 72 : 0); i += kThreads) {
+    const int row = i / 72, u = i - row * 72;  // 16-byte unit u = dims 8u .. 8u + 7
+    if (!QM::needed(u >> 3)) continue;
+    const int h = hb * kM + row;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (h < a.num_heads) {
+      const uint4 x = *reinterpret_cast<const uint4*>(a.q + b * a.stride_qb + (long long)h * a.stride_qh + 8 * u);
+      if constexpr (FP8) {
+        v = make_uint4(bf16x2_to_f16x2(x.x, a.q_scale), bf16x2_to_f16x2(x.y, a.q_scale),
+                       bf16x2_to_f16x2(x.z, a.q_scale), bf16x2_to_f16x2(x.w, a.q_scale));
+      } else {
+        v = x;
+      }
+    }
+    *reinterpret_cast<uint4*>(smem + L::kQ + QM::pos(u >> 3) * (kM * 128) + swz(row, u & 7)) = v;
+  }
   fence_proxy_async();  // Q's generic stores, read by wgmma (the async proxy)
   __syncthreads();
 
@@ -891,205 +848,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   store_rows<FP8>(a, o, l_run, m_run, w, tw, hb, b, split);
 }
 
-// ------------------------------------------------------------ the 64-token lockstep (variant 32, BF16 caches)
-// Both consumer warpgroups work on every 64-token tile, each over half of the 576 score dims (18 k-steps of
-// m64n64k16, the first 8 with Q from registers), and sum the two partial score tiles through shared memory; then
-// each runs the same softmax (bit for bit) and accumulates its half of the 512 output dims (4 k-steps of
-// m64n256k16, P from registers). The 64-token score tile is what the 32-token kernels lack: on the H200 two
-// warpgroups of m64n32k16 from shared memory reach 64% of the tensor peak, of m64n64k16 100%
-// (benchmarks/mla_wgmma_rate.py). Its KV comes in 32-token stages, as the other kernels', so the producer keeps
-// four stages in flight and refills each pair of them as its tile ends (a 64-token seesaw, variants 28-31 of
-// commit 0e16a91, held two 72 KB blocks and refilled them only as a pair of blocks ended: 20% slower). Shared
-// memory: Q's chunks 2-4 and 6-8 (48 KB), a ring of 128 token slots in every 64-dim chunk, [9][128][128 B]
-// (144 KB: a tile is 64 consecutive slots, so one descriptor spans it), and the partial scores [2][8][128]
-// float4 (32 KB).
-namespace ls64 {
-constexpr int kBN = 64;                          // tokens per tile (two 32-token stages)
-constexpr int kSlots = 128;                      // ring slots per chunk: two tiles
-constexpr int kChunk = kSlots * 128;             // 16,384
-constexpr int kQR = 8;                           // each consumer's first k-steps with Q from registers
-using QM = QMap<kQR>;
-constexpr int kRing = QM::kChunks * kM * 128;    // after Q (48 KB)
-constexpr int kExch = kRing + 9 * kChunk;
-constexpr int kBar = kExch + 2 * 8 * 128 * 16;   // full[2], empty[2] (per tile slot)
-constexpr int kAlloc = kBar + 4 * 8 + 1024;
-static_assert(kAlloc <= 232448, "shared memory");
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads, "registers");
-}  // namespace ls64
-
-// Partial scores of one 64-token tile over k-steps 18 WI .. 18 WI + 17 (the first kQR with Q from registers);
-// one async group.
-template <int WI>
-__device__ __forceinline__ void score_tile64(float (&sc)[32], const uint32_t (&qa)[ls64::kQR][4], uint64_t dq,
-                                             uint64_t dk) {
-  wgmma_fence();
-#pragma unroll
-  for (int k = 0; k < 18; ++k) {
-    const int ks = 18 * WI + k;
-    const uint64_t db = dk + (((ks >> 2) * ls64::kChunk + (ks & 3) * 32) >> 4);
-    if (k < ls64::kQR) {
-      wgmma_s64_rs<false>(sc, qa[k < ls64::kQR ? k : 0], db, k > 0);
-    } else {
-      wgmma_s64<false>(sc, dq + ((ls64::QM::pos(ks >> 2) * (kM * 128) + (ks & 3) * 32) >> 4), db, k > 0);
-    }
-  }
-  wgmma_commit();
-  wgmma_wait<0>();
-  fence_regs(sc);
-}
-
-__device__ __forceinline__ void consume_lockstep64(const Args& a, uint8_t* smem, uint32_t sbase, int w, int tw,
-                                                   int ntiles, int start, int end, int hb, long long b,
-                                                   int split) {
-  constexpr float kInf = INFINITY;
-  const int lane = tw & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = 16 * (tw >> 5) + g;
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m_run[2] = {-kInf, -kInf}, l_run[2] = {0.f, 0.f};
-  float4* mine = reinterpret_cast<float4*>(smem + ls64::kExch) + w * 8 * 128;
-  const float4* other = reinterpret_cast<const float4*>(smem + ls64::kExch) + (1 - w) * 8 * 128;
-  const uint32_t full = sbase + ls64::kBar, empty = full + 2 * 8;
-  uint32_t qa[ls64::kQR][4];
-  load_q_fragments<false, ls64::kQR>(a, b, hb * kM + r0, 18 * w, c, qa);
-  const uint64_t dq = make_desc(sbase, 16, 1024), dk0 = make_desc(sbase + ls64::kRing, 16, 1024);
-  const uint64_t dv0 = make_desc(sbase + ls64::kRing + 4 * w * ls64::kChunk, ls64::kChunk, 1024);
-  for (int j = 0; j < ntiles; ++j) {
-    const int p = j & 1;  // the tile's half of the ring: slots 64p .. 64p + 63
-    mbar_wait(full + 8 * p, (j >> 1) & 1);
-    fence_proxy_async();
-    const uint64_t off = static_cast<uint64_t>(p * 64 * 128) >> 4;
-    float sc[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) sc[i] = 0.f;
-    if (w == 0) {
-      score_tile64<0>(sc, qa, dq, dk0 + off);
-    } else {
-      score_tile64<1>(sc, qa, dq, dk0 + off);
-    }
-    // The full scores: mine + the other's (a + b == b + a: both warpgroups hold the same S). Barrier 2 + w: the
-    // other warpgroup has read my previous partial (it arrives there after reading), so I may overwrite it.
-    if (j > 0) named_bar_sync(2 + w, 256);
-#pragma unroll
-    for (int r = 0; r < 8; ++r) mine[r * 128 + tw] = make_float4(sc[4 * r], sc[4 * r + 1], sc[4 * r + 2], sc[4 * r + 3]);
-    named_bar_sync(1, 256);
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const float4 x = other[r * 128 + tw];
-      sc[4 * r] += x.x;
-      sc[4 * r + 1] += x.y;
-      sc[4 * r + 2] += x.z;
-      sc[4 * r + 3] += x.w;
-    }
-    if (j + 1 < ntiles) named_bar_arrive(2 + (1 - w), 256);
-    float mx0, mx1;
-    mask_row_max(sc, start + j * ls64::kBN, c, end, mx0, mx1);
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * a.s_scale;
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * a.s_scale;
-    if (__any_sync(0xffffffffu, mx0 > m_run[0] + 8.f || mx1 > m_run[1] + 8.f)) {
-      const float n0 = fmaxf(m_run[0], mx0), n1 = fmaxf(m_run[1], mx1);
-      const float f0 = rebase(m_run[0], n0), f1 = rebase(m_run[1], n1);
-      m_run[0] = n0;
-      m_run[1] = n1;
-      l_run[0] *= f0;
-      l_run[1] *= f1;
-      scale_rows(o, f0, f1);
-    }
-    const float nm0 = m_run[0] == -kInf ? 0.f : -m_run[0];
-    const float nm1 = m_run[1] == -kInf ? 0.f : -m_run[1];
-    exp_rows(sc, a.s_scale, nm0, nm1, l_run);
-    uint32_t pa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int q = 0; q < 2; ++q)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int jj = 2 * kk + q;
-          pa[kk][2 * q + hh] = pack2<false>(sc[4 * jj + 2 * hh], sc[4 * jj + 2 * hh + 1]);
-        }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_pv<false>(o, pa[kk], dv0 + off + ((kk * 2048) >> 4), 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(o);
-    mbar_arrive(empty + 8 * p);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-  }
-  store_rows<false>(a, o, l_run, m_run, w, tw, hb, b, split);
-}
-
-// BF16 producer: thread (t, h) copies row t of every tile, its 16-byte units h, h + 2, .. (36 of the 72).
-__device__ __forceinline__ void produce_lockstep64(const Args& a, uint32_t sbase, int tw, int ntiles, int start,
-                                                   int end, long long b) {
-  const int t = tw >> 1, h = tw & 1;
-  const uint32_t full = sbase + ls64::kBar, empty = full + 2 * 8;
-  const int* trow = a.table + b * a.stride_tb;
-  auto page_of = [&](int j) -> int {
-    const int n = start + j * ls64::kBN + t;
-    return n < end ? trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size] : -1;
-  };
-  int page = page_of(0);
-  for (int j = 0; j < ntiles; ++j) {
-    const int p = j & 1;
-    mbar_wait(empty + 8 * p, ((j >> 1) & 1) ^ 1);
-    const int n = start + j * ls64::kBN + t;
-    const int slot = a.page_shift >= 0 ? n & (a.page_size - 1) : n % a.page_size;
-    const uint8_t* src = page >= 0 ? a.kv + (long long)page * a.stride_page + (long long)slot * a.stride_slot : a.kv;
-    const int bytes = page >= 0 ? 16 : 0;
-    page = page_of(j + 1);
-    const uint32_t ring = sbase + ls64::kRing;
-#pragma unroll
-    for (int i = 0; i < 36; ++i) {
-      const int u = h + 2 * i;
-      cp_async16(ring + (u >> 3) * ls64::kChunk + swz(64 * p + t, u & 7), src + 16 * u, bytes);
-    }
-    cp_async_mbar_arrive(full + 8 * p);
-  }
-  cp_async_wait<0>();
-}
-
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_ls64_sm90(const Args a) {
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-  const uint32_t sbase = smem_u32(smem);
-  pdl_launch_dependents();
-  const int tid = threadIdx.x, wg = tid >> 7, tw = tid & 127;
-  const int hb = blockIdx.x, split = blockIdx.y;
-  const long long b = blockIdx.z;
-  const int seq_len = a.lens[b];
-  const int split_len = ((seq_len + a.num_splits - 1) / a.num_splits + ls64::kBN - 1) / ls64::kBN * ls64::kBN;
-  const int start = split * split_len;
-  const int end = min(start + split_len, seq_len);
-  const int ntiles = end > start ? (end - start + ls64::kBN - 1) / ls64::kBN : 0;
-  const uint32_t full = sbase + ls64::kBar;
-  if (tid == 0) {
-    mbar_init(full, 128);  // full[2]: the producer's 128 threads
-    mbar_init(full + 8, 128);
-    mbar_init(full + 16, 256);  // empty[2]: both consumer warpgroups
-    mbar_init(full + 24, 256);
-  }
-  load_q_shared<false, ls64::QM>(a, smem, hb, b, tid);
-  fence_proxy_async();
-  __syncthreads();
-  if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ls64::kProducerRegs));
-    produce_lockstep64(a, sbase, tw, ntiles, start, end, b);
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ls64::kConsumerRegs));
-  consume_lockstep64(a, smem, sbase, wg - 1, tw, ntiles, start, end, hb, b, split);
-}
-
 // The configurations (variant: cache, stages, FP8 raw-ring depth, FP8 loads through registers, how many of each
 // consumer's 18 score k-steps take Q from registers, seesaw consumers; registers per producer / consumer thread):
 //  0: BF16, 3 stages (cp.async); Q in shared memory (40 / 232).
@@ -1128,26 +886,10 @@ int launch(const Args& a, int batch, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-int prepare_ls64(int* regs, int* per_sm, int* smem_bytes) {
-  *smem_bytes = ls64::kAlloc;
-  return prepare_kernel(mla_decode_wgmma_ls64_sm90, kThreads, ls64::kAlloc, regs, per_sm);
-}
-
-int launch_ls64(const Args& a, int batch, cudaStream_t stream) {
-  const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
-  mla_decode_wgmma_ls64_sm90<<<grid, kThreads, ls64::kAlloc, stream>>>(a);
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 // Returns a cudaError_t (cudaErrorInvalidValue for an unknown variant). fp8 (out): whether it reads an e4m3 cache.
 extern "C" int dg_mla_wgmma_prepare(int variant, int* regs, int* per_sm, int* block_n, int* smem_bytes, int* fp8) {
-  if (variant == 32) {  // the 64-token lockstep (BF16)
-    *block_n = ls64::kBN;
-    *fp8 = 0;
-    return prepare_ls64(regs, per_sm, smem_bytes);
-  }
   *block_n = kBN;
 #define DG_PREPARE(V, FP8, W, R, REGS, QR, SEESAW)                           \
   if (variant == V) {                                                         \
@@ -1170,7 +912,6 @@ extern "C" int dg_mla_wgmma_launch(int variant, const void* q, const void* kv, c
          stride_ob, stride_oh, num_heads, num_splits, page_size,
          (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1, q_scale, s_scale, out_scale};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (variant == 32) return launch_ls64(a, batch, st);
 #define DG_LAUNCH(V, FP8, W, R, REGS, QR, SEESAW) \
   if (variant == V) return launch<FP8, W, R, REGS, QR, SEESAW>(a, batch, st);
   DG_WGMMA_CONFIGS(DG_LAUNCH)

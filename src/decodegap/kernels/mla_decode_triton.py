@@ -332,25 +332,31 @@ _PROGRAM_OVERHEAD_TOKENS = 64
 
 
 def pick_num_splits(batch: int, head_blocks: int, max_len: int, num_heads: int, num_sms: int, block_n: int,
-                    programs_per_sm: int = 2, min_tiles: int = 2) -> int:
+                    programs_per_sm: int = 2, min_tiles: int = 2, partial_bytes: int = 4,
+                    token_bytes: int = LATENT_DIM + ROPE_DIM, whole_tiles: bool = False) -> int:
     """The split count with the least modelled time: whole waves of programs times each program's slice, plus
     the partials that the merge writes and reads.
 
     A grid of P programs on S SMs that each hold `programs_per_sm` runs in ceil(P / slots) waves; a slice that
     leaves a wave part-empty wastes the idle slots (on the H200 at B=32, ctx 4096, H=16: 8 splits = 256 programs
     in one wave of 264 slots ran 68 µs, 13 splits = 1.6 waves 87 µs). Slices stay at least `min_tiles` tiles long.
-    Uses only the table's span (max_pages * page_size), never the lengths' values: no device sync.
+    Uses only the table's span (max_pages * page_size), never the lengths' values: no device sync. The merge is
+    counted in KV tokens' worth of bytes: `partial_bytes` per partial value (4 fp32, 2 fp16) against
+    `token_bytes` per cached token (576 FP8, 1152 BF16). `whole_tiles`: a slice costs its length in whole
+    `block_n` tiles, as the kernel rounds it (so split counts that only add empty slices lose).
     """
     slots = max(1, num_sms * programs_per_sm)
     most = max(1, min(256, max_len // (min_tiles * block_n)))
-    # fp32 partials, written then read: H x 512 x 4 x 2 bytes per (sequence, split); one KV token is 576 bytes.
-    partial_tokens = num_heads * LATENT_DIM * 4 * 2 / (LATENT_DIM + ROPE_DIM)
+    # partials written then read: H x 512 x partial_bytes x 2 bytes per (sequence, split), in cached tokens
+    partial_tokens = num_heads * LATENT_DIM * partial_bytes * 2 / token_bytes
 
     def cost(splits: int) -> float:
         programs = batch * head_blocks * splits
         waves = -(-programs // slots)
         merge = batch * partial_tokens * splits / slots if splits > 1 else 0.0
-        return waves * (max_len / splits + _PROGRAM_OVERHEAD_TOKENS) + merge
+        # B=1 ctx 4096 at 32-token tiles: 34 splits = 32 of 128 tokens + 2 empty, 1 us slower than 32 (wgmma)
+        slice_len = math.ceil(math.ceil(max_len / splits) / block_n) * block_n if whole_tiles else max_len / splits
+        return waves * (slice_len + _PROGRAM_OVERHEAD_TOKENS) + merge
 
     return min(range(1, most + 1), key=lambda s: (cost(s), s))
 
@@ -660,8 +666,14 @@ def _wgmma_splits(q, kv_cache, block_table, variant: int | None = None) -> int:
     if variant is None:
         variant = sm90.default_wgmma_variant(kv_cache.dtype, q.shape[1])
     info = sm90.wgmma_info(device_index, variant)
+    # Its partials: fp16 for an FP8 cache, fp32 for BF16 (whose tokens are twice the bytes), and its slices whole
+    # 32-token tiles. Counted as fp32 on 576-byte tokens, B=1 ctx 4096 H=128 took 24 splits where 32 ran 1.0
+    # (BF16) and 1.4-2.0 us (FP8) faster (benchmarks/results/mla_decode_h200_2026-12-02-blocks64.md).
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
     return pick_num_splits(q.shape[0], triton.cdiv(q.shape[1], 64), block_table.shape[1] * kv_cache.shape[1],
-                           q.shape[1], _num_sms(q.device.index), info.block_n, info.ctas_per_sm)
+                           q.shape[1], _num_sms(q.device.index), info.block_n, info.ctas_per_sm,
+                           partial_bytes=2 if fp8 else 4, token_bytes=kv_cache.shape[-1] * kv_cache.element_size(),
+                           whole_tiles=True)
 
 
 def _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_scale, return_lse, num_splits,
