@@ -355,7 +355,7 @@ def pick_num_splits(batch: int, head_blocks: int, max_len: int, num_heads: int, 
         waves = -(-programs // slots)
         merge = batch * partial_tokens * splits / slots if splits > 1 else 0.0
         # B=1 ctx 4096 at 32-token tiles: 34 splits = 32 of 128 tokens + 2 empty, 1 us slower than 32 (wgmma)
-        slice_len = math.ceil(math.ceil(max_len / splits) / block_n) * block_n if whole_tiles else max_len / splits
+        slice_len = -(-max_len // (splits * block_n)) * block_n if whole_tiles else max_len / splits
         return waves * (slice_len + _PROGRAM_OVERHEAD_TOKENS) + merge
 
     return min(range(1, most + 1), key=lambda s: (cost(s), s))
@@ -669,11 +669,15 @@ def _wgmma_splits(q, kv_cache, block_table, variant: int | None = None) -> int:
     # Its partials: fp16 for an FP8 cache, fp32 for BF16 (whose tokens are twice the bytes), and its slices whole
     # 32-token tiles. Counted as fp32 on 576-byte tokens, B=1 ctx 4096 H=128 took 24 splits where 32 ran 1.0
     # (BF16) and 1.4-2.0 us (FP8) faster (benchmarks/results/mla_decode_h200_2026-12-02-blocks64.md).
-    fp8 = kv_cache.dtype == torch.float8_e4m3fn
     return pick_num_splits(q.shape[0], triton.cdiv(q.shape[1], 64), block_table.shape[1] * kv_cache.shape[1],
                            q.shape[1], _num_sms(q.device.index), info.block_n, info.ctas_per_sm,
-                           partial_bytes=2 if fp8 else 4, token_bytes=kv_cache.shape[-1] * kv_cache.element_size(),
-                           whole_tiles=True)
+                           partial_bytes=_wgmma_partial_dtype(kv_cache).itemsize,
+                           token_bytes=kv_cache.shape[-1] * kv_cache.element_size(), whole_tiles=True)
+
+
+def _wgmma_partial_dtype(kv_cache: torch.Tensor) -> torch.dtype:
+    """The wgmma kernel's partials: fp16 in cache units for an FP8 cache (|x| <= 448), fp32 for BF16."""
+    return torch.float16 if kv_cache.dtype == torch.float8_e4m3fn else torch.float32
 
 
 def _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv_scale, return_lse, num_splits,
@@ -692,7 +696,7 @@ def _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv
                           q_scale, s_scale, float(kv_scale), 1, variant)
         return (out, lse) if return_lse else out
     part, part_lse = _workspace(batch, num_heads, num_splits, q.device, poison_workspace,
-                                torch.float16 if fp8 else torch.float32)
+                                _wgmma_partial_dtype(kv_cache))
     sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, part, part_lse, out, None, q_scale, s_scale,
                       float(kv_scale), num_splits, variant)
     _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale), pdl=merge_pdl(q.device))
