@@ -22,6 +22,9 @@
 # building-block probe (smoke check and A/B only).
 # 2026-12-02, fifth (mla_decode_h200_2026-12-02-pdl.md): TOK_AB_ARGS=--small for the small-problem A/B; WGMMA_AB must
 # name at least one variant of each cache (else the smoke step exits 1 and the sm_90 kernels are off for the call).
+# 2026-12-02, eighth: limits (benchmarks/mla_wgmma_limits.py, LIMITS_ARGS=...): the wgmma variants with the
+# producer's copies or the consumers' math left out; ncu128 also reads the L2's throughput and the L2 -> SM bytes.
+# 2026-12-03: ncudram (NCUD_SHAPES="32x4096 128x16384"): the H=128 wgmma kernel's DRAM bytes, L2 hits, tensor pipe.
 STEPS=${STEPS:-probe tok tests bench demo ncu ncu16}
 T0=$(date +%s)
 since() { echo "== $1 $(( $(date +%s) - T0 )) s"; }
@@ -51,6 +54,11 @@ if [[ " $STEPS " == *" probe "* ]]; then
   if [ -s /tmp/bf16_variant ]; then export DECODEGAP_MLA_WGMMA_BF16=$(cat /tmp/bf16_variant); fi
   echo "wgmma variants for the rest of this call: FP8 ${DECODEGAP_MLA_WGMMA_FP8:-default}, BF16 ${DECODEGAP_MLA_WGMMA_BF16:-default}"
   since probe
+fi
+if [[ " $STEPS " == *" limits "* ]]; then  # the wgmma kernel as built, consumers alone, producer alone
+  (cd benchmarks && timeout 240 python3 mla_wgmma_limits.py ${LIMITS_ARGS} > $OUT/limits.txt 2>&1)
+  echo "limits rc=$?"; grep -E "^\||Error|error" $OUT/limits.txt | cut -c1-160
+  since limits
 fi
 if [[ " $STEPS " == *" tok "* ]]; then
   (cd benchmarks && timeout 60 python3 mla_tok_ab.py --smoke-only > $OUT/tok_ab.txt 2>&1); rc=$?
@@ -86,7 +94,7 @@ fi
 if [[ " $STEPS " == *" ncu "* || " $STEPS " == *" ncu128 "* ]]; then
   NCU="ncu --clock-control none --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
     --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,regex:^l1tex__data_pipe_lsu_wavefronts_mem_shared.sum$,regex:^l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum$"
+    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,regex:^l1tex__data_pipe_lsu_wavefronts_mem_shared.sum$,regex:^l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum$,lts__t_bytes.sum.per_second,lts__t_sector_hit_rate.pct,l1tex__m_xbar2l1tex_read_bytes.sum.per_second,lts__throughput.avg.pct_of_peak_sustained_elapsed"
   (cd benchmarks
    timeout 60 $NCU -k regex:wgmma python3 ncu_mla_decode.py --heads 128 > $OUT/ncu_h128_fp8.txt 2>&1
    timeout 60 $NCU -k regex:wgmma python3 ncu_mla_decode.py --heads 128 --cache bf16 > $OUT/ncu_h128_bf16.txt 2>&1
@@ -98,10 +106,23 @@ if [[ " $STEPS " == *" ncu "* || " $STEPS " == *" ncu128 "* ]]; then
     echo "-- $(basename $f)"
     grep -E "^    (Duration|DRAM Throughput|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issued Warp|Shared Memory Throughput|L1/TEX Hit|Executed Ipc A)" $f \
       | sed 's/  */ /g' | head -12
-    grep -E "pipe_tensor|wavefronts_mem_shared|bank_conflicts|stalled_(long_scoreboard|barrier|wait|math_pipe|short_scoreboard|mio_throttle|lg_throttle|dispatch|membar|sleeping|selected|no_instruction)_per" $f \
-      | sed 's/  */ /g' | head -14
+    grep -E "pipe_tensor|wavefronts_mem_shared|bank_conflicts|lts__t_|lts__thr|xbar2l1tex|stalled_(long_scoreboard|barrier|wait|math_pipe|short_scoreboard|mio_throttle|lg_throttle|dispatch|membar|sleeping|selected|no_instruction)_per" $f \
+      | sed 's/  */ /g' | head -20
   done
   since ncu
+fi
+if [[ " $STEPS " == *" ncudram "* ]]; then  # the wgmma kernel's DRAM bytes against the cache's (the two head-block
+  # CTAs of a sequence share its KV reads through the L2 only while they stay in step), tensor pipe, shared memory
+  NCUD="ncu --clock-control none --launch-skip 2 --launch-count 1 --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,regex:sm__pipe_tensor_op_gmma.*cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed"
+  (cd benchmarks
+   for shape in ${NCUD_SHAPES:-32x4096 128x16384}; do
+     for cache in fp8 bf16; do
+       timeout 90 $NCUD -k regex:wgmma python3 ncu_mla_decode.py --heads 128 --batch ${shape%x*} --ctx ${shape#*x} \
+         --cache $cache > $OUT/ncud_${shape}_$cache.txt 2>&1
+       echo "-- B x ctx $shape H 128 $cache"; grep -E "gpu__time|dram__bytes|lts__t_sector|gmma|bank_" $OUT/ncud_${shape}_$cache.txt | sed 's/  */ /g'
+     done
+   done)
+  since ncudram
 fi
 if [[ " $STEPS " == *" ncu16 "* ]]; then
   NCU16="ncu --clock-control none --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \

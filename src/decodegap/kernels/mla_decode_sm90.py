@@ -355,8 +355,12 @@ def default_wgmma_variant(kv_dtype: torch.dtype, num_heads: int | None = None) -
 def _wgmma_library(device_index: int):
     """The loaded wgmma library for this device, or None (with one warning when a build was tried and failed)."""
     lib = _load_sm90a(device_index, _WGMMA_SOURCE, "the wgmma MLA decode kernel is unavailable, using Triton")
-    if lib is None:
-        return None
+    return None if lib is None else bind_wgmma(lib)
+
+
+def bind_wgmma(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Argument types of a loaded wgmma library's entry points (also for the probe builds of
+    benchmarks/mla_wgmma_limits.py)."""
     i, f, p, ll = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_longlong
     lib.dg_mla_wgmma_prepare.argtypes = [i] + [ctypes.POINTER(ctypes.c_int)] * 5
     lib.dg_mla_wgmma_prepare.restype = i

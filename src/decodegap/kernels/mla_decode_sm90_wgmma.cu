@@ -36,8 +36,16 @@
 
 #include "mla_decode_sm90_common.cuh"
 
+// Benchmark-only probes (benchmarks/mla_wgmma_limits.py builds the file with -DDG_WGMMA_PROBE=N; the library
+// mla_decode_sm90.py builds has 0): 1 = the producer publishes each stage without filling it (the stages hold zeros),
+// what the consumers alone take; 2 = the consumers release each stage unread, what the producer alone takes.
+#ifndef DG_WGMMA_PROBE
+#define DG_WGMMA_PROBE 0
+#endif
+
 namespace {
 
+constexpr int kProbe = DG_WGMMA_PROBE;
 constexpr int kThreads = 384;
 constexpr int kBN = 32;                          // tokens per KV tile
 constexpr int kM = 64;                           // heads per CTA
@@ -435,6 +443,13 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
     load_q_fragments<FP8, QR>(a, b, hb * kM + r0, 0, c, qa);
   }
   const int npairs = (ntiles + 1) / 2;
+  if constexpr (kProbe == 2) {
+    for (int j = 0; j < 2 * npairs; ++j) {
+      mbar_wait(bar_full + 8 * (j % W), (j / W) & 1);
+      mbar_arrive(bar_empty + 8 * (j % W));
+    }
+    return;
+  }
   for (int i = 0; i < npairs; ++i) {
     const int jm = 2 * i + w, jo = 2 * i + 1 - w;  // my tile, the other warpgroup's
     const int sm_ = jm % W, so = jo % W;
@@ -598,12 +613,23 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
     }
     *reinterpret_cast<uint4*>(smem + L::kQ + QM::pos(u >> 3) * (kM * 128) + swz(row, u & 7)) = v;
   }
+  if constexpr (kProbe == 1) {
+    for (int i = tid; i < W * kStageBytes / 16; i += kThreads)
+      reinterpret_cast<uint4*>(smem + L::kStage)[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
   fence_proxy_async();  // Q's generic stores, read by wgmma (the async proxy)
   __syncthreads();
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kProducer));
+    if constexpr (kProbe == 1) {
+      for (int j = 0; j < nload; ++j) {
+        mbar_wait(bar_empty + 8 * (j % W), ((j / W) & 1) ^ 1);
+        mbar_arrive(bar_full + 8 * (j % W));
+      }
+      return;
+    }
     const int t = tw >> 2, sub = tw & 3;  // this thread's token row of every tile, and its quarter of the row
     const int* trow = a.table + b * a.stride_tb;
     // Page ids are loaded a tile before their row is copied: the table load is off the copy's critical path.
@@ -765,6 +791,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   const uint64_t dq0 = make_desc(sbase + L::kQ, 16, 1024);
   const uint64_t dk0 = make_desc(sbase + L::kStage, 16, 1024);
   const uint64_t dv0 = make_desc(sbase + L::kStage + 4 * w * kChunkBytes, kChunkBytes, 1024);
+  if constexpr (kProbe == 2) {
+    for (int j = 0; j < ntiles; ++j) {
+      mbar_wait(bar_full + 8 * (j % W), (j / W) & 1);
+      mbar_arrive(bar_empty + 8 * (j % W));
+    }
+    return;
+  }
 
   for (int j = 0; j < ntiles; ++j) {
     const int s = j % W;
@@ -864,6 +897,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 // with the first 8 of the 36 score k-steps' Q in registers (32 per consumer thread; Q's shared copy the other 7
 // chunks, 56 KB). (Tried: 12 k-steps, BF16, no faster than 8; FP8 with 8 k-steps in registers, a 1-deep cp.async
 // raw ring and 40 / 232 registers, 10% slower than 18: the raw ring keeps one tile in flight.)
+// (Tried, 2026-12-03: the producer's thread 0 asking the L2 for the tile 2, 4 or 8 ahead (cp.async.bulk.prefetch.L2),
+// 0-32% slower (H=64 BF16 the most) and the producer alone slower too, 645 -> 770 us at B=128 ctx 16384: the loads are not
+// waiting on HBM latency; benchmarks/results/mla_decode_h200_2026-12-03.md.)
 #define DG_WGMMA_CONFIGS(X)                                                                                      \
   X(0, false, 3, 1, false, 0, false) X(1, true, 2, 2, false, 0, false) X(2, true, 3, 1, true, 0, false)          \
   X(3, true, 2, 2, false, 14, false) X(4, true, 3, 2, false, 14, false) X(5, true, 3, 3, false, 14, false)       \
