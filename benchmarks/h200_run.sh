@@ -113,13 +113,13 @@ if [[ " $STEPS " == *" ncu "* || " $STEPS " == *" ncu128 "* ]]; then
 fi
 if [[ " $STEPS " == *" ncudram "* ]]; then  # the wgmma kernel's DRAM bytes against the cache's (the two head-block
   # CTAs of a sequence share its KV reads through the L2 only while they stay in step), tensor pipe, shared memory
-  NCUD="ncu --clock-control none --launch-skip 2 --launch-count 1 --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,regex:sm__pipe_tensor_op_gmma.*cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed"
+  NCUD="ncu --clock-control none --launch-skip 2 --launch-count 1 --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed"
   (cd benchmarks
    for shape in ${NCUD_SHAPES:-32x4096 128x16384}; do
      for cache in fp8 bf16; do
        timeout 90 $NCUD -k regex:wgmma python3 ncu_mla_decode.py --heads 128 --batch ${shape%x*} --ctx ${shape#*x} \
          --cache $cache > $OUT/ncud_${shape}_$cache.txt 2>&1
-       echo "-- B x ctx $shape H 128 $cache"; grep -E "gpu__time|dram__bytes|lts__t_sector|gmma|bank_" $OUT/ncud_${shape}_$cache.txt | sed 's/  */ /g'
+       echo "-- B x ctx $shape H 128 $cache"; grep -E "gpu__time|dram__bytes|lts__t_sector|pipe_tensor|bank_" $OUT/ncud_${shape}_$cache.txt | sed 's/  */ /g'
      done
    done)
   since ncudram
