@@ -100,6 +100,15 @@ __device__ __forceinline__ bool warpgroup_any(int id, bool p) {
                : "=r"(r) : "r"(static_cast<uint32_t>(p)), "r"(id) : "memory");
   return r != 0;
 }
+// The probes' stand-in for one side of the ring: n stages passed on untouched, each waited for on `wait` (parity
+// flipped for the empty barriers, whose first phase counts as done) and handed over on `signal`.
+template <int W>
+__device__ __forceinline__ void pass_stages(uint32_t wait, uint32_t signal, int n, int flip) {
+  for (int j = 0; j < n; ++j) {
+    mbar_wait(wait + 8 * (j % W), ((j / W) & 1) ^ flip);
+    mbar_arrive(signal + 8 * (j % W));
+  }
+}
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -444,10 +453,7 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
   }
   const int npairs = (ntiles + 1) / 2;
   if constexpr (kProbe == 2) {
-    for (int j = 0; j < 2 * npairs; ++j) {
-      mbar_wait(bar_full + 8 * (j % W), (j / W) & 1);
-      mbar_arrive(bar_empty + 8 * (j % W));
-    }
+    pass_stages<W>(bar_full, bar_empty, 2 * npairs, 0);
     return;
   }
   for (int i = 0; i < npairs; ++i) {
@@ -624,10 +630,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
     // ---------------------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kProducer));
     if constexpr (kProbe == 1) {
-      for (int j = 0; j < nload; ++j) {
-        mbar_wait(bar_empty + 8 * (j % W), ((j / W) & 1) ^ 1);
-        mbar_arrive(bar_full + 8 * (j % W));
-      }
+      pass_stages<W>(bar_empty, bar_full, nload, 1);
       return;
     }
     const int t = tw >> 2, sub = tw & 3;  // this thread's token row of every tile, and its quarter of the row
@@ -792,10 +795,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   const uint64_t dk0 = make_desc(sbase + L::kStage, 16, 1024);
   const uint64_t dv0 = make_desc(sbase + L::kStage + 4 * w * kChunkBytes, kChunkBytes, 1024);
   if constexpr (kProbe == 2) {
-    for (int j = 0; j < ntiles; ++j) {
-      mbar_wait(bar_full + 8 * (j % W), (j / W) & 1);
-      mbar_arrive(bar_empty + 8 * (j % W));
-    }
+    pass_stages<W>(bar_full, bar_empty, ntiles, 0);
     return;
   }
 
@@ -897,9 +897,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 // with the first 8 of the 36 score k-steps' Q in registers (32 per consumer thread; Q's shared copy the other 7
 // chunks, 56 KB). (Tried: 12 k-steps, BF16, no faster than 8; FP8 with 8 k-steps in registers, a 1-deep cp.async
 // raw ring and 40 / 232 registers, 10% slower than 18: the raw ring keeps one tile in flight.)
-// (Tried, 2026-12-03: the producer's thread 0 asking the L2 for the tile 2, 4 or 8 ahead (cp.async.bulk.prefetch.L2),
-// 0-32% slower (H=64 BF16 the most) and the producer alone slower too, 645 -> 770 us at B=128 ctx 16384: the loads are not
-// waiting on HBM latency; benchmarks/results/mla_decode_h200_2026-12-03.md.)
+// (Tried, 2026-12-03, benchmarks/results/mla_decode_h200_2026-12-03.md: the producer's thread 0 asking the L2 for
+// the tile 2, 4 or 8 ahead (cp.async.bulk.prefetch.L2), 0-32% slower, the producer alone slower too (645 -> 770 us
+// at B=128 ctx 16384): the loads are not waiting on HBM latency; the two head blocks as a cluster of 2 kept within
+// 2 or 8 tiles of each other, 8-25% slower at 128 heads: each KV byte already comes from HBM once.)
 #define DG_WGMMA_CONFIGS(X)                                                                                      \
   X(0, false, 3, 1, false, 0, false) X(1, true, 2, 2, false, 0, false) X(2, true, 3, 1, true, 0, false)          \
   X(3, true, 2, 2, false, 14, false) X(4, true, 3, 2, false, 14, false) X(5, true, 3, 3, false, 14, false)       \
