@@ -259,13 +259,10 @@ __device__ __forceinline__ void score_tile(float (&sc)[16], const uint32_t (&qa)
 }
 
 // The seesaw's full scores of one tile: all 36 k-steps, K from shared memory, Q from registers for the first QR
-// (qa) and from shared memory for the others (one async group, as above). !WAIT: issued and committed only (the
-// lead/follow schedule waits later); Q's descriptor is made here then, not hoisted out of the caller's loop into
-// registers that spill beside the in-flight accumulators.
-template <bool F16, int QR, bool WAIT = true>
+// (qa) and from shared memory for the others (one async group, as above).
+template <bool F16, int QR>
 __device__ __forceinline__ void score_tile_full(float (&sc)[16], const uint32_t (&qa)[QR > 0 ? QR : 1][4],
                                                 uint64_t dq, uint64_t dk) {
-  if constexpr (!WAIT) asm volatile("" : "+l"(dq));
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 36; ++ks) {
@@ -278,19 +275,17 @@ __device__ __forceinline__ void score_tile_full(float (&sc)[16], const uint32_t 
     }
   }
   wgmma_commit();
-  if constexpr (WAIT) {
-    wgmma_wait<0>();
-    fence_regs(sc);
-  }
+  wgmma_wait<0>();
+  fence_regs(sc);
 }
 
 // Shared memory, from a 1024-byte aligned base: Q, the KV stages, the FP8 raw ring, the score exchange, barriers.
 // The seesaw's exchange holds, per pair parity and warpgroup, the reference max of each of the 64 rows it published,
 // and at the end each one's row sums: [2][2][64] + [2][64] floats.
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 struct Layout {
   static constexpr int kQ = 0;
-  static constexpr int kStage = QMapOf<QR, (SEESAW > 0)>::T::kChunks * kM * 128;  // kQBytes with all of Q in shared memory
+  static constexpr int kStage = QMapOf<QR, SEESAW>::T::kChunks * kM * 128;  // kQBytes with all of Q in shared memory
   static constexpr int kRaw = kStage + W * kStageBytes;
   static constexpr int kExch = kRaw + (FP8 && !REGS ? R * kRawBytes : 0);
   static constexpr int kBar = kExch + (SEESAW ? 6 * kM * 4 : kExchBytes);
@@ -303,7 +298,7 @@ struct Layout {
 // leaves the producer the minimum, 24.
 // The seesaw's register loads hold a pair of tiles (72 registers): 104 (at 88 ptxas spills 24 bytes), its
 // consumers fit in 200.
-template <bool FP8, bool REGS, int QR, int SEESAW>
+template <bool FP8, bool REGS, int QR, bool SEESAW>
 struct Regs {
   static constexpr int kProducer = REGS ? (SEESAW ? 104 : 88) : (FP8 && QR > 14 ? 24 : 40);
   static constexpr int kConsumer = REGS ? (SEESAW ? 200 : 208) : (FP8 && QR > 14 ? 240 : 232);
@@ -427,60 +422,6 @@ __device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) 
   }
 }
 
-// A tile's reference max per row (masked past the end): the running one, or the tile's own where it exceeds that by
-// more than 2^8 (log2 units, times s_scale); f: the factor that moves sums taken against m_run to it.
-__device__ __forceinline__ void tile_max(float (&sc)[16], int tok0, int c, int end, float s_scale,
-                                         const float (&m_run)[2], float (&m_new)[2], float (&f)[2]) {
-  float mx[2];
-  mask_row_max(sc, tok0, c, end, mx[0], mx[1]);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float x = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2)) * s_scale;
-    m_new[h] = x > m_run[h] + 8.f ? x : m_run[h];
-    f[h] = rebase(m_run[h], m_new[h]);
-  }
-}
-
-// P (in sc) as wgmma A fragments (k-step kk: tokens 16kk ..) and into its stage's rope chunk (pbuf, 64-byte swizzle)
-// for the other warpgroup: pa[kk][2q + hh] holds row r0 + 8hh, tokens 16kk + 8q + 2c (+1) = 16-byte unit 2kk + q.
-template <bool FP8>
-__device__ __forceinline__ void pack_p(const float (&sc)[16], uint32_t (&pa)[2][4], uint8_t* pbuf, int r0, int c) {
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-    for (int q = 0; q < 2; ++q)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int jj = 2 * kk + q;
-        pa[kk][2 * q + hh] = pack2<FP8>(sc[4 * jj + 2 * hh], sc[4 * jj + 2 * hh + 1]);
-        *reinterpret_cast<uint32_t*>(pbuf + swz64(r0 + 8 * hh, jj) + 4 * c) = pa[kk][2 * q + hh];
-      }
-}
-
-// The seesaw's end: each row's sum over its 4 threads, then the two warpgroups' (both against the same max, m_run),
-// and this warpgroup's 256 output dims out. sm: the exchange (the sums after the [2][2][64] max slots).
-template <bool FP8>
-__device__ __forceinline__ void finish_seesaw(const Args& a, float* sm, const float (&o)[128], float (&l_run)[2],
-                                              const float (&m_run)[2], int w, int tw, int hb, long long b,
-                                              int split) {
-  const int lane = tw & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = 16 * (tw >> 5) + g;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-  }
-  float* sl = sm + 4 * kM;
-  if (c == 0) {
-    sl[64 * w + r0] = l_run[0];
-    sl[64 * w + r0 + 8] = l_run[1];
-  }
-  named_bar_sync(3, 256);
-  const float l_all[2] = {sl[r0] + sl[64 + r0], sl[r0 + 8] + sl[64 + r0 + 8]};
-  store_rows<FP8>(a, o, l_all, m_run, w, tw, hb, b, split);
-}
-
 // The seesaw consumers (warpgroup w = 0 or 1; see the top of the file). Pair i: tiles 2i (warpgroup 0's) and 2i + 1
 // (warpgroup 1's; a zero tile, all masked, past an odd count). Both measure their tile against the pair's starting
 // max, publish P and their max, and move to the larger of the two afterwards, the other's P rescaled in shared
@@ -530,17 +471,37 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
     for (int k = 0; k < 16; ++k) sc[k] = 0.f;
     score_tile_full<FP8, QR>(sc, qa, dq0, dk0 + off_m);
 
+    // Row max (sc[4jj + e]: row r0, token 8jj + 2c + e; sc[4jj + 2 + e]: row r0 + 8), masked past the end.
+    float mx[2];
+    mask_row_max(sc, start + jm * kBN, c, end, mx[0], mx[1]);
     float m_new[2], f[2];
-    tile_max(sc, start + jm * kBN, c, end, a.s_scale, m_run, m_new, f);
-    l_run[0] *= f[0];
-    l_run[1] *= f[1];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float x = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2)) * a.s_scale;
+      m_new[h] = x > m_run[h] + 8.f ? x : m_run[h];  // the reference moves only by more than 2^8
+      f[h] = rebase(m_run[h], m_new[h]);
+      l_run[h] *= f[h];
+    }
     // O to this tile's max (nothing in flight: a per-warp decision).
     if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) scale_rows(o, f[0], f[1]);
     const float nm0 = m_new[0] == -kInf ? 0.f : -m_new[0];
     const float nm1 = m_new[1] == -kInf ? 0.f : -m_new[1];
     exp_rows(sc, a.s_scale, nm0, nm1, l_run);
+    // P as wgmma A fragments (k-step kk: tokens 16kk ..), and into this tile's rope chunk for the other warpgroup:
+    // pa[kk][2q + hh] holds row r0 + 8hh, tokens 16kk + 8q + 2c (+1) = 16-byte unit 2kk + q of the row.
     uint32_t pa[2][4];
-    pack_p<FP8>(sc, pa, smem + L::kStage + sm_ * kStageBytes + 8 * kChunkBytes, r0, c);
+    uint8_t* pbuf = smem + L::kStage + sm_ * kStageBytes + 8 * kChunkBytes;
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int jj = 2 * kk + q;
+          pa[kk][2 * q + hh] = pack2<FP8>(sc[4 * jj + 2 * hh], sc[4 * jj + 2 * hh + 1]);
+          *reinterpret_cast<uint32_t*>(pbuf + swz64(r0 + 8 * hh, jj) + 4 * c) = pa[kk][2 * q + hh];
+        }
     if (c == 0) {
       mine[r0] = m_new[0];
       mine[r0 + 8] = m_new[1];
@@ -594,230 +555,27 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
     mbar_arrive(bar_empty + 8 * so);
   }
 
-  finish_seesaw<FP8>(a, sm, o, l_run, m_run, w, tw, hb, b, split);
+  // Row sums: over the 4 threads of a row, then the two warpgroups' (both now against the same max).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+  float* sl = sm + 4 * kM;
+  if (c == 0) {
+    sl[64 * w + r0] = l_run[0];
+    sl[64 * w + r0 + 8] = l_run[1];
+  }
+  named_bar_sync(3, 256);
+  const float l_all[2] = {sl[r0] + sl[64 + r0], sl[r0 + 8] + sl[64 + r0 + 8]};
+  store_rows<FP8>(a, o, l_all, m_run, w, tw, hb, b, split);
 }
 
-// The lead/follow seesaw (SEESAW 2): the same tiles, products and exchanges as consume_seesaw, ordered so that the
-// two warpgroups run half a pair apart and each one's softmax overlaps the other's tensor work. (In consume_seesaw
-// each warpgroup waits for the other's P of the same pair before its next scores: the two stay in step, and both
-// softmaxes leave the tensor pipe idle at once.) The follower (warpgroup 1) measures its tile against the max the
-// lead published for the pair, so the lead's P is final when published and the follower's P.V of it need not wait
-// for the follower's own softmax; the lead then moves to the follower's max (never lower). The lead issues its next
-// tile's scores before it waits for the follower's P, and takes the follower's P.V after them.
-// The lead waits for its next scores at the end of the pair, where the P.V of the follower's P may still run (a
-// wait<1> for scores issued in the previous iteration made ptxas serialize the wgmmas, C7514). The last pair's "next scores" read this tile again (unused): one unconditional group, as in the loop's do-while
-// form (a conditional one makes ptxas copy the in-flight accumulator at the merge and wait, C7517).
-// Barriers: 1 (pairs of parity 1: 6) = the lead's P and max published, 2 (7) = the follower's, 4 / 5 = each
-// warpgroup's own votes; rescaling O (the max moved by more than 2^8, rare) waits for the products in flight first.
-template <bool FP8, int W, int QR, typename L, bool LATE>
-__device__ __forceinline__ void consume_lead(const Args& a, uint8_t* smem, uint32_t sbase, uint32_t bar_full,
-                                             uint32_t bar_empty, int tw, int ntiles, int start, int end, int hb,
-                                             long long b, int split) {
-  constexpr float kInf = INFINITY;
-  const int lane = tw & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = 16 * (tw >> 5) + g;
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m_run[2] = {-kInf, -kInf}, l_run[2] = {0.f, 0.f};
-  float* sm = reinterpret_cast<float*>(smem + L::kExch);
-  const uint64_t dq0 = make_desc(sbase + L::kQ, 16, 1024);
-  const uint64_t dk0 = make_desc(sbase + L::kStage, 16, 1024);
-  const uint64_t dv0 = make_desc(sbase + L::kStage, kChunkBytes, 1024);
-  const uint64_t dp0 = make_desc(sbase + L::kStage + 8 * kChunkBytes, 16, 512, 2);
-  uint32_t qa[QR > 0 ? QR : 1][4];
-  if constexpr (QR > 0) load_q_fragments<FP8, QR>(a, b, hb * kM + r0, 0, c, qa);
-  const int npairs = (ntiles + 1) / 2;
-  if constexpr (kProbe == 2) {
-    pass_stages<W>(bar_full, bar_empty, 2 * npairs, 0);
-    return;
-  }
-  float sc[16];
-  if (npairs > 0) {
-    mbar_wait(bar_full, 0);
-    fence_proxy_async();
-    score_tile_full<FP8, QR>(sc, qa, dq0, dk0);
-    int i = 0;
-    do {
-      const int jm = 2 * i, jo = jm + 1, sm_ = jm % W, so = jo % W;
-      const uint64_t off_m = static_cast<uint64_t>(sm_ * kStageBytes) >> 4;
-      const uint64_t off_o = static_cast<uint64_t>(so * kStageBytes) >> 4;
-      float* mine = sm + 128 * (i & 1);
-      const float* other = mine + 64;
-      const int bar_lead = i & 1 ? 6 : 1;
-      float m_new[2], f[2];
-      tile_max(sc, start + jm * kBN, c, end, a.s_scale, m_run, m_new, f);
-      if (warpgroup_any(4, f[0] != 1.f || f[1] != 1.f)) {
-        wgmma_wait<0>();
-        fence_regs(o);
-        scale_rows(o, f[0], f[1]);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l_run[h] *= f[h];
-        m_run[h] = m_new[h];
-      }
-      exp_rows(sc, a.s_scale, m_new[0] == -kInf ? 0.f : -m_new[0], m_new[1] == -kInf ? 0.f : -m_new[1], l_run);
-      uint32_t pa[2][4];
-      pack_p<FP8>(sc, pa, smem + L::kStage + sm_ * kStageBytes + 8 * kChunkBytes, r0, c);
-      if (c == 0) {
-        mine[r0] = m_new[0];
-        mine[r0 + 8] = m_new[1];
-      }
-      fence_proxy_async();  // P's generic stores, read by the follower's wgmma
-      named_bar_arrive(bar_lead, 256);
-      wgmma_fence();
-      wgmma_pv<FP8>(o, pa[0], dv0 + off_m, 1);
-      wgmma_pv<FP8>(o, pa[1], dv0 + off_m + (2048 >> 4), 1);
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous pair's follower-P product: that tile's stage is free
-      if (i > 0) mbar_arrive(bar_empty + 8 * ((jm - 1) % W));
-      // The next own tile's scores (the last pair: this tile again), to run while this warpgroup waits for the
-      // follower's P (LATE: after it, giving the producer longer to refill that stage).
-      auto next_scores = [&] {
-        const int jn = i + 1 < npairs ? jm + 2 : jm, sn = jn % W;
-        mbar_wait(bar_full + 8 * sn, (jn / W) & 1);
-        fence_proxy_async();
-        score_tile_full<FP8, QR, false>(sc, qa, dq0, dk0 + (static_cast<uint64_t>(sn * kStageBytes) >> 4));
-      };
-      if constexpr (!LATE) next_scores();
-      named_bar_sync(bar_lead + 1, 256);  // the follower's P and max (>= m_run: it measured against it)
-      const float mo[2] = {other[r0], other[r0 + 8]};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        f[h] = rebase(m_run[h], mo[h]);
-        l_run[h] *= f[h];
-        m_run[h] = mo[h];
-      }
-      if (warpgroup_any(4, f[0] != 1.f || f[1] != 1.f)) {
-        wgmma_wait<0>();
-        fence_regs(o);
-        scale_rows(o, f[0], f[1]);
-      }
-      if constexpr (LATE) next_scores();
-      wgmma_wait<1>();  // own P.V done: own stage free (in the last pair its scores are read again: freed below)
-      if (i + 1 < npairs) mbar_arrive(bar_empty + 8 * sm_);
-      mbar_wait(bar_full + 8 * so, (jo / W) & 1);  // (long complete: the follower has used it)
-      fence_proxy_async();
-      wgmma_fence();
-      wgmma_pv_ss<FP8>(o, dp0 + off_o, dv0 + off_o, 1);
-      wgmma_pv_ss<FP8>(o, dp0 + off_o + (32 >> 4), dv0 + off_o + (2048 >> 4), 1);
-      wgmma_commit();
-      wgmma_wait<1>();  // the next tile's scores (this product may run on into the next softmax)
-      fence_regs(sc);
-    } while (++i < npairs);
-    wgmma_wait<0>();
-    fence_regs(o);
-    mbar_arrive(bar_empty + 8 * ((2 * npairs - 2) % W));
-    mbar_arrive(bar_empty + 8 * ((2 * npairs - 1) % W));
-  }
-  finish_seesaw<FP8>(a, sm, o, l_run, m_run, 0, tw, hb, b, split);
-}
-
-// The follower of the lead/follow seesaw (warpgroup 1: tiles 2i + 1, value dims 256 ..). Per pair: its scores, then
-// the lead's max (its reference) and the P.V of the lead's P while the scores run, then its softmax and its own P.V.
-template <bool FP8, int W, int QR, typename L, bool EARLY>
-__device__ __forceinline__ void consume_follow(const Args& a, uint8_t* smem, uint32_t sbase, uint32_t bar_full,
-                                               uint32_t bar_empty, int tw, int ntiles, int start, int end, int hb,
-                                               long long b, int split) {
-  constexpr float kInf = INFINITY;
-  const int lane = tw & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = 16 * (tw >> 5) + g;
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m_run[2] = {-kInf, -kInf}, l_run[2] = {0.f, 0.f};
-  float* sm = reinterpret_cast<float*>(smem + L::kExch);
-  const uint64_t dq0 = make_desc(sbase + L::kQ, 16, 1024);
-  const uint64_t dk0 = make_desc(sbase + L::kStage, 16, 1024);
-  const uint64_t dv0 = make_desc(sbase + L::kStage + 4 * kChunkBytes, kChunkBytes, 1024);
-  const uint64_t dp0 = make_desc(sbase + L::kStage + 8 * kChunkBytes, 16, 512, 2);
-  uint32_t qa[QR > 0 ? QR : 1][4];
-  if constexpr (QR > 0) load_q_fragments<FP8, QR>(a, b, hb * kM + r0, 0, c, qa);
-  const int npairs = (ntiles + 1) / 2;
-  if constexpr (kProbe == 2) {
-    pass_stages<W>(bar_full, bar_empty, 2 * npairs, 0);
-    return;
-  }
-  if (npairs > 0) {
-    int i = 0;
-    do {
-      const int jm = 2 * i + 1, jo = jm - 1, sm_ = jm % W, so = jo % W;
-      const uint64_t off_m = static_cast<uint64_t>(sm_ * kStageBytes) >> 4;
-      const uint64_t off_o = static_cast<uint64_t>(so * kStageBytes) >> 4;
-      const float* other = sm + 128 * (i & 1);
-      float* mine = const_cast<float*>(other) + 64;
-      const int bar_lead = i & 1 ? 6 : 1;
-      mbar_wait(bar_full + 8 * sm_, (jm / W) & 1);
-      fence_proxy_async();
-      float sc[16];
-      score_tile_full<FP8, QR, false>(sc, qa, dq0, dk0 + off_m);
-      named_bar_sync(bar_lead, 256);  // the lead's P and max (>= m_run), this pair's reference
-      const float mo[2] = {other[r0], other[r0 + 8]};
-      float f[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        f[h] = rebase(m_run[h], mo[h]);
-        l_run[h] *= f[h];
-        m_run[h] = mo[h];
-      }
-      if (warpgroup_any(5, f[0] != 1.f || f[1] != 1.f)) {
-        wgmma_wait<0>();
-        fence_regs(o);
-        scale_rows(o, f[0], f[1]);
-      }
-      mbar_wait(bar_full + 8 * so, (jo / W) & 1);  // (long complete: the lead has used it)
-      fence_proxy_async();
-      wgmma_fence();
-      wgmma_pv_ss<FP8>(o, dp0 + off_o, dv0 + off_o, 1);
-      wgmma_pv_ss<FP8>(o, dp0 + off_o + (32 >> 4), dv0 + off_o + (2048 >> 4), 1);
-      wgmma_commit();
-      wgmma_wait<EARLY ? 0 : 1>();  // the scores (and the previous pair's own P.V: that stage is free)
-      fence_regs(sc);
-      if (i > 0) mbar_arrive(bar_empty + 8 * ((jm - 2) % W));
-      if constexpr (EARLY) mbar_arrive(bar_empty + 8 * so);  // the lead-P product done too: the lead's tile is free
-      float m_new[2];
-      tile_max(sc, start + jm * kBN, c, end, a.s_scale, m_run, m_new, f);
-      if (warpgroup_any(5, f[0] != 1.f || f[1] != 1.f)) {
-        wgmma_wait<0>();
-        fence_regs(o);
-        scale_rows(o, f[0], f[1]);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l_run[h] *= f[h];
-        m_run[h] = m_new[h];
-      }
-      exp_rows(sc, a.s_scale, m_new[0] == -kInf ? 0.f : -m_new[0], m_new[1] == -kInf ? 0.f : -m_new[1], l_run);
-      uint32_t pa[2][4];
-      pack_p<FP8>(sc, pa, smem + L::kStage + sm_ * kStageBytes + 8 * kChunkBytes, r0, c);
-      if (c == 0) {
-        mine[r0] = m_new[0];
-        mine[r0 + 8] = m_new[1];
-      }
-      fence_proxy_async();  // P's generic stores, read by the lead's wgmma
-      named_bar_arrive(bar_lead + 1, 256);
-      wgmma_fence();
-      wgmma_pv<FP8>(o, pa[0], dv0 + off_m, 1);
-      wgmma_pv<FP8>(o, pa[1], dv0 + off_m + (2048 >> 4), 1);
-      wgmma_commit();
-      if constexpr (!EARLY) {
-        wgmma_wait<1>();  // the lead-P product: the lead's tile is free
-        mbar_arrive(bar_empty + 8 * so);
-      }
-    } while (++i < npairs);
-    wgmma_wait<0>();
-    fence_regs(o);
-    mbar_arrive(bar_empty + 8 * ((2 * npairs - 1) % W));
-  }
-  finish_seesaw<FP8>(a, sm, o, l_run, m_run, 1, tw, hb, b, split);
-}
-
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args a) {
   using L = Layout<FP8, W, R, REGS, QR, SEESAW>;
   static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0) && !(SEESAW && QR % 4), "Q k-steps in registers");
-  using QM = typename QMapOf<QR, (SEESAW > 0)>::T;
+  using QM = typename QMapOf<QR, SEESAW>::T;
   static_assert(L::kAlloc <= 232448, "shared memory");
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -1014,16 +772,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 
   // ------------------------------------------------------------------ consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kConsumer));
-  if constexpr (SEESAW >= 2) {
-    if (wg == 1) {
-      consume_lead<FP8, W, QR, L, SEESAW == 4>(a, smem, sbase, bar_full, bar_empty, tw, ntiles, start, end, hb, b,
-                                               split);
-    } else {
-      consume_follow<FP8, W, QR, L, SEESAW >= 3>(a, smem, sbase, bar_full, bar_empty, tw, ntiles, start, end, hb,
-                                                 b, split);
-    }
-    return;
-  }
   if constexpr (SEESAW) {
     consume_seesaw<FP8, W, QR, L>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw, ntiles, start, end, hb, b,
                                   split);
@@ -1154,14 +902,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 // at B=128 ctx 16384): the loads are not waiting on HBM latency; the two head blocks as a cluster of 2 kept within
 // 2 or 8 tiles of each other, 8-25% slower at 128 heads: each KV byte already comes from HBM once.)
 #define DG_WGMMA_CONFIGS(X)                                                                                      \
-  X(0, false, 3, 1, false, 0, 0) X(1, true, 2, 2, false, 0, 0) X(2, true, 3, 1, true, 0, 0)                      \
-  X(3, true, 2, 2, false, 14, 0) X(4, true, 3, 2, false, 14, 0) X(5, true, 3, 3, false, 14, 0)                   \
-  X(6, false, 3, 1, false, 14, 0) X(7, false, 4, 1, false, 14, 0) X(8, true, 2, 2, false, 16, 0)                 \
-  X(18, true, 4, 1, true, 0, 1) X(19, false, 4, 1, false, 0, 1) X(20, false, 4, 1, false, 8, 1)              \
-  X(46, true, 4, 1, true, 0, 2) X(47, false, 4, 1, false, 8, 2) X(50, true, 4, 1, true, 0, 3)                  \
-  X(51, false, 4, 1, false, 8, 3) X(52, true, 4, 1, true, 0, 4) X(53, false, 4, 1, false, 8, 4)
+  X(0, false, 3, 1, false, 0, false) X(1, true, 2, 2, false, 0, false) X(2, true, 3, 1, true, 0, false)          \
+  X(3, true, 2, 2, false, 14, false) X(4, true, 3, 2, false, 14, false) X(5, true, 3, 3, false, 14, false)       \
+  X(6, false, 3, 1, false, 14, false) X(7, false, 4, 1, false, 14, false) X(8, true, 2, 2, false, 16, false)     \
+  X(18, true, 4, 1, true, 0, true) X(19, false, 4, 1, false, 0, true) X(20, false, 4, 1, false, 8, true)
 
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
   auto kernel = mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW>;
   constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
@@ -1169,7 +915,7 @@ int prepare(int* regs, int* per_sm, int* smem_bytes) {
   return prepare_kernel(kernel, kThreads, smem, regs, per_sm);
 }
 
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 int launch(const Args& a, int batch, cudaStream_t stream) {
   constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
   const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
