@@ -900,7 +900,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 // (Tried, 2026-12-03, benchmarks/results/mla_decode_h200_2026-12-03.md: the producer's thread 0 asking the L2 for
 // the tile 2, 4 or 8 ahead (cp.async.bulk.prefetch.L2), 0-32% slower, the producer alone slower too (645 -> 770 us
 // at B=128 ctx 16384): the loads are not waiting on HBM latency; the two head blocks as a cluster of 2 kept within
-// 2 or 8 tiles of each other, 8-25% slower at 128 heads: each KV byte already comes from HBM once.)
+// 2 or 8 tiles of each other, 8-25% slower at 128 heads: each KV byte already comes from HBM once; the seesaw's two
+// consumers run half a pair apart (lead/follow, commit 38d8f0b): 14-20% faster alone, 2-9% slower as built,
+// benchmarks/results/mla_decode_h200_2026-12-03-leadfollow.md.)
 #define DG_WGMMA_CONFIGS(X)                                                                                      \
   X(0, false, 3, 1, false, 0, false) X(1, true, 2, 2, false, 0, false) X(2, true, 3, 1, true, 0, false)          \
   X(3, true, 2, 2, false, 14, false) X(4, true, 3, 2, false, 14, false) X(5, true, 3, 3, false, 14, false)       \
