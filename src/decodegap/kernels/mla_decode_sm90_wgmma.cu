@@ -24,10 +24,14 @@
 // are done) for the other warpgroup, and each warpgroup updates its half of O (256 of the 512 value dims) with both
 // tiles' P: its own from registers, the other's from shared memory. Each measures its tile against the pair's
 // starting reference max; both then move to the larger of the two tiles' (rare: it moves only by more than 2^8).
+// Multicast cluster (MC, variant 21, BF16): the two head blocks' CTAs are one cluster; one producer thread in each
+// copies half of every tile into both CTAs' stages by TMA multicast, so each KV byte leaves L2 once.
 // FP8 caches run f16 MMA (q * 2^e in fp16, as the other kernels), BF16 caches bf16 MMA; fp32 accumulation.
 // Output: per-split partials [B, H, S, 512] (fp16 in cache units for FP8 caches, |x| <= 448; fp32 for BF16)
 // and their log2-sum-exp [B, H, S], the layout the Triton merge kernel reads; or, with one split, the bf16
 // output (times kv_scale) and the natural-log lse directly.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -57,6 +61,7 @@ constexpr int kExchFloats = 16 * 128;            // one warpgroup's partial scor
 constexpr int kExchBytes = 2 * 2 * kExchFloats * 4;  // [warpgroup][tile parity]: 32,768
 
 struct Args {
+  CUtensorMap tm_kv;  // the multicast variants: the cache as bytes [pages][page_size][row], box [128 B][32][1]
   const uint16_t* q;  // bf16 [B, H, 576]
   const uint8_t* kv;  // e4m3 or bf16 [pages, page_size, 576]
   const int* table;   // [B, max_pages]
@@ -102,11 +107,25 @@ __device__ __forceinline__ bool warpgroup_any(int id, bool p) {
 }
 // The probes' stand-in for one side of the ring: n stages passed on untouched, each waited for on `wait` (parity
 // flipped for the empty barriers, whose first phase counts as done) and handed over on `signal`.
-template <int W>
-__device__ __forceinline__ void pass_stages(uint32_t wait, uint32_t signal, int n, int flip) {
+// A consumer thread done with a stage: one arrival on its empty mbarrier; with MC (the multicast cluster, whose
+// producers fill both CTAs' stages) one per warp on each CTA's, the peer's by distributed shared memory.
+template <bool MC>
+__device__ __forceinline__ void release_stage(uint32_t bar, uint32_t peer) {
+  if constexpr (MC) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) {
+      mbar_arrive(bar);
+      mbar_arrive_cluster(mapa_u32(bar, peer));
+    }
+  } else {
+    mbar_arrive(bar);
+  }
+}
+template <int W, bool MC = false>
+__device__ __forceinline__ void pass_stages(uint32_t wait, uint32_t signal, int n, int flip, uint32_t peer = 0) {
   for (int j = 0; j < n; ++j) {
     mbar_wait(wait + 8 * (j % W), ((j / W) & 1) ^ flip);
-    mbar_arrive(signal + 8 * (j % W));
+    release_stage<MC>(signal + 8 * (j % W), peer);
   }
 }
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
@@ -429,10 +448,12 @@ __device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) 
 // its softmax after warpgroup 0's: 6% slower.) Named barriers: 1 + w (pairs of parity 1: 6 + w) = warpgroup w's P
 // and max are published, 3 = the row sums at the end, 4 + w = warpgroup w's own votes and syncs. Max slots
 // [parity][w][64]: a slot is rewritten two pairs later, after the barrier that follows its reader's read.
-template <bool FP8, int W, int QR, typename L>
+// MC: the stages came by TMA multicast, whole pages' rows: this warpgroup zeroes its tile's value rows past the end
+// (NaN there would reach O through P = 0) and releases stages on both CTAs' barriers (release_stage).
+template <bool FP8, int W, int QR, typename L, bool MC>
 __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uint32_t sbase, uint32_t bar_full,
                                                uint32_t bar_empty, int w, int tw, int ntiles, int start, int end,
-                                               int hb, long long b, int split) {
+                                               int hb, long long b, int split, uint32_t peer) {
   constexpr float kInf = INFINITY;
   const int lane = tw & 31, g = lane >> 2, c = lane & 3;
   const int r0 = 16 * (tw >> 5) + g;  // this thread's rows r0 and r0 + 8
@@ -453,7 +474,7 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
   }
   const int npairs = (ntiles + 1) / 2;
   if constexpr (kProbe == 2) {
-    pass_stages<W>(bar_full, bar_empty, 2 * npairs, 0);
+    pass_stages<W, MC>(bar_full, bar_empty, 2 * npairs, 0, peer);
     return;
   }
   for (int i = 0; i < npairs; ++i) {
@@ -470,6 +491,17 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
 #pragma unroll
     for (int k = 0; k < 16; ++k) sc[k] = 0.f;
     score_tile_full<FP8, QR>(sc, qa, dq0, dk0 + off_m);
+    if constexpr (MC) {
+      const int first = max(0, min(kBN, end - (start + jm * kBN)));  // rows past the end: chunks 0-7 to zeros
+      if (first < kBN) {
+        uint8_t* st = smem + L::kStage + sm_ * kStageBytes;
+        for (int u = tw; u < (kBN - first) * 64; u += 128)
+          *reinterpret_cast<uint4*>(st + (u & 63) / 8 * kChunkBytes + (first + u / 64) * 128 + (u & 7) * 16) =
+              make_uint4(0u, 0u, 0u, 0u);
+        fence_proxy_async();
+        named_bar_sync(4 + w, 128);  // before this warpgroup's own P.V reads them
+      }
+    }
 
     // Row max (sc[4jj + e]: row r0, token 8jj + 2c + e; sc[4jj + 2 + e]: row r0 + 8), masked past the end.
     float mx[2];
@@ -549,10 +581,10 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
     wgmma_pv_ss<FP8>(o, dp0 + off_o + (32 >> 4), dv0 + off_o + (2048 >> 4), 1);
     wgmma_commit();
     wgmma_wait<1>();
-    mbar_arrive(bar_empty + 8 * sm_);  // this thread is done with its own tile's stage
+    release_stage<MC>(bar_empty + 8 * sm_, peer);  // this thread is done with its own tile's stage
     wgmma_wait<0>();
     fence_regs(o);
-    mbar_arrive(bar_empty + 8 * so);
+    release_stage<MC>(bar_empty + 8 * so, peer);
   }
 
   // Row sums: over the 4 threads of a row, then the two warpgroups' (both now against the same max).
@@ -571,10 +603,11 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
   store_rows<FP8>(a, o, l_all, m_run, w, tw, hb, b, split);
 }
 
-template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args a) {
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool MC>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __grid_constant__ Args a) {
   using L = Layout<FP8, W, R, REGS, QR, SEESAW>;
   static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0) && !(SEESAW && QR % 4), "Q k-steps in registers");
+  static_assert(!MC || (SEESAW && !FP8), "the multicast cluster: BF16 seesaw only");
   using QM = typename QMapOf<QR, SEESAW>::T;
   static_assert(L::kAlloc <= 232448, "shared memory");
   constexpr float kInf = INFINITY;
@@ -597,9 +630,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < W; ++s) {
-      mbar_init(bar_full + 8 * s, 128);   // the producer's 128 threads
-      mbar_init(bar_empty + 8 * s, 256);  // the consumers' 256 threads
+      mbar_init(bar_full + 8 * s, MC ? 1 : 128);   // the producer's 128 threads (MC: its one issuing thread)
+      mbar_init(bar_empty + 8 * s, MC ? 16 : 256);  // the consumers' 256 threads (MC: 8 warps in each CTA)
     }
+    if constexpr (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   // Q [64 heads, 576] -> shared memory, swizzled; head rows past num_heads are zeros. FP8 caches: q * q_scale
   // in fp16 (exact: q_scale is a power of two); BF16: q as is.
@@ -624,11 +658,54 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
       reinterpret_cast<uint4*>(smem + L::kStage)[i] = make_uint4(0u, 0u, 0u, 0u);
   }
   fence_proxy_async();  // Q's generic stores, read by wgmma (the async proxy)
-  __syncthreads();
+  if constexpr (MC) {
+    cluster_sync();  // both CTAs' barriers initialized before either multicasts or arrives into the other
+  } else {
+    __syncthreads();
+  }
+  const uint32_t peer = MC ? cluster_ctarank() ^ 1u : 0u;
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kProducer));
+    if constexpr (MC) {
+      // The cluster's two head blocks share each tile: this CTA's thread 0 copies 64-dim chunks 0-4 (rank 0) or
+      // 5-8 (rank 1) of every tile into both CTAs' stage by TMA multicast, once the stage is free in both (its
+      // empty barrier counts both CTAs' consumers); each full barrier expects the whole tile's bytes. Tiles lie in
+      // one page (page size a multiple of 32); rows past the end come as they are, zeroed by the consumers.
+      if (tw == 0) {
+        if constexpr (kProbe == 1) {
+          pass_stages<W>(bar_empty, bar_full, nload, 1);
+        } else {
+          const int* trow = a.table + b * a.stride_tb;
+          auto page_of = [&](int j) -> int {  // the tile's page, -1 past the slice's end
+            const int n = start + j * kBN;
+            return n < end ? trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size] : -1;
+          };
+          const int c0 = peer ? 0 : 5, c1 = peer ? 5 : 9;  // rank 0 (peer 1): chunks 0-4
+          int page = page_of(0);
+          for (int j = 0; j < nload; ++j) {
+            const int page_next = page_of(j + 1);  // in flight while the stage is waited for
+            const int s = j % W;
+            const uint32_t full = bar_full + 8 * s;
+            mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
+            if (page >= 0) {
+              mbar_expect_tx(full, kStageBytes);
+              const int n = start + j * kBN;
+              const int slot = a.page_shift >= 0 ? n & (a.page_size - 1) : n % a.page_size;
+              const uint32_t dst = sbase + L::kStage + s * kStageBytes;
+              for (int c = c0; c < c1; ++c)
+                tma_load_3d_multicast(dst + c * kChunkBytes, &a.tm_kv, 128 * c, slot, page, full, 0x3);
+            } else {
+              mbar_arrive(full);
+            }
+            page = page_next;
+          }
+        }
+      }
+      cluster_sync_unaligned();  // neither CTA leaves while the other may still arrive on its barriers
+      return;
+    }
     if constexpr (kProbe == 1) {
       pass_stages<W>(bar_empty, bar_full, nload, 1);
       return;
@@ -773,8 +850,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   // ------------------------------------------------------------------ consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kConsumer));
   if constexpr (SEESAW) {
-    consume_seesaw<FP8, W, QR, L>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw, ntiles, start, end, hb, b,
-                                  split);
+    consume_seesaw<FP8, W, QR, L, MC>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw, ntiles, start, end, hb, b,
+                                      split, peer);
+    if constexpr (MC) cluster_sync_unaligned();
     return;
   }
   const int w = wg - 1;  // dims: scores over k-steps 18w .. 18w + 17, output dims 256w .. 256w + 255
@@ -882,7 +960,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 }
 
 // The configurations (variant: cache, stages, FP8 raw-ring depth, FP8 loads through registers, how many of each
-// consumer's 18 score k-steps take Q from registers, seesaw consumers; registers per producer / consumer thread):
+// consumer's 18 score k-steps take Q from registers, seesaw consumers, multicast cluster; registers per producer /
+// consumer thread):
 //  0: BF16, 3 stages (cp.async); Q in shared memory (40 / 232).
 //  1: FP8, 2 stages + a 2-deep cp.async raw ring; Q in shared memory (40 / 232).
 //  2: FP8, 3 stages, loads through registers a tile ahead (88 / 208).
@@ -897,31 +976,72 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 // with the first 8 of the 36 score k-steps' Q in registers (32 per consumer thread; Q's shared copy the other 7
 // chunks, 56 KB). (Tried: 12 k-steps, BF16, no faster than 8; FP8 with 8 k-steps in registers, a 1-deep cp.async
 // raw ring and 40 / 232 registers, 10% slower than 18: the raw ring keeps one tile in flight.)
+// Multicast cluster (the last column; BF16 seesaw): 21: as 20, the two head blocks of 65-128 heads one cluster whose
+// producers each bring half of every tile into both CTAs by TMA multicast (each KV byte crosses from L2 once, not
+// twice; the BF16 producer alone moves ~4.5 TB/s from L2 at B=32 ctx 4096 H=128); elsewhere it runs as 20.
 // (Tried, 2026-12-03, benchmarks/results/mla_decode_h200_2026-12-03.md: the producer's thread 0 asking the L2 for
 // the tile 2, 4 or 8 ahead (cp.async.bulk.prefetch.L2), 0-32% slower, the producer alone slower too (645 -> 770 us
 // at B=128 ctx 16384): the loads are not waiting on HBM latency; the two head blocks as a cluster of 2 kept within
 // 2 or 8 tiles of each other, 8-25% slower at 128 heads: each KV byte already comes from HBM once; the seesaw's two
 // consumers run half a pair apart (lead/follow, commit 38d8f0b): 14-20% faster alone, 2-9% slower as built,
 // benchmarks/results/mla_decode_h200_2026-12-03-leadfollow.md.)
-#define DG_WGMMA_CONFIGS(X)                                                                                      \
-  X(0, false, 3, 1, false, 0, false) X(1, true, 2, 2, false, 0, false) X(2, true, 3, 1, true, 0, false)          \
-  X(3, true, 2, 2, false, 14, false) X(4, true, 3, 2, false, 14, false) X(5, true, 3, 3, false, 14, false)       \
-  X(6, false, 3, 1, false, 14, false) X(7, false, 4, 1, false, 14, false) X(8, true, 2, 2, false, 16, false)     \
-  X(18, true, 4, 1, true, 0, true) X(19, false, 4, 1, false, 0, true) X(20, false, 4, 1, false, 8, true)
+#define DG_WGMMA_CONFIGS(X) \
+  X(0, false, 3, 1, false, 0, false, false) \
+  X(1, true, 2, 2, false, 0, false, false) \
+  X(2, true, 3, 1, true, 0, false, false) \
+  X(3, true, 2, 2, false, 14, false, false) \
+  X(4, true, 3, 2, false, 14, false, false) \
+  X(5, true, 3, 3, false, 14, false, false) \
+  X(6, false, 3, 1, false, 14, false, false) \
+  X(7, false, 4, 1, false, 14, false, false) \
+  X(8, true, 2, 2, false, 16, false, false) \
+  X(18, true, 4, 1, true, 0, true, false) \
+  X(19, false, 4, 1, false, 0, true, false) \
+  X(20, false, 4, 1, false, 8, true, false) \
+  X(21, false, 4, 1, false, 8, true, true)
 
-template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool MC>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
-  auto kernel = mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW>;
   constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
   *smem_bytes = smem;
-  return prepare_kernel(kernel, kThreads, smem, regs, per_sm);
+  if constexpr (MC) {  // its fallback too (the same variant where the multicast does not apply)
+    const int err = prepare_kernel(mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, false>, kThreads, smem, regs,
+                                   per_sm);
+    if (err != cudaSuccess) return err;
+  }
+  return prepare_kernel(mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, MC>, kThreads, smem, regs, per_sm);
 }
 
-template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
-int launch(const Args& a, int batch, cudaStream_t stream) {
+// MC variants run as clusters of the two head blocks with TMA multicast where the cache allows (two head blocks,
+// pages of a multiple of 32 slots, 16-byte aligned base and strides, a tensor map that encodes); else as the same
+// variant without (*used_multicast says which).
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool MC>
+int launch(Args& a, int batch, cudaStream_t stream, long long num_pages, int* used_multicast) {
   constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
   const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
-  mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW><<<grid, kThreads, smem, stream>>>(a);
+  if constexpr (MC) {
+    if (grid.x == 2 && a.page_size % kBN == 0 && reinterpret_cast<uintptr_t>(a.kv) % 16 == 0 &&
+        a.stride_slot % 16 == 0 && a.stride_page % 16 == 0 &&
+        encode_map(&a.tm_kv, a.kv, num_pages, a.page_size, a.stride_slot, a.stride_page, FP8 ? 576 : 1152, 128,
+                   CU_TENSOR_MAP_SWIZZLE_128B, kBN)) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = grid;
+      cfg.blockDim = dim3(kThreads, 1, 1);
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 2;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      *used_multicast = 1;
+      const cudaError_t err = cudaLaunchKernelEx(&cfg, mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, true>, a);
+      return err != cudaSuccess ? err : cudaGetLastError();
+    }
+  }
+  mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, false><<<grid, kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -930,10 +1050,10 @@ int launch(const Args& a, int batch, cudaStream_t stream) {
 // Returns a cudaError_t (cudaErrorInvalidValue for an unknown variant). fp8 (out): whether it reads an e4m3 cache.
 extern "C" int dg_mla_wgmma_prepare(int variant, int* regs, int* per_sm, int* block_n, int* smem_bytes, int* fp8) {
   *block_n = kBN;
-#define DG_PREPARE(V, FP8, W, R, REGS, QR, SEESAW)                           \
-  if (variant == V) {                                                         \
-    *fp8 = FP8;                                                               \
-    return prepare<FP8, W, R, REGS, QR, SEESAW>(regs, per_sm, smem_bytes); \
+#define DG_PREPARE(V, FP8, W, R, REGS, QR, SEESAW, MC)                          \
+  if (variant == V) {                                                             \
+    *fp8 = FP8;                                                                   \
+    return prepare<FP8, W, R, REGS, QR, SEESAW, MC>(regs, per_sm, smem_bytes); \
   }
   DG_WGMMA_CONFIGS(DG_PREPARE)
   return cudaErrorInvalidValue;
@@ -944,15 +1064,17 @@ extern "C" int dg_mla_wgmma_launch(int variant, const void* q, const void* kv, c
                                    long long stride_qh, long long stride_page_bytes, long long stride_slot_bytes,
                                    long long stride_tb, long long stride_ob, long long stride_oh, int num_heads,
                                    int num_splits, int batch, int page_size, float q_scale, float s_scale,
-                                   float out_scale, void* stream) {
-  Args a{static_cast<const uint16_t*>(q), static_cast<const uint8_t*>(kv), static_cast<const int*>(table),
+                                   float out_scale, void* stream, long long num_pages, int* used_multicast) {
+  *used_multicast = 0;
+  Args a{{},
+         static_cast<const uint16_t*>(q), static_cast<const uint8_t*>(kv), static_cast<const int*>(table),
          static_cast<const int*>(lens), part, static_cast<float*>(part_lse), static_cast<uint16_t*>(out),
          static_cast<float*>(lse), stride_qb, stride_qh, stride_page_bytes, stride_slot_bytes, stride_tb,
          stride_ob, stride_oh, num_heads, num_splits, page_size,
          (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1, q_scale, s_scale, out_scale};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-#define DG_LAUNCH(V, FP8, W, R, REGS, QR, SEESAW) \
-  if (variant == V) return launch<FP8, W, R, REGS, QR, SEESAW>(a, batch, st);
+#define DG_LAUNCH(V, FP8, W, R, REGS, QR, SEESAW, MC) \
+  if (variant == V) return launch<FP8, W, R, REGS, QR, SEESAW, MC>(a, batch, st, num_pages, used_multicast);
   DG_WGMMA_CONFIGS(DG_LAUNCH)
   return cudaErrorInvalidValue;
 }
