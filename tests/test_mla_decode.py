@@ -768,9 +768,10 @@ MULTICAST_CASES = [
 
 @pytest.mark.parametrize("batch,heads,page_size,lens,num_splits,multicast", MULTICAST_CASES,
                          ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[4]}" for c in MULTICAST_CASES])
-def test_wgmma_multicast_variant(batch, heads, page_size, lens, num_splits, multicast, monkeypatch):
-    """Variant 21 runs as a cluster of the two head blocks with TMA multicast exactly where it applies (rows past
-    each sequence's end, NaN-poisoned, arrive by TMA and must not reach the output), else as variant 20."""
+@pytest.mark.parametrize("variant", [21, 22])
+def test_wgmma_multicast_variant(batch, heads, page_size, lens, num_splits, multicast, variant, monkeypatch):
+    """The multicast variants run as a cluster of the two head blocks with TMA multicast exactly where it applies
+    (rows past each sequence's end, NaN-poisoned, arrive by TMA and must not reach the output), else as variant 20."""
     needs_wgmma()
     from decodegap.kernels import mla_decode_sm90 as sm90
     from decodegap.kernels.mla_decode_triton import mla_decode_triton
@@ -782,7 +783,7 @@ def test_wgmma_multicast_variant(batch, heads, page_size, lens, num_splits, mult
     out = torch.full((batch, heads, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
     res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
                                  return_lse=True, num_splits=num_splits, out=out, poison_workspace=True,
-                                 backend="cuda", wgmma_variant=21)
+                                 backend="cuda", wgmma_variant=variant)
     assert ran == [multicast]
     check_against_reference(case, res, lse)
 

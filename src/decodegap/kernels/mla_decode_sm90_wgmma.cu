@@ -319,8 +319,8 @@ struct Layout {
 // consumers fit in 200.
 template <bool FP8, bool REGS, int QR, bool SEESAW>
 struct Regs {
-  static constexpr int kProducer = REGS ? (SEESAW ? 104 : 88) : (FP8 && QR > 14 ? 24 : 40);
-  static constexpr int kConsumer = REGS ? (SEESAW ? 200 : 208) : (FP8 && QR > 14 ? 240 : 232);
+  static constexpr int kProducer = REGS ? (SEESAW ? 104 : 88) : (QR > 14 ? 24 : 40);
+  static constexpr int kConsumer = REGS ? (SEESAW ? 200 : 208) : (QR > 14 ? 240 : 232);
   static_assert(128 * kProducer + 256 * kConsumer <= 168 * kThreads, "registers");
 };
 
@@ -979,6 +979,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
 // Multicast cluster (the last column; BF16 seesaw): 21: as 20, the two head blocks of 65-128 heads one cluster whose
 // producers each bring half of every tile into both CTAs by TMA multicast (each KV byte crosses from L2 once, not
 // twice; the BF16 producer alone moves ~4.5 TB/s from L2 at B=32 ctx 4096 H=128); elsewhere it runs as 20.
+// 22: as 21 with 5 stages and 16 of the 36 k-steps' Q in registers (its producer's one issuing thread needs few
+// registers: 24 / 240; Q's shared copy 40 KB).
 // (Tried, 2026-12-03, benchmarks/results/mla_decode_h200_2026-12-03.md: the producer's thread 0 asking the L2 for
 // the tile 2, 4 or 8 ahead (cp.async.bulk.prefetch.L2), 0-32% slower, the producer alone slower too (645 -> 770 us
 // at B=128 ctx 16384): the loads are not waiting on HBM latency; the two head blocks as a cluster of 2 kept within
@@ -998,28 +1000,33 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
   X(18, true, 4, 1, true, 0, true, false) \
   X(19, false, 4, 1, false, 0, true, false) \
   X(20, false, 4, 1, false, 8, true, false) \
-  X(21, false, 4, 1, false, 8, true, true)
+  X(21, false, 4, 1, false, 8, true, true) \
+  X(22, false, 5, 1, false, 16, true, true)
+
+// Where the multicast does not apply, the MC variants run as variant 20 (the BF16 seesaw).
+#define DG_WGMMA_MC_FALLBACK false, 4, 1, false, 8, true, false
 
 template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool MC>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
-  constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
-  *smem_bytes = smem;
-  if constexpr (MC) {  // its fallback too (the same variant where the multicast does not apply)
-    const int err = prepare_kernel(mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, false>, kThreads, smem, regs,
-                                   per_sm);
+  if constexpr (MC) {  // its fallback too
+    int r, p, m;
+    const int err = prepare<DG_WGMMA_MC_FALLBACK>(&r, &p, &m);
     if (err != cudaSuccess) return err;
   }
+  constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
+  *smem_bytes = smem;
   return prepare_kernel(mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, MC>, kThreads, smem, regs, per_sm);
 }
 
 // MC variants run as clusters of the two head blocks with TMA multicast where the cache allows (two head blocks,
 // pages of a multiple of 32 slots, 16-byte aligned base and strides, a tensor map that encodes); else as the same
-// variant without (*used_multicast says which).
+// variant 20 (*used_multicast says which).
 template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool MC>
 int launch(Args& a, int batch, cudaStream_t stream, long long num_pages, int* used_multicast) {
   constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
   const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
   if constexpr (MC) {
+    static_assert(!FP8, "the multicast cluster: BF16 only");
     if (grid.x == 2 && a.page_size % kBN == 0 && reinterpret_cast<uintptr_t>(a.kv) % 16 == 0 &&
         a.stride_slot % 16 == 0 && a.stride_page % 16 == 0 &&
         encode_map(&a.tm_kv, a.kv, num_pages, a.page_size, a.stride_slot, a.stride_page, FP8 ? 576 : 1152, 128,
@@ -1040,9 +1047,11 @@ int launch(Args& a, int batch, cudaStream_t stream, long long num_pages, int* us
       const cudaError_t err = cudaLaunchKernelEx(&cfg, mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, true>, a);
       return err != cudaSuccess ? err : cudaGetLastError();
     }
+    return launch<DG_WGMMA_MC_FALLBACK>(a, batch, stream, num_pages, used_multicast);
+  } else {
+    mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, false><<<grid, kThreads, smem, stream>>>(a);
+    return cudaGetLastError();
   }
-  mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, false><<<grid, kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
 }
 
 }  // namespace
