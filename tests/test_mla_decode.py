@@ -757,21 +757,21 @@ def test_wgmma_kernel_large_scores(kv_dtype):
         assert torch.allclose(lse, ref_lse, rtol=1e-3, atol=2e-2), variant
 
 
-# (batch, heads, page size, lengths, forced split count or None, whether the multicast cluster applies)
-MULTICAST_CASES = [
+# (batch, heads, page size, lengths, forced split count or None, whether TMA loads apply)
+TMA_CASES = [
     (3, 128, 64, [700, 0, 2100], None, True),  # two head blocks, pages of 64; an empty sequence, a mid-tile end
     (2, 100, 32, [65, 1000], 3, True),         # a padded second head block, pages of 32, empty slices
-    (2, 128, 16, [300, 77], 2, False),         # pages of 16: tiles span pages, the plain kernel
-    (2, 64, 64, [300, 77], 2, False),          # one head block: nothing to share
+    (2, 64, 64, [300, 77], 2, True),           # one head block
+    (2, 128, 16, [300, 77], 2, False),         # pages of 16: tiles span pages, variant 20's cp.async
 ]
 
 
-@pytest.mark.parametrize("batch,heads,page_size,lens,num_splits,multicast", MULTICAST_CASES,
-                         ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[4]}" for c in MULTICAST_CASES])
-@pytest.mark.parametrize("variant", [21, 22])
-def test_wgmma_multicast_variant(batch, heads, page_size, lens, num_splits, multicast, variant, monkeypatch):
-    """The multicast variants run as a cluster of the two head blocks with TMA multicast exactly where it applies
-    (rows past each sequence's end, NaN-poisoned, arrive by TMA and must not reach the output), else as variant 20."""
+@pytest.mark.parametrize("batch,heads,page_size,lens,num_splits,tma", TMA_CASES,
+                         ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[4]}" for c in TMA_CASES])
+@pytest.mark.parametrize("variant", [23, 24])
+def test_wgmma_tma_variants(batch, heads, page_size, lens, num_splits, tma, variant, monkeypatch):
+    """The TMA variants load by TMA exactly where the page size allows (rows past each sequence's end, NaN-poisoned,
+    arrive with the page and must not reach the output), else run as variant 20."""
     needs_wgmma()
     from decodegap.kernels import mla_decode_sm90 as sm90
     from decodegap.kernels.mla_decode_triton import mla_decode_triton
@@ -784,7 +784,7 @@ def test_wgmma_multicast_variant(batch, heads, page_size, lens, num_splits, mult
     res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
                                  return_lse=True, num_splits=num_splits, out=out, poison_workspace=True,
                                  backend="cuda", wgmma_variant=variant)
-    assert ran == [multicast]
+    assert ran == [tma]
     check_against_reference(case, res, lse)
 
 

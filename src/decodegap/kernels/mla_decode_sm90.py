@@ -319,10 +319,10 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # warpgroup the full scores of every other tile; 4 stages); FP8 caches: 1 (2 stages + a cp.async raw ring), 2 (3
 # stages, loads through registers a tile ahead), 3-5 (as 1 with 14 of 18 k-steps' Q in registers; 2 stages, 3
 # stages, 3 stages + a 3-deep raw ring), 8 (as 3 with 16 of 18), 18 (the seesaw; 4 stages, loads through registers
-# a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers), 21 (BF16: as 20,
-# the two head blocks of 65-128 heads one thread-block cluster that brings each KV tile from L2 once, by TMA
-# multicast into both CTAs, where the pages hold a multiple of 32 slots; elsewhere it runs as 20), 22 (as 21 with 5
-# stages and 16 k-steps' Q in registers: its one-thread producer needs few registers). Software-
+# a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers), 47 (BF16: as 20
+# with the lead/follow consumers, the two warpgroups half a pair apart), 23 and 24 (as 20 and 47 with each tile
+# loaded by TMA from one producer thread, where the pages hold a multiple of 32 slots; elsewhere they run as 20).
+# Software-
 # pipelined seesaws (23-27) were slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are
 # the 64-token tiles (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md) and the lead/follow
 # seesaws (46, 47, 50-53; mla_decode_h200_2026-12-03-leadfollow.md).
@@ -330,7 +330,7 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
                   8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  21: torch.bfloat16, 22: torch.bfloat16}
+                  23: torch.bfloat16, 47: torch.bfloat16, 24: torch.bfloat16}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second
@@ -408,8 +408,8 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     """The wgmma kernel on the current stream. num_splits > 1: partials [B, H, S, 512] (fp16 for an FP8 cache,
     fp32 for BF16; sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton merge;
     num_splits == 1: the bf16 output (times out_scale) and, when `lse` is given, the natural-log lse [B, H].
-    q must be contiguous; the scales are mla_decode_triton's. Returns whether it ran as a multicast cluster (the
-    MC variants where they apply)."""
+    q must be contiguous; the scales are mla_decode_triton's. Returns whether its loads ran through TMA (the TMA
+    variants where the cache allows)."""
     batch, num_heads, _ = q.shape
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
     variant = default_wgmma_variant(kv_cache.dtype, num_heads) if variant is None else variant
@@ -423,14 +423,14 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     wgmma_info(device_index, variant)  # shared-memory limit set once, outside any capture
     lib = _wgmma_library(device_index)
     elem = kv_cache.element_size()
-    used_multicast = ctypes.c_int()
+    used_tma = ctypes.c_int()
     err = lib.dg_mla_wgmma_launch(
         variant, q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(),
         part.data_ptr() if part is not None else None, part_lse.data_ptr() if part_lse is not None else None,
         out.data_ptr(), lse.data_ptr() if lse is not None else None, q.stride(0), q.stride(1),
         kv_cache.stride(0) * elem, kv_cache.stride(1) * elem, block_table.stride(0), out.stride(0), out.stride(1),
         num_heads, num_splits, batch, kv_cache.shape[1], q_scale, s_scale, out_scale,
-        torch.cuda.current_stream(q.device).cuda_stream, kv_cache.shape[0], ctypes.byref(used_multicast))
+        torch.cuda.current_stream(q.device).cuda_stream, kv_cache.shape[0], ctypes.byref(used_tma))
     if err != 0:
         raise RuntimeError(f"the wgmma MLA decode kernel failed to launch: CUDA error {err}")
-    return bool(used_multicast.value)
+    return bool(used_tma.value)

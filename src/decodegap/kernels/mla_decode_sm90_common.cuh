@@ -141,38 +141,15 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
       "[%5];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
 }
-// The same box into the shared memory of every CTA of the cluster in `mask`, at the same offset in each, counted on
-// the mbarrier at the same offset in each.
-__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, int x, int y, int z,
-                                                      uint32_t bar, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
-      "[%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y),
-      "r"(z), "r"(bar), "h"(mask) : "memory");
-}
-
-// Distributed shared memory (a cluster's CTAs): the address of `addr` in CTA `rank`'s shared memory, an arrival on
-// an mbarrier there (release at cluster scope: this thread's earlier accesses are done first), this CTA's rank, and
-// the cluster-wide barrier (release / acquire: shared-memory writes before it are seen by loads after it; all
-// threads of each warp together, or, unaligned, in any order).
+// Distributed shared memory (a cluster's CTAs): the address of `addr` in CTA `rank`'s shared memory, and the
+// cluster-wide barrier (release / acquire: shared-memory writes before it are seen by loads after it).
 __device__ __forceinline__ uint32_t mapa_u32(uint32_t addr, int rank) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
 }
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_sync_unaligned() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
 }  // namespace
