@@ -1238,7 +1238,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
 // chunks, 56 KB). (Tried: 12 k-steps, BF16, no faster than 8; FP8 with 8 k-steps in registers, a 1-deep cp.async
 // raw ring and 40 / 232 registers, 10% slower than 18: the raw ring keeps one tile in flight.)
 // Lead/follow (seesaw 2, consume_lead / consume_follow): 47: as 20.   TMA loads (the last column; page sizes of a
-// multiple of 32 slots, else they run as 20): 23: as 20, 24: as 47.
+// multiple of 32 slots, else they run as 20): 23: as 20, 24: as 47; 25: as 23 with 5 stages and the first 16 of
+// the 36 score k-steps' Q in registers (the TMA producer's one thread needs few registers: 24 / 240; Q's shared
+// copy 40 KB; the same for 24 makes ptxas serialize its wgmmas, C7512, and 12 k-steps leave no room for 5 stages).
 // (Tried, 2026-12-03, benchmarks/results/mla_decode_h200_2026-12-03.md: the producer's thread 0 asking the L2 for
 // the tile 2, 4 or 8 ahead (cp.async.bulk.prefetch.L2), 0-32% slower, the producer alone slower too (645 -> 770 us
 // at B=128 ctx 16384): the loads are not waiting on HBM latency; the two head blocks as a cluster of 2 kept within
@@ -1260,7 +1262,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
   X(20, false, 4, 1, false, 8, 1, false) \
   X(23, false, 4, 1, false, 8, 1, true) \
   X(47, false, 4, 1, false, 8, 2, false) \
-  X(24, false, 4, 1, false, 8, 2, true)
+  X(24, false, 4, 1, false, 8, 2, true) \
+  X(25, false, 5, 1, false, 16, 1, true)
 
 // Where TMA does not apply, the TMA variants run as variant 20 (the BF16 seesaw).
 #define DG_WGMMA_TMA_FALLBACK false, 4, 1, false, 8, 1, false
