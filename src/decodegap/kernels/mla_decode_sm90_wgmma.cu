@@ -498,14 +498,40 @@ __device__ __forceinline__ void finish_seesaw(const Args& a, float* sm, const fl
 // (named barrier `bar`).
 template <typename L>
 __device__ __forceinline__ void zero_tail_rows(uint8_t* smem, int stage, int rows, int tw, int bar) {
+#ifdef DG_ZERO_ALL
+  const int first = rows >= kBN ? kBN : 0;
+#else
   const int first = max(0, min(kBN, rows));
+#endif
   if (first == kBN) return;
+#ifdef DG_ZERO_PRE_FENCE
+  fence_proxy_async();
+#endif
   uint8_t* st = smem + L::kStage + stage * kStageBytes;
+#ifdef DG_DEBUG_TAIL
+  auto nan_rows = [&](int c) {  // bit r: row r of chunk c holds a NaN bf16
+    unsigned m = 0;
+    for (int r = 0; r < kBN; ++r)
+      for (int k = 0; k < 64; ++k) {
+        const uint16_t x = reinterpret_cast<const uint16_t*>(st + c * kChunkBytes + r * 128)[k];
+        if ((x & 0x7f80) == 0x7f80 && (x & 0x7f)) m |= 1u << r;
+      }
+    return m;
+  };
+  if (tw == 0 && blockIdx.y == 0 && first > 0)
+    printf("DBG b=%d hb=%d stage=%d first=%d before: c0 %08x c4 %08x c7 %08x c8 %08x\n", (int)blockIdx.z, (int)blockIdx.x,
+           stage, first, nan_rows(0), nan_rows(4), nan_rows(7), nan_rows(8));
+#endif
   for (int u = tw; u < (kBN - first) * 64; u += 128)  // (row, chunk 0-7, 16-byte unit)
     *reinterpret_cast<uint4*>(st + (u & 63) / 8 * kChunkBytes + (first + u / 64) * 128 + (u & 7) * 16) =
         make_uint4(0u, 0u, 0u, 0u);
   fence_proxy_async();
   named_bar_sync(bar, 128);
+#ifdef DG_DEBUG_TAIL
+  if (tw == 0 && blockIdx.y == 0 && first > 0)
+    printf("DBG b=%d hb=%d stage=%d first=%d after: c0 %08x c4 %08x c7 %08x c8 %08x\n", (int)blockIdx.z, (int)blockIdx.x,
+           stage, first, nan_rows(0), nan_rows(4), nan_rows(7), nan_rows(8));
+#endif
 }
 
 // TMA: the owner of each tile zeroes its rows past the end (zero_tail_rows).
