@@ -319,19 +319,15 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # warpgroup the full scores of every other tile; 4 stages); FP8 caches: 1 (2 stages + a cp.async raw ring), 2 (3
 # stages, loads through registers a tile ahead), 3-5 (as 1 with 14 of 18 k-steps' Q in registers; 2 stages, 3
 # stages, 3 stages + a 3-deep raw ring), 8 (as 3 with 16 of 18), 18 (the seesaw; 4 stages, loads through registers
-# a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers), 47 (BF16: as 20
-# with the lead/follow consumers, the two warpgroups half a pair apart), 23 and 24 (as 20 and 47 with each tile
-# loaded by TMA from one producer thread, where the pages hold a multiple of 32 slots; elsewhere they run as 20),
-# 25 (as 23 with 5 stages and 16 of the score k-steps' Q in registers).
-# Software-
+# a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers). Software-
 # pipelined seesaws (23-27) were slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are
-# the 64-token tiles (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md) and the lead/follow
-# seesaws (46, 47, 50-53; mla_decode_h200_2026-12-03-leadfollow.md).
+# the 64-token tiles (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md), the lead/follow
+# seesaws (46, 47, 50-53; mla_decode_h200_2026-12-03-leadfollow.md) and the BF16 seesaw with TMA multicast or TMA
+# loads (21-25; mla_decode_h200_2026-12-03-tma.md).
 # DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
-                  8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  23: torch.bfloat16, 47: torch.bfloat16, 24: torch.bfloat16, 25: torch.bfloat16}
+                  8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second
@@ -370,8 +366,7 @@ def bind_wgmma(lib: ctypes.CDLL) -> ctypes.CDLL:
     i, f, p, ll = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_longlong
     lib.dg_mla_wgmma_prepare.argtypes = [i] + [ctypes.POINTER(ctypes.c_int)] * 5
     lib.dg_mla_wgmma_prepare.restype = i
-    lib.dg_mla_wgmma_launch.argtypes = [i, p, p, p, p, p, p, p, p] + [ll] * 7 + [i, i, i, i, f, f, f, p, ll,
-                                                                                ctypes.POINTER(i)]
+    lib.dg_mla_wgmma_launch.argtypes = [i, p, p, p, p, p, p, p, p] + [ll] * 7 + [i, i, i, i, f, f, f, p]
     lib.dg_mla_wgmma_launch.restype = i
     return lib
 
@@ -405,12 +400,11 @@ def applies_wgmma(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                  part: torch.Tensor | None, part_lse: torch.Tensor | None, out: torch.Tensor,
                  lse: torch.Tensor | None, q_scale: float, s_scale: float, out_scale: float, num_splits: int,
-                 variant: int | None = None) -> bool:
+                 variant: int | None = None) -> None:
     """The wgmma kernel on the current stream. num_splits > 1: partials [B, H, S, 512] (fp16 for an FP8 cache,
     fp32 for BF16; sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton merge;
     num_splits == 1: the bf16 output (times out_scale) and, when `lse` is given, the natural-log lse [B, H].
-    q must be contiguous; the scales are mla_decode_triton's. Returns whether its loads ran through TMA (the TMA
-    variants where the cache allows)."""
+    q must be contiguous; the scales are mla_decode_triton's."""
     batch, num_heads, _ = q.shape
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
     variant = default_wgmma_variant(kv_cache.dtype, num_heads) if variant is None else variant
@@ -424,14 +418,12 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     wgmma_info(device_index, variant)  # shared-memory limit set once, outside any capture
     lib = _wgmma_library(device_index)
     elem = kv_cache.element_size()
-    used_tma = ctypes.c_int()
     err = lib.dg_mla_wgmma_launch(
         variant, q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(),
         part.data_ptr() if part is not None else None, part_lse.data_ptr() if part_lse is not None else None,
         out.data_ptr(), lse.data_ptr() if lse is not None else None, q.stride(0), q.stride(1),
         kv_cache.stride(0) * elem, kv_cache.stride(1) * elem, block_table.stride(0), out.stride(0), out.stride(1),
         num_heads, num_splits, batch, kv_cache.shape[1], q_scale, s_scale, out_scale,
-        torch.cuda.current_stream(q.device).cuda_stream, kv_cache.shape[0], ctypes.byref(used_tma))
+        torch.cuda.current_stream(q.device).cuda_stream)
     if err != 0:
         raise RuntimeError(f"the wgmma MLA decode kernel failed to launch: CUDA error {err}")
-    return bool(used_tma.value)
