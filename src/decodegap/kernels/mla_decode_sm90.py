@@ -323,7 +323,7 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # pipelined seesaws (23-27) were slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are
 # the 64-token tiles (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md), the lead/follow
 # seesaws (46, 47, 50-53; mla_decode_h200_2026-12-03-leadfollow.md) and the BF16 seesaw with TMA multicast or TMA
-# loads (21-25; mla_decode_h200_2026-12-03-tma.md).
+# loads (mla_decode_h200_2026-12-03-tma.md, whose 21-25 reuse numbers: its 23-25 are not the pipelined ones).
 # DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
