@@ -322,7 +322,6 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers), 47 (BF16: as 20
 # with the lead/follow consumers, the two warpgroups half a pair apart), 23 and 24 (as 20 and 47 with each tile
 # loaded by TMA from one producer thread, where the pages hold a multiple of 32 slots; elsewhere they run as 20),
-# 25 (as 23 with 5 stages and 16 of the score k-steps' Q in registers).
 # Software-
 # pipelined seesaws (23-27) were slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are
 # the 64-token tiles (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md) and the lead/follow
@@ -331,7 +330,7 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
                   8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  23: torch.bfloat16, 47: torch.bfloat16, 24: torch.bfloat16, 25: torch.bfloat16}
+                  23: torch.bfloat16, 47: torch.bfloat16, 24: torch.bfloat16}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second

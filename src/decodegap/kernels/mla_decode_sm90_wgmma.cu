@@ -50,6 +50,10 @@
 namespace {
 
 constexpr int kProbe = DG_WGMMA_PROBE;
+#ifndef DG_TMA_CROSSING_CPASYNC
+#define DG_TMA_CROSSING_CPASYNC 1
+#endif
+constexpr bool kCrossingCpAsync = DG_TMA_CROSSING_CPASYNC;
 constexpr int kThreads = 384;
 constexpr int kBN = 32;                          // tokens per KV tile
 constexpr int kM = 64;                           // heads per CTA
@@ -94,6 +98,10 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // The mbarrier counts one arrival when all of this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// The same with the arrival added to the barrier's expected count first: the phase also waits for it.
+__device__ __forceinline__ void cp_async_mbar_arrive_counted(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -576,7 +584,7 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
 #pragma unroll
     for (int k = 0; k < 16; ++k) sc[k] = 0.f;
     score_tile_full<FP8, QR>(sc, qa, dq0, dk0 + off_m);
-    if constexpr (TMA) zero_tail_rows<L>(smem, sm_, end - (start + jm * kBN), tw, 4 + w);
+    if constexpr (TMA && !kCrossingCpAsync) zero_tail_rows<L>(smem, sm_, end - (start + jm * kBN), tw, 4 + w);
 
     // Row max (sc[4jj + e]: row r0, token 8jj + 2c + e; sc[4jj + 2 + e]: row r0 + 8), masked past the end.
     float mx[2];
@@ -717,7 +725,7 @@ __device__ __forceinline__ void consume_lead(const Args& a, uint8_t* smem, uint3
   if (npairs > 0) {
     mbar_wait(bar_full, 0);
     fence_proxy_async();
-    if constexpr (TMA) zero_tail_rows<L>(smem, 0, end - start, tw, 4);
+    if constexpr (TMA && !kCrossingCpAsync) zero_tail_rows<L>(smem, 0, end - start, tw, 4);
     score_tile_full<FP8, QR>(sc, qa, dq0, dk0);
     int i = 0;
     do {
@@ -760,7 +768,7 @@ __device__ __forceinline__ void consume_lead(const Args& a, uint8_t* smem, uint3
         const int jn = i + 1 < npairs ? jm + 2 : jm, sn = jn % W;
         mbar_wait(bar_full + 8 * sn, (jn / W) & 1);
         fence_proxy_async();
-        if constexpr (TMA) zero_tail_rows<L>(smem, sn, end - (start + jn * kBN), tw, 4);
+        if constexpr (TMA && !kCrossingCpAsync) zero_tail_rows<L>(smem, sn, end - (start + jn * kBN), tw, 4);
         score_tile_full<FP8, QR, false>(sc, qa, dq0, dk0 + (static_cast<uint64_t>(sn * kStageBytes) >> 4));
       }
       named_bar_sync(bar_lead + 1, 256);  // the follower's P and max (>= m_run: it measured against it)
@@ -831,7 +839,7 @@ __device__ __forceinline__ void consume_follow(const Args& a, uint8_t* smem, uin
       const int bar_lead = i & 1 ? 6 : 1;
       mbar_wait(bar_full + 8 * sm_, (jm / W) & 1);
       fence_proxy_async();
-      if constexpr (TMA) zero_tail_rows<L>(smem, sm_, end - (start + jm * kBN), tw, 5);
+      if constexpr (TMA && !kCrossingCpAsync) zero_tail_rows<L>(smem, sm_, end - (start + jm * kBN), tw, 5);
       float sc[16];
       score_tile_full<FP8, QR, false>(sc, qa, dq0, dk0 + off_m);
       named_bar_sync(bar_lead, 256);  // the lead's P and max (>= m_run), this pair's reference
@@ -952,38 +960,55 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
     // ---------------------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kProducer));
     if constexpr (TMA) {
-      // Thread 0 copies every tile by TMA, 9 boxes of [32 rows][128 B] (one 64-dim chunk each, the swizzle the
-      // tensor map applies is the stage's); the tile lies in one page (page size a multiple of 32); rows past the
-      // end come as they are and are zeroed by the consumers; tiles past the slice's end are published empty.
-      if (tw == 0) {
-        if constexpr (kProbe == 1) {
-          pass_stages<W>(bar_empty, bar_full, nload, 1);
-        } else {
-          const int* trow = a.table + b * a.stride_tb;
-          auto page_of = [&](int j) -> int {  // the tile's page, -1 past the slice's end
-            const int n = start + j * kBN;
-            return n < end ? trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size] : -1;
-          };
-          int page = page_of(0);
-          for (int j = 0; j < nload; ++j) {
-            const int page_next = page_of(j + 1);  // in flight while the stage is waited for
-            const int s = j % W;
-            const uint32_t full = bar_full + 8 * s;
-            mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
-            if (page >= 0) {
+      // Thread 0 copies every tile that lies wholly before the slice's end by TMA, 9 boxes of [32 rows][128 B] (one
+      // 64-dim chunk each, the swizzle the tensor map applies is the stage's; the tile lies in one page, page size a
+      // multiple of 32). The tile that crosses the end, and the seesaw's tile past it, come as in variant 20: each
+      // thread's cp.async of its row, zero-filled past the end, counted on the same full barrier (kCrossingCpAsync;
+      // 0: by TMA too, their rows past the end zeroed by the consumers, which let NaN through, see
+      // benchmarks/results/mla_decode_h200_2026-12-03-tma.md). All 128 threads follow the ring's phases.
+      if constexpr (kProbe == 1) {
+        if (tw == 0) pass_stages<W>(bar_empty, bar_full, nload, 1);
+        return;
+      }
+      const int* trow = a.table + b * a.stride_tb;
+      const int t = tw >> 2, sub = tw & 3;
+      auto page_at = [&](int n) -> int { return trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size]; };
+      auto slot_at = [&](int n) -> int { return a.page_shift >= 0 ? n & (a.page_size - 1) : n % a.page_size; };
+      int page = tw == 0 && start + kBN <= end ? page_at(start) : -1;  // thread 0: the next TMA tile's page
+      for (int j = 0; j < nload; ++j) {
+        const int tok0 = start + j * kBN, s = j % W;
+        const bool whole = tok0 + kBN <= end;
+        const int page_next = tw == 0 && tok0 + 2 * kBN <= end ? page_at(tok0 + kBN) : -1;
+        const uint32_t full = bar_full + 8 * s, stage = sbase + L::kStage + s * kStageBytes;
+        mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
+        if (whole || !kCrossingCpAsync) {
+          if (tw == 0) {
+            if (tok0 < end) {
               mbar_expect_tx(full, kStageBytes);
-              const int n = start + j * kBN;
-              const int slot = a.page_shift >= 0 ? n & (a.page_size - 1) : n % a.page_size;
-              const uint32_t dst = sbase + L::kStage + s * kStageBytes;
+              const int pg = whole ? page : page_at(tok0);
 #pragma unroll
-              for (int c = 0; c < 9; ++c) tma_load_3d(dst + c * kChunkBytes, &a.tm_kv, 128 * c, slot, page, full);
+              for (int c = 0; c < 9; ++c) tma_load_3d(stage + c * kChunkBytes, &a.tm_kv, 128 * c, slot_at(tok0), pg, full);
             } else {
               mbar_arrive(full);
             }
-            page = page_next;
           }
+        } else {
+          const int n = tok0 + t;
+          const int bytes = n < end ? 16 : 0;
+          const uint8_t* src = n < end ? a.kv + (long long)page_at(n) * a.stride_page + (long long)slot_at(n) * a.stride_slot
+                                       : a.kv;
+#pragma unroll
+          for (int i = 0; i < 18; ++i) {
+            const int u = sub + 4 * i;
+            cp_async16(stage + (u >> 3) * kChunkBytes + swz(t, u & 7), src + 16 * u, bytes);
+          }
+          cp_async_mbar_arrive_counted(full);
+          named_bar_sync(8, 128);  // every thread's counted arrival is pending before thread 0's own arrival
+          if (tw == 0) mbar_arrive(full);
         }
+        page = page_next;
       }
+      cp_async_wait<0>();
       return;
     }
     if constexpr (kProbe == 1) {
@@ -1264,9 +1289,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
 // chunks, 56 KB). (Tried: 12 k-steps, BF16, no faster than 8; FP8 with 8 k-steps in registers, a 1-deep cp.async
 // raw ring and 40 / 232 registers, 10% slower than 18: the raw ring keeps one tile in flight.)
 // Lead/follow (seesaw 2, consume_lead / consume_follow): 47: as 20.   TMA loads (the last column; page sizes of a
-// multiple of 32 slots, else they run as 20): 23: as 20, 24: as 47; 25: as 23 with 5 stages and the first 16 of
-// the 36 score k-steps' Q in registers (the TMA producer's one thread needs few registers: 24 / 240; Q's shared
-// copy 40 KB; the same for 24 makes ptxas serialize its wgmmas, C7512, and 12 k-steps leave no room for 5 stages).
+// multiple of 32 slots, else they run as 20): 23: as 20, 24: as 47. (25, 5 stages and 16 k-steps of Q in registers,
+// no faster, is gone: its 24-register producer spills with the crossing tile's copies.)
 // (Tried, 2026-12-03, benchmarks/results/mla_decode_h200_2026-12-03.md: the producer's thread 0 asking the L2 for
 // the tile 2, 4 or 8 ahead (cp.async.bulk.prefetch.L2), 0-32% slower, the producer alone slower too (645 -> 770 us
 // at B=128 ctx 16384): the loads are not waiting on HBM latency; the two head blocks as a cluster of 2 kept within
@@ -1288,8 +1312,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
   X(20, false, 4, 1, false, 8, 1, false) \
   X(23, false, 4, 1, false, 8, 1, true) \
   X(47, false, 4, 1, false, 8, 2, false) \
-  X(24, false, 4, 1, false, 8, 2, true) \
-  X(25, false, 5, 1, false, 16, 1, true)
+  X(24, false, 4, 1, false, 8, 2, true)
 
 // Where TMA does not apply, the TMA variants run as variant 20 (the BF16 seesaw).
 #define DG_WGMMA_TMA_FALLBACK false, 4, 1, false, 8, 1, false
