@@ -99,10 +99,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// The same with the arrival added to the barrier's expected count first: the phase also waits for it.
-__device__ __forceinline__ void cp_async_mbar_arrive_counted(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -963,7 +959,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
       // Thread 0 copies every tile that lies wholly before the slice's end by TMA, 9 boxes of [32 rows][128 B] (one
       // 64-dim chunk each, the swizzle the tensor map applies is the stage's; the tile lies in one page, page size a
       // multiple of 32). The tile that crosses the end, and the seesaw's tile past it, come as in variant 20: each
-      // thread's cp.async of its row, zero-filled past the end, counted on the same full barrier (kCrossingCpAsync;
+      // thread's cp.async of its row, zero-filled past the end, waited for, then one arrival (kCrossingCpAsync;
       // 0: by TMA too, their rows past the end zeroed by the consumers, which let NaN through, see
       // benchmarks/results/mla_decode_h200_2026-12-03-tma.md). All 128 threads follow the ring's phases.
       if constexpr (kProbe == 1) {
@@ -1002,8 +998,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
             const int u = sub + 4 * i;
             cp_async16(stage + (u >> 3) * kChunkBytes + swz(t, u & 7), src + 16 * u, bytes);
           }
-          cp_async_mbar_arrive_counted(full);
-          named_bar_sync(8, 128);  // every thread's counted arrival is pending before thread 0's own arrival
+          cp_async_wait<0>();  // (once per slice: the copies waited for here, then the barrier's one arrival)
+          named_bar_sync(8, 128);
           if (tw == 0) mbar_arrive(full);
         }
         page = page_next;
