@@ -321,10 +321,9 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # stages, 3 stages + a 3-deep raw ring), 8 (as 3 with 16 of 18), 18 (the seesaw; 4 stages, loads through registers
 # a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers), 47 (BF16: as 20
 # with the lead/follow consumers, the two warpgroups half a pair apart), 23 and 24 (as 20 and 47 with each tile
-# loaded by TMA from one producer thread, where the pages hold a multiple of 32 slots; elsewhere they run as 20),
-# Software-
-# pipelined seesaws (23-27) were slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are
-# the 64-token tiles (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md) and the lead/follow
+# loaded by TMA from one producer thread, where the pages hold a multiple of 32 slots, the tile that crosses the
+# slice's end by cp.async; elsewhere they run as 20). The earlier software-pipelined seesaws (then 23-27) were
+# slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are the 64-token tiles (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md) and the lead/follow
 # seesaws (46, 47, 50-53; mla_decode_h200_2026-12-03-leadfollow.md).
 # DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
@@ -342,7 +341,10 @@ DEFAULT_WGMMA_FP8_MANY_HEADS_VARIANT = 18  # from WGMMA_FP8_SEESAW_MIN_HEADS hea
 WGMMA_FP8_SEESAW_MIN_HEADS = 65
 # BF16: 20 (2026-12-02, mla_decode_h200_2026-12-02-pdl.md, call 1): B=128 ctx 16384 H=128 1264.7 vs 1328.4 / 1278.3
 # us (variant 19, twice), B=32 ctx 4096 H=128 92.7 vs 93.0 / 93.7, H=64 67.3 vs 67.3, B=1 25.0 vs 25.2.
-DEFAULT_WGMMA_BF16_VARIANT = 20
+# Then 23 (2026-12-03, mla_decode_h200_2026-12-03-tma.md, the crossing tile by cp.async): B=32 ctx 4096 H=128 90.1
+# vs 93.2 / 94.3 us (20), B=128 ctx 16384 1256 vs 1357 / 1359, H=64 66.7 vs 67.7, H=32 61.7 vs 63.7, B=1 23.2 vs
+# 23.2; where the page size is not a multiple of 32 it runs as 20.
+DEFAULT_WGMMA_BF16_VARIANT = 23
 
 
 def default_wgmma_variant(kv_dtype: torch.dtype, num_heads: int | None = None) -> int:
