@@ -319,17 +319,18 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # warpgroup the full scores of every other tile; 4 stages); FP8 caches: 1 (2 stages + a cp.async raw ring), 2 (3
 # stages, loads through registers a tile ahead), 3-5 (as 1 with 14 of 18 k-steps' Q in registers; 2 stages, 3
 # stages, 3 stages + a 3-deep raw ring), 8 (as 3 with 16 of 18), 18 (the seesaw; 4 stages, loads through registers
-# a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers), 47 (BF16: as 20
-# with the lead/follow consumers, the two warpgroups half a pair apart), 23 and 24 (as 20 and 47 with each tile
-# loaded by TMA from one producer thread, where the pages hold a multiple of 32 slots, the tile that crosses the
-# slice's end by cp.async; elsewhere they run as 20). The earlier software-pipelined seesaws (then 23-27) were
-# slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are the 64-token tiles (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md) and the lead/follow
-# seesaws (46, 47, 50-53; mla_decode_h200_2026-12-03-leadfollow.md).
+# a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers), 23 (as 20 with
+# each whole tile loaded by TMA from one producer thread, where the pages hold a multiple of 32 slots, the tile that
+# crosses the slice's end by cp.async; elsewhere it runs as 20). The earlier software-pipelined seesaws (then
+# 23-27) were slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are the 64-token tiles
+# (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md), the lead/follow seesaws (46, 47,
+# 50-53; mla_decode_h200_2026-12-03-leadfollow.md) and, for BF16, TMA multicast (21, 22), TMA with 5 stages (25) and
+# TMA with the lead/follow consumers (24; mla_decode_h200_2026-12-03-tma.md).
 # DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
                   8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  23: torch.bfloat16, 47: torch.bfloat16, 24: torch.bfloat16}
+                  23: torch.bfloat16}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second

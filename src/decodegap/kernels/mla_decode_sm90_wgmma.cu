@@ -24,8 +24,8 @@
 // are done) for the other warpgroup, and each warpgroup updates its half of O (256 of the 512 value dims) with both
 // tiles' P: its own from registers, the other's from shared memory. Each measures its tile against the pair's
 // starting reference max; both then move to the larger of the two tiles' (rare: it moves only by more than 2^8).
-// TMA loads (variants 23, 24, BF16): one producer thread copies each tile by TMA (9 boxes of [32 rows][128 B]) in
-// place of the warpgroup's cp.async; lead/follow consumers (SEESAW 2, variants 47, 24): see consume_lead.
+// TMA loads (variant 23, BF16): one producer thread copies each whole tile by TMA (9 boxes of [32 rows][128 B]) in
+// place of the warpgroup's cp.async; the tile that crosses the slice's end still comes by the zero-filling cp.async.
 // FP8 caches run f16 MMA (q * 2^e in fp16, as the other kernels), BF16 caches bf16 MMA; fp32 accumulation.
 // Output: per-split partials [B, H, S, 512] (fp16 in cache units for FP8 caches, |x| <= 448; fp32 for BF16)
 // and their log2-sum-exp [B, H, S], the layout the Triton merge kernel reads; or, with one split, the bf16
@@ -50,10 +50,6 @@
 namespace {
 
 constexpr int kProbe = DG_WGMMA_PROBE;
-#ifndef DG_TMA_CROSSING_CPASYNC
-#define DG_TMA_CROSSING_CPASYNC 1
-#endif
-constexpr bool kCrossingCpAsync = DG_TMA_CROSSING_CPASYNC;
 constexpr int kThreads = 384;
 constexpr int kBN = 32;                          // tokens per KV tile
 constexpr int kM = 64;                           // heads per CTA
@@ -268,13 +264,10 @@ __device__ __forceinline__ void score_tile(float (&sc)[16], const uint32_t (&qa)
 }
 
 // The seesaw's full scores of one tile: all 36 k-steps, K from shared memory, Q from registers for the first QR
-// (qa) and from shared memory for the others (one async group, as above). !WAIT: issued and committed only (the
-// lead/follow schedule waits later); Q's descriptor is made here then, not hoisted out of the caller's loop into
-// registers that spill beside the in-flight accumulators.
-template <bool F16, int QR, bool WAIT = true>
+// (qa) and from shared memory for the others (one async group, as above).
+template <bool F16, int QR>
 __device__ __forceinline__ void score_tile_full(float (&sc)[16], const uint32_t (&qa)[QR > 0 ? QR : 1][4],
                                                 uint64_t dq, uint64_t dk) {
-  if constexpr (!WAIT) asm volatile("" : "+l"(dq));
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 36; ++ks) {
@@ -287,19 +280,17 @@ __device__ __forceinline__ void score_tile_full(float (&sc)[16], const uint32_t 
     }
   }
   wgmma_commit();
-  if constexpr (WAIT) {
-    wgmma_wait<0>();
-    fence_regs(sc);
-  }
+  wgmma_wait<0>();
+  fence_regs(sc);
 }
 
 // Shared memory, from a 1024-byte aligned base: Q, the KV stages, the FP8 raw ring, the score exchange, barriers.
 // The seesaw's exchange holds, per pair parity and warpgroup, the reference max of each of the 64 rows it published,
 // and at the end each one's row sums: [2][2][64] + [2][64] floats.
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
 struct Layout {
   static constexpr int kQ = 0;
-  static constexpr int kStage = QMapOf<QR, (SEESAW > 0)>::T::kChunks * kM * 128;  // kQBytes with all of Q in shared memory
+  static constexpr int kStage = QMapOf<QR, SEESAW>::T::kChunks * kM * 128;  // kQBytes with all of Q in shared memory
   static constexpr int kRaw = kStage + W * kStageBytes;
   static constexpr int kExch = kRaw + (FP8 && !REGS ? R * kRawBytes : 0);
   static constexpr int kBar = kExch + (SEESAW ? 6 * kM * 4 : kExchBytes);
@@ -312,10 +303,10 @@ struct Layout {
 // leaves the producer the minimum, 24.
 // The seesaw's register loads hold a pair of tiles (72 registers): 104 (at 88 ptxas spills 24 bytes), its
 // consumers fit in 200.
-template <bool FP8, bool REGS, int QR, int SEESAW>
+template <bool FP8, bool REGS, int QR, bool SEESAW>
 struct Regs {
-  static constexpr int kProducer = REGS ? (SEESAW ? 104 : 88) : (QR > 14 ? 24 : 40);
-  static constexpr int kConsumer = REGS ? (SEESAW ? 200 : 208) : (QR > 14 ? 240 : 232);
+  static constexpr int kProducer = REGS ? (SEESAW ? 104 : 88) : (FP8 && QR > 14 ? 24 : 40);
+  static constexpr int kConsumer = REGS ? (SEESAW ? 200 : 208) : (FP8 && QR > 14 ? 240 : 232);
   static_assert(128 * kProducer + 256 * kConsumer <= 168 * kThreads, "registers");
 };
 
@@ -443,102 +434,6 @@ __device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) 
 // its softmax after warpgroup 0's: 6% slower.) Named barriers: 1 + w (pairs of parity 1: 6 + w) = warpgroup w's P
 // and max are published, 3 = the row sums at the end, 4 + w = warpgroup w's own votes and syncs. Max slots
 // [parity][w][64]: a slot is rewritten two pairs later, after the barrier that follows its reader's read.
-// A tile's reference max per row (masked past the end): the running one, or the tile's own where it exceeds that by
-// more than 2^8 (log2 units, times s_scale); f: the factor that moves sums taken against m_run to it.
-__device__ __forceinline__ void tile_max(float (&sc)[16], int tok0, int c, int end, float s_scale,
-                                         const float (&m_run)[2], float (&m_new)[2], float (&f)[2]) {
-  float mx[2];
-  mask_row_max(sc, tok0, c, end, mx[0], mx[1]);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float x = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2)) * s_scale;
-    m_new[h] = x > m_run[h] + 8.f ? x : m_run[h];
-    f[h] = rebase(m_run[h], m_new[h]);
-  }
-}
-
-// P (in sc) as wgmma A fragments (k-step kk: tokens 16kk ..) and into its stage's rope chunk (pbuf, 64-byte swizzle)
-// for the other warpgroup: pa[kk][2q + hh] holds row r0 + 8hh, tokens 16kk + 8q + 2c (+1) = 16-byte unit 2kk + q.
-template <bool FP8>
-__device__ __forceinline__ void pack_p(const float (&sc)[16], uint32_t (&pa)[2][4], uint8_t* pbuf, int r0, int c) {
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-    for (int q = 0; q < 2; ++q)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int jj = 2 * kk + q;
-        pa[kk][2 * q + hh] = pack2<FP8>(sc[4 * jj + 2 * hh], sc[4 * jj + 2 * hh + 1]);
-        *reinterpret_cast<uint32_t*>(pbuf + swz64(r0 + 8 * hh, jj) + 4 * c) = pa[kk][2 * q + hh];
-      }
-}
-
-// The seesaw's end: each row's sum over its 4 threads, then the two warpgroups' (both against the same max, m_run),
-// and this warpgroup's 256 output dims out. sm: the exchange (the sums after the [2][2][64] max slots).
-template <bool FP8>
-__device__ __forceinline__ void finish_seesaw(const Args& a, float* sm, const float (&o)[128], float (&l_run)[2],
-                                              const float (&m_run)[2], int w, int tw, int hb, long long b,
-                                              int split) {
-  const int lane = tw & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = 16 * (tw >> 5) + g;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-  }
-  float* sl = sm + 4 * kM;
-  if (c == 0) {
-    sl[64 * w + r0] = l_run[0];
-    sl[64 * w + r0 + 8] = l_run[1];
-  }
-  named_bar_sync(3, 256);
-  const float l_all[2] = {sl[r0] + sl[64 + r0], sl[r0 + 8] + sl[64 + r0 + 8]};
-  store_rows<FP8>(a, o, l_all, m_run, w, tw, hb, b, split);
-}
-
-// TMA loads bring whole pages' rows: the owner of a tile zeroes its value rows past the slice's end (NaN there
-// would reach O through P = 0; their scores are masked) before any P.V reads them, then syncs its warpgroup
-// (named barrier `bar`).
-template <typename L>
-__device__ __forceinline__ void zero_tail_rows(uint8_t* smem, int stage, int rows, int tw, int bar) {
-#ifdef DG_ZERO_ALL
-  const int first = rows >= kBN ? kBN : 0;
-#else
-  const int first = max(0, min(kBN, rows));
-#endif
-  if (first == kBN) return;
-#ifdef DG_ZERO_PRE_FENCE
-  fence_proxy_async();
-#endif
-  uint8_t* st = smem + L::kStage + stage * kStageBytes;
-#ifdef DG_DEBUG_TAIL
-  auto nan_rows = [&](int c) {  // bit r: row r of chunk c holds a NaN bf16
-    unsigned m = 0;
-    for (int r = 0; r < kBN; ++r)
-      for (int k = 0; k < 64; ++k) {
-        const uint16_t x = reinterpret_cast<const uint16_t*>(st + c * kChunkBytes + r * 128)[k];
-        if ((x & 0x7f80) == 0x7f80 && (x & 0x7f)) m |= 1u << r;
-      }
-    return m;
-  };
-  if (tw == 0 && blockIdx.y == 0 && first > 0)
-    printf("DBG b=%d hb=%d stage=%d first=%d before: c0 %08x c4 %08x c7 %08x c8 %08x\n", (int)blockIdx.z, (int)blockIdx.x,
-           stage, first, nan_rows(0), nan_rows(4), nan_rows(7), nan_rows(8));
-#endif
-  for (int u = tw; u < (kBN - first) * 64; u += 128)  // (row, chunk 0-7, 16-byte unit)
-    *reinterpret_cast<uint4*>(st + (u & 63) / 8 * kChunkBytes + (first + u / 64) * 128 + (u & 7) * 16) =
-        make_uint4(0u, 0u, 0u, 0u);
-  fence_proxy_async();
-  named_bar_sync(bar, 128);
-#ifdef DG_DEBUG_TAIL
-  if (tw == 0 && blockIdx.y == 0 && first > 0)
-    printf("DBG b=%d hb=%d stage=%d first=%d after: c0 %08x c4 %08x c7 %08x c8 %08x\n", (int)blockIdx.z, (int)blockIdx.x,
-           stage, first, nan_rows(0), nan_rows(4), nan_rows(7), nan_rows(8));
-#endif
-}
-
-// TMA: the owner of each tile zeroes its rows past the end (zero_tail_rows).
 template <bool FP8, int W, int QR, typename L, bool TMA>
 __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uint32_t sbase, uint32_t bar_full,
                                                uint32_t bar_empty, int w, int tw, int ntiles, int start, int end,
@@ -580,7 +475,6 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
 #pragma unroll
     for (int k = 0; k < 16; ++k) sc[k] = 0.f;
     score_tile_full<FP8, QR>(sc, qa, dq0, dk0 + off_m);
-    if constexpr (TMA && !kCrossingCpAsync) zero_tail_rows<L>(smem, sm_, end - (start + jm * kBN), tw, 4 + w);
 
     // Row max (sc[4jj + e]: row r0, token 8jj + 2c + e; sc[4jj + 2 + e]: row r0 + 8), masked past the end.
     float mx[2];
@@ -682,226 +576,12 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
   store_rows<FP8>(a, o, l_all, m_run, w, tw, hb, b, split);
 }
 
-// The lead/follow seesaw (SEESAW 2): the same tiles, products and exchanges as consume_seesaw, ordered so that the
-// two warpgroups run half a pair apart and each one's softmax overlaps the other's tensor work. (In consume_seesaw
-// each warpgroup waits for the other's P of the same pair before its next scores: the two stay in step, and both
-// softmaxes leave the tensor pipe idle at once.) The follower (warpgroup 1) measures its tile against the max the
-// lead published for the pair, so the lead's P is final when published and the follower's P.V of it need not wait
-// for the follower's own softmax; the lead then moves to the follower's max (never lower). The lead issues its next
-// tile's scores before it waits for the follower's P, and takes the follower's P.V after them.
-// The lead waits for its next scores at the end of the pair, where the P.V of the follower's P may still run (a
-// wait<1> for scores issued in the previous iteration made ptxas serialize the wgmmas, C7514). The last pair's "next scores" read this tile again (unused): one unconditional group, as in the loop's do-while
-// form (a conditional one makes ptxas copy the in-flight accumulator at the merge and wait, C7517).
-// Barriers: 1 (pairs of parity 1: 6) = the lead's P and max published, 2 (7) = the follower's, 4 / 5 = each
-// warpgroup's own votes; rescaling O (the max moved by more than 2^8, rare) waits for the products in flight first.
-template <bool FP8, int W, int QR, typename L, bool TMA>
-__device__ __forceinline__ void consume_lead(const Args& a, uint8_t* smem, uint32_t sbase, uint32_t bar_full,
-                                             uint32_t bar_empty, int tw, int ntiles, int start, int end, int hb,
-                                             long long b, int split) {
-  constexpr float kInf = INFINITY;
-  const int lane = tw & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = 16 * (tw >> 5) + g;
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m_run[2] = {-kInf, -kInf}, l_run[2] = {0.f, 0.f};
-  float* sm = reinterpret_cast<float*>(smem + L::kExch);
-  const uint64_t dq0 = make_desc(sbase + L::kQ, 16, 1024);
-  const uint64_t dk0 = make_desc(sbase + L::kStage, 16, 1024);
-  const uint64_t dv0 = make_desc(sbase + L::kStage, kChunkBytes, 1024);
-  const uint64_t dp0 = make_desc(sbase + L::kStage + 8 * kChunkBytes, 16, 512, 2);
-  uint32_t qa[QR > 0 ? QR : 1][4];
-  if constexpr (QR > 0) load_q_fragments<FP8, QR>(a, b, hb * kM + r0, 0, c, qa);
-  const int npairs = (ntiles + 1) / 2;
-  if constexpr (kProbe == 2) {
-    pass_stages<W>(bar_full, bar_empty, 2 * npairs, 0);
-    return;
-  }
-  float sc[16];
-  if (npairs > 0) {
-    mbar_wait(bar_full, 0);
-    fence_proxy_async();
-    if constexpr (TMA && !kCrossingCpAsync) zero_tail_rows<L>(smem, 0, end - start, tw, 4);
-    score_tile_full<FP8, QR>(sc, qa, dq0, dk0);
-    int i = 0;
-    do {
-      const int jm = 2 * i, jo = jm + 1, sm_ = jm % W, so = jo % W;
-      const uint64_t off_m = static_cast<uint64_t>(sm_ * kStageBytes) >> 4;
-      const uint64_t off_o = static_cast<uint64_t>(so * kStageBytes) >> 4;
-      float* mine = sm + 128 * (i & 1);
-      const float* other = mine + 64;
-      const int bar_lead = i & 1 ? 6 : 1;
-      float m_new[2], f[2];
-      tile_max(sc, start + jm * kBN, c, end, a.s_scale, m_run, m_new, f);
-      if (warpgroup_any(4, f[0] != 1.f || f[1] != 1.f)) {
-        wgmma_wait<0>();
-        fence_regs(o);
-        scale_rows(o, f[0], f[1]);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l_run[h] *= f[h];
-        m_run[h] = m_new[h];
-      }
-      exp_rows(sc, a.s_scale, m_new[0] == -kInf ? 0.f : -m_new[0], m_new[1] == -kInf ? 0.f : -m_new[1], l_run);
-      uint32_t pa[2][4];
-      pack_p<FP8>(sc, pa, smem + L::kStage + sm_ * kStageBytes + 8 * kChunkBytes, r0, c);
-      if (c == 0) {
-        mine[r0] = m_new[0];
-        mine[r0 + 8] = m_new[1];
-      }
-      fence_proxy_async();  // P's generic stores, read by the follower's wgmma
-      named_bar_arrive(bar_lead, 256);
-      wgmma_fence();
-      wgmma_pv<FP8>(o, pa[0], dv0 + off_m, 1);
-      wgmma_pv<FP8>(o, pa[1], dv0 + off_m + (2048 >> 4), 1);
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous pair's follower-P product: that tile's stage is free
-      if (i > 0) mbar_arrive(bar_empty + 8 * ((jm - 1) % W));
-      // The next own tile's scores (the last pair: this tile again), to run while this warpgroup waits for the
-      // follower's P.
-      {
-        const int jn = i + 1 < npairs ? jm + 2 : jm, sn = jn % W;
-        mbar_wait(bar_full + 8 * sn, (jn / W) & 1);
-        fence_proxy_async();
-        if constexpr (TMA && !kCrossingCpAsync) zero_tail_rows<L>(smem, sn, end - (start + jn * kBN), tw, 4);
-        score_tile_full<FP8, QR, false>(sc, qa, dq0, dk0 + (static_cast<uint64_t>(sn * kStageBytes) >> 4));
-      }
-      named_bar_sync(bar_lead + 1, 256);  // the follower's P and max (>= m_run: it measured against it)
-      const float mo[2] = {other[r0], other[r0 + 8]};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        f[h] = rebase(m_run[h], mo[h]);
-        l_run[h] *= f[h];
-        m_run[h] = mo[h];
-      }
-      if (warpgroup_any(4, f[0] != 1.f || f[1] != 1.f)) {
-        wgmma_wait<0>();
-        fence_regs(o);
-        scale_rows(o, f[0], f[1]);
-      }
-      wgmma_wait<1>();  // own P.V done: own stage free (in the last pair its scores are read again: freed below)
-      if (i + 1 < npairs) mbar_arrive(bar_empty + 8 * sm_);
-      mbar_wait(bar_full + 8 * so, (jo / W) & 1);  // (long complete: the follower has used it)
-      fence_proxy_async();
-      wgmma_fence();
-      wgmma_pv_ss<FP8>(o, dp0 + off_o, dv0 + off_o, 1);
-      wgmma_pv_ss<FP8>(o, dp0 + off_o + (32 >> 4), dv0 + off_o + (2048 >> 4), 1);
-      wgmma_commit();
-      wgmma_wait<1>();  // the next tile's scores (this product may run on into the next softmax)
-      fence_regs(sc);
-    } while (++i < npairs);
-    wgmma_wait<0>();
-    fence_regs(o);
-    mbar_arrive(bar_empty + 8 * ((2 * npairs - 2) % W));
-    mbar_arrive(bar_empty + 8 * ((2 * npairs - 1) % W));
-  }
-  finish_seesaw<FP8>(a, sm, o, l_run, m_run, 0, tw, hb, b, split);
-}
-
-// The follower of the lead/follow seesaw (warpgroup 1: tiles 2i + 1, value dims 256 ..). Per pair: its scores, then
-// the lead's max (its reference) and the P.V of the lead's P while the scores run, then its softmax and its own P.V.
-template <bool FP8, int W, int QR, typename L, bool TMA>
-__device__ __forceinline__ void consume_follow(const Args& a, uint8_t* smem, uint32_t sbase, uint32_t bar_full,
-                                               uint32_t bar_empty, int tw, int ntiles, int start, int end, int hb,
-                                               long long b, int split) {
-  constexpr float kInf = INFINITY;
-  const int lane = tw & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = 16 * (tw >> 5) + g;
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m_run[2] = {-kInf, -kInf}, l_run[2] = {0.f, 0.f};
-  float* sm = reinterpret_cast<float*>(smem + L::kExch);
-  const uint64_t dq0 = make_desc(sbase + L::kQ, 16, 1024);
-  const uint64_t dk0 = make_desc(sbase + L::kStage, 16, 1024);
-  const uint64_t dv0 = make_desc(sbase + L::kStage + 4 * kChunkBytes, kChunkBytes, 1024);
-  const uint64_t dp0 = make_desc(sbase + L::kStage + 8 * kChunkBytes, 16, 512, 2);
-  uint32_t qa[QR > 0 ? QR : 1][4];
-  if constexpr (QR > 0) load_q_fragments<FP8, QR>(a, b, hb * kM + r0, 0, c, qa);
-  const int npairs = (ntiles + 1) / 2;
-  if constexpr (kProbe == 2) {
-    pass_stages<W>(bar_full, bar_empty, 2 * npairs, 0);
-    return;
-  }
-  if (npairs > 0) {
-    int i = 0;
-    do {
-      const int jm = 2 * i + 1, jo = jm - 1, sm_ = jm % W, so = jo % W;
-      const uint64_t off_m = static_cast<uint64_t>(sm_ * kStageBytes) >> 4;
-      const uint64_t off_o = static_cast<uint64_t>(so * kStageBytes) >> 4;
-      const float* other = sm + 128 * (i & 1);
-      float* mine = const_cast<float*>(other) + 64;
-      const int bar_lead = i & 1 ? 6 : 1;
-      mbar_wait(bar_full + 8 * sm_, (jm / W) & 1);
-      fence_proxy_async();
-      if constexpr (TMA && !kCrossingCpAsync) zero_tail_rows<L>(smem, sm_, end - (start + jm * kBN), tw, 5);
-      float sc[16];
-      score_tile_full<FP8, QR, false>(sc, qa, dq0, dk0 + off_m);
-      named_bar_sync(bar_lead, 256);  // the lead's P and max (>= m_run), this pair's reference
-      const float mo[2] = {other[r0], other[r0 + 8]};
-      float f[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        f[h] = rebase(m_run[h], mo[h]);
-        l_run[h] *= f[h];
-        m_run[h] = mo[h];
-      }
-      if (warpgroup_any(5, f[0] != 1.f || f[1] != 1.f)) {
-        wgmma_wait<0>();
-        fence_regs(o);
-        scale_rows(o, f[0], f[1]);
-      }
-      mbar_wait(bar_full + 8 * so, (jo / W) & 1);  // (long complete: the lead has used it)
-      fence_proxy_async();
-      wgmma_fence();
-      wgmma_pv_ss<FP8>(o, dp0 + off_o, dv0 + off_o, 1);
-      wgmma_pv_ss<FP8>(o, dp0 + off_o + (32 >> 4), dv0 + off_o + (2048 >> 4), 1);
-      wgmma_commit();
-      wgmma_wait<1>();  // the scores (and the previous pair's own P.V: that stage is free)
-      fence_regs(sc);
-      if (i > 0) mbar_arrive(bar_empty + 8 * ((jm - 2) % W));
-      float m_new[2];
-      tile_max(sc, start + jm * kBN, c, end, a.s_scale, m_run, m_new, f);
-      if (warpgroup_any(5, f[0] != 1.f || f[1] != 1.f)) {
-        wgmma_wait<0>();
-        fence_regs(o);
-        scale_rows(o, f[0], f[1]);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l_run[h] *= f[h];
-        m_run[h] = m_new[h];
-      }
-      exp_rows(sc, a.s_scale, m_new[0] == -kInf ? 0.f : -m_new[0], m_new[1] == -kInf ? 0.f : -m_new[1], l_run);
-      uint32_t pa[2][4];
-      pack_p<FP8>(sc, pa, smem + L::kStage + sm_ * kStageBytes + 8 * kChunkBytes, r0, c);
-      if (c == 0) {
-        mine[r0] = m_new[0];
-        mine[r0 + 8] = m_new[1];
-      }
-      fence_proxy_async();  // P's generic stores, read by the lead's wgmma
-      named_bar_arrive(bar_lead + 1, 256);
-      wgmma_fence();
-      wgmma_pv<FP8>(o, pa[0], dv0 + off_m, 1);
-      wgmma_pv<FP8>(o, pa[1], dv0 + off_m + (2048 >> 4), 1);
-      wgmma_commit();
-      wgmma_wait<1>();  // the lead-P product: the lead's tile is free
-      mbar_arrive(bar_empty + 8 * so);
-    } while (++i < npairs);
-    wgmma_wait<0>();
-    fence_regs(o);
-    mbar_arrive(bar_empty + 8 * ((2 * npairs - 1) % W));
-  }
-  finish_seesaw<FP8>(a, sm, o, l_run, m_run, 1, tw, hb, b, split);
-}
-
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW, bool TMA>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool TMA>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __grid_constant__ Args a) {
   using L = Layout<FP8, W, R, REGS, QR, SEESAW>;
   static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0) && !(SEESAW && QR % 4), "Q k-steps in registers");
   static_assert(!TMA || (SEESAW && !FP8), "TMA loads: the BF16 seesaws only");
-  using QM = typename QMapOf<QR, (SEESAW > 0)>::T;
+  using QM = typename QMapOf<QR, SEESAW>::T;
   static_assert(L::kAlloc <= 232448, "shared memory");
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -959,9 +639,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
       // Thread 0 copies every tile that lies wholly before the slice's end by TMA, 9 boxes of [32 rows][128 B] (one
       // 64-dim chunk each, the swizzle the tensor map applies is the stage's; the tile lies in one page, page size a
       // multiple of 32). The tile that crosses the end, and the seesaw's tile past it, come as in variant 20: each
-      // thread's cp.async of its row, zero-filled past the end, waited for, then one arrival (kCrossingCpAsync;
-      // 0: by TMA too, their rows past the end zeroed by the consumers, which let NaN through, see
-      // benchmarks/results/mla_decode_h200_2026-12-03-tma.md). All 128 threads follow the ring's phases.
+      // thread's cp.async of its row, zero-filled past the end, waited for, then one arrival. (TMA copies whole
+      // rows: NaN past the end, zeroed by the consumers, still reached the output; mla_decode_h200_2026-12-03-tma.md.)
+      // All 128 threads follow the ring's phases.
       if constexpr (kProbe == 1) {
         if (tw == 0) pass_stages<W>(bar_empty, bar_full, nload, 1);
         return;
@@ -977,16 +657,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
         const int page_next = tw == 0 && tok0 + 2 * kBN <= end ? page_at(tok0 + kBN) : -1;
         const uint32_t full = bar_full + 8 * s, stage = sbase + L::kStage + s * kStageBytes;
         mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
-        if (whole || !kCrossingCpAsync) {
+        if (whole) {
           if (tw == 0) {
-            if (tok0 < end) {
-              mbar_expect_tx(full, kStageBytes);
-              const int pg = whole ? page : page_at(tok0);
+            mbar_expect_tx(full, kStageBytes);
 #pragma unroll
-              for (int c = 0; c < 9; ++c) tma_load_3d(stage + c * kChunkBytes, &a.tm_kv, 128 * c, slot_at(tok0), pg, full);
-            } else {
-              mbar_arrive(full);
-            }
+            for (int c = 0; c < 9; ++c) tma_load_3d(stage + c * kChunkBytes, &a.tm_kv, 128 * c, slot_at(tok0), page, full);
           }
         } else {
           const int n = tok0 + t;
@@ -1152,14 +827,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
 
   // ------------------------------------------------------------------ consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kConsumer));
-  if constexpr (SEESAW == 2) {
-    if (wg == 1) {
-      consume_lead<FP8, W, QR, L, TMA>(a, smem, sbase, bar_full, bar_empty, tw, ntiles, start, end, hb, b, split);
-    } else {
-      consume_follow<FP8, W, QR, L, TMA>(a, smem, sbase, bar_full, bar_empty, tw, ntiles, start, end, hb, b, split);
-    }
-    return;
-  }
   if constexpr (SEESAW) {
     consume_seesaw<FP8, W, QR, L, TMA>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw, ntiles, start, end, hb, b,
                                        split);
@@ -1270,7 +937,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
 }
 
 // The configurations (variant: cache, stages, FP8 raw-ring depth, FP8 loads through registers, how many of each
-// consumer's 18 score k-steps take Q from registers, seesaw consumers (1: the seesaw, 2: lead/follow), TMA loads;
+// consumer's 18 score k-steps take Q from registers, seesaw consumers, TMA loads;
 // registers per producer / consumer thread):
 //  0: BF16, 3 stages (cp.async); Q in shared memory (40 / 232).
 //  1: FP8, 2 stages + a 2-deep cp.async raw ring; Q in shared memory (40 / 232).
@@ -1286,36 +953,30 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
 // with the first 8 of the 36 score k-steps' Q in registers (32 per consumer thread; Q's shared copy the other 7
 // chunks, 56 KB). (Tried: 12 k-steps, BF16, no faster than 8; FP8 with 8 k-steps in registers, a 1-deep cp.async
 // raw ring and 40 / 232 registers, 10% slower than 18: the raw ring keeps one tile in flight.)
-// Lead/follow (seesaw 2, consume_lead / consume_follow): 47: as 20.   TMA loads (the last column; page sizes of a
-// multiple of 32 slots, else they run as 20): 23: as 20, 24: as 47. (25, 5 stages and 16 k-steps of Q in registers,
-// no faster, is gone: its 24-register producer spills with the crossing tile's copies.)
+// TMA loads (the last column; page sizes of a multiple of 32 slots, else it runs as 20): 23: as 20. (Tried,
+// mla_decode_h200_2026-12-03-tma.md: 25, 5 stages and 16 k-steps of Q in registers, no faster; 24, TMA with the
+// lead/follow consumers, and 47, those consumers with cp.async, 4-11% slower than 23.)
 // (Tried, 2026-12-03, benchmarks/results/mla_decode_h200_2026-12-03.md: the producer's thread 0 asking the L2 for
 // the tile 2, 4 or 8 ahead (cp.async.bulk.prefetch.L2), 0-32% slower, the producer alone slower too (645 -> 770 us
 // at B=128 ctx 16384): the loads are not waiting on HBM latency; the two head blocks as a cluster of 2 kept within
 // 2 or 8 tiles of each other, 8-25% slower at 128 heads: each KV byte already comes from HBM once; the seesaw's two
 // consumers run half a pair apart (lead/follow, commit 38d8f0b): 14-20% faster alone, 2-9% slower as built,
-// benchmarks/results/mla_decode_h200_2026-12-03-leadfollow.md.)
-#define DG_WGMMA_CONFIGS(X) \
-  X(0, false, 3, 1, false, 0, 0, false) \
-  X(1, true, 2, 2, false, 0, 0, false) \
-  X(2, true, 3, 1, true, 0, 0, false) \
-  X(3, true, 2, 2, false, 14, 0, false) \
-  X(4, true, 3, 2, false, 14, 0, false) \
-  X(5, true, 3, 3, false, 14, 0, false) \
-  X(6, false, 3, 1, false, 14, 0, false) \
-  X(7, false, 4, 1, false, 14, 0, false) \
-  X(8, true, 2, 2, false, 16, 0, false) \
-  X(18, true, 4, 1, true, 0, 1, false) \
-  X(19, false, 4, 1, false, 0, 1, false) \
-  X(20, false, 4, 1, false, 8, 1, false) \
-  X(23, false, 4, 1, false, 8, 1, true) \
-  X(47, false, 4, 1, false, 8, 2, false) \
-  X(24, false, 4, 1, false, 8, 2, true)
+// benchmarks/results/mla_decode_h200_2026-12-03-leadfollow.md; BF16 (mla_decode_h200_2026-12-03-tma.md): the two head
+// blocks as a cluster whose producers multicast each tile to both by TMA (commit 712405c), 6-20% slower, the producer
+// alone slower too.)
+#define DG_WGMMA_CONFIGS(X)                                                                                           \
+  X(0, false, 3, 1, false, 0, false, false) X(1, true, 2, 2, false, 0, false, false)                                  \
+  X(2, true, 3, 1, true, 0, false, false) X(3, true, 2, 2, false, 14, false, false)                                   \
+  X(4, true, 3, 2, false, 14, false, false) X(5, true, 3, 3, false, 14, false, false)                                 \
+  X(6, false, 3, 1, false, 14, false, false) X(7, false, 4, 1, false, 14, false, false)                               \
+  X(8, true, 2, 2, false, 16, false, false) X(18, true, 4, 1, true, 0, true, false)                                   \
+  X(19, false, 4, 1, false, 0, true, false) X(20, false, 4, 1, false, 8, true, false)                                 \
+  X(23, false, 4, 1, false, 8, true, true)
 
-// Where TMA does not apply, the TMA variants run as variant 20 (the BF16 seesaw).
-#define DG_WGMMA_TMA_FALLBACK false, 4, 1, false, 8, 1, false
+// Where TMA does not apply, the TMA variant runs as variant 20 (the BF16 seesaw).
+#define DG_WGMMA_TMA_FALLBACK false, 4, 1, false, 8, true, false
 
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW, bool TMA>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool TMA>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
   if constexpr (TMA) {  // its fallback too
     int r, p, m;
@@ -1329,7 +990,7 @@ int prepare(int* regs, int* per_sm, int* smem_bytes) {
 
 // TMA variants load by TMA where the cache allows (pages of a multiple of 32 slots, 16-byte aligned base and strides,
 // a tensor map that encodes), else run as variant 20 (*used_tma says which).
-template <bool FP8, int W, int R, bool REGS, int QR, int SEESAW, bool TMA>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool TMA>
 int launch(Args& a, int batch, cudaStream_t stream, long long num_pages, int* used_tma) {
   constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
   const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
