@@ -757,6 +757,41 @@ def test_wgmma_kernel_large_scores(kv_dtype):
         assert torch.allclose(lse, ref_lse, rtol=1e-3, atol=2e-2), variant
 
 
+# (batch, heads, page size, lengths, forced split count or None, whether TMA loads apply)
+TMA_CASES = [
+    (3, 128, 64, [700, 0, 2100], None, True),  # two head blocks, pages of 64; an empty sequence, a mid-tile end
+    (2, 100, 32, [65, 1000], 3, True),         # a padded second head block, pages of 32, empty slices
+    (2, 64, 64, [300, 77], 2, True),           # one head block
+    (2, 128, 16, [300, 77], 2, False),         # pages of 16: tiles span pages, variant 20's cp.async
+]
+
+
+@pytest.mark.parametrize("batch,heads,page_size,lens,num_splits,tma", TMA_CASES,
+                         ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[4]}" for c in TMA_CASES])
+def test_wgmma_tma_variant(batch, heads, page_size, lens, num_splits, tma, monkeypatch):
+    """The TMA variant (23) loads by TMA exactly where the page size allows, else runs as variant 20; rows past each
+    sequence's end (NaN-poisoned) never reach the output, and runs again give the same output (the tile crossing the
+    end comes by cp.async, waited for before its one barrier arrival: a missed wait is a race)."""
+    needs_wgmma()
+    from decodegap.kernels import mla_decode_sm90 as sm90
+    from decodegap.kernels.mla_decode_triton import mla_decode_triton
+
+    variant, ran = 23, []
+    launch = sm90.launch_wgmma
+    monkeypatch.setattr(sm90, "launch_wgmma", lambda *args, **kw: ran.append(launch(*args, **kw)))
+    case = make_case(batch, heads, page_size, BF16, lens, 0.6)
+    out = torch.full((batch, heads, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
+    res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
+                                 return_lse=True, num_splits=num_splits, out=out, poison_workspace=True,
+                                 backend="cuda", wgmma_variant=variant)
+    assert ran == [tma]
+    check_against_reference(case, res, lse)
+    for _ in range(4):
+        again = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
+                                  num_splits=num_splits, backend="cuda", wgmma_variant=variant)
+        assert rel_err(again, res) < 1e-6
+
+
 @pytest.mark.parametrize("combine", list(COMBINES))
 def test_tok_kernel_table_as_wide_as_the_longest_sequence(combine, monkeypatch):
     """A table exactly as wide as the longest sequence: the tokens-major kernel loads its first page ids for the

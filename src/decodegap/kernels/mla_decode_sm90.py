@@ -319,15 +319,18 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # warpgroup the full scores of every other tile; 4 stages); FP8 caches: 1 (2 stages + a cp.async raw ring), 2 (3
 # stages, loads through registers a tile ahead), 3-5 (as 1 with 14 of 18 k-steps' Q in registers; 2 stages, 3
 # stages, 3 stages + a 3-deep raw ring), 8 (as 3 with 16 of 18), 18 (the seesaw; 4 stages, loads through registers
-# a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers). Software-
-# pipelined seesaws (23-27) were slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are
-# the 64-token tiles (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md), the lead/follow
-# seesaws (46, 47, 50-53; mla_decode_h200_2026-12-03-leadfollow.md) and the BF16 seesaw with TMA multicast or TMA
-# loads (mla_decode_h200_2026-12-03-tma.md, whose 21-25 reuse numbers: its 23-25 are not the pipelined ones).
+# a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers), 23 (as 20 with
+# each whole tile loaded by TMA from one producer thread, where the pages hold a multiple of 32 slots, the tile that
+# crosses the slice's end by cp.async; elsewhere it runs as 20). The earlier software-pipelined seesaws (then
+# 23-27) were slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are the 64-token tiles
+# (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md), the lead/follow seesaws (46, 47,
+# 50-53; mla_decode_h200_2026-12-03-leadfollow.md) and, for BF16, TMA multicast (21, 22), TMA with 5 stages (25) and
+# TMA with the lead/follow consumers (24; mla_decode_h200_2026-12-03-tma.md).
 # DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
-                  8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16}
+                  8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
+                  23: torch.bfloat16}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second
@@ -339,7 +342,10 @@ DEFAULT_WGMMA_FP8_MANY_HEADS_VARIANT = 18  # from WGMMA_FP8_SEESAW_MIN_HEADS hea
 WGMMA_FP8_SEESAW_MIN_HEADS = 65
 # BF16: 20 (2026-12-02, mla_decode_h200_2026-12-02-pdl.md, call 1): B=128 ctx 16384 H=128 1264.7 vs 1328.4 / 1278.3
 # us (variant 19, twice), B=32 ctx 4096 H=128 92.7 vs 93.0 / 93.7, H=64 67.3 vs 67.3, B=1 25.0 vs 25.2.
-DEFAULT_WGMMA_BF16_VARIANT = 20
+# Then 23 (2026-12-03, mla_decode_h200_2026-12-03-tma.md, the crossing tile by cp.async): B=32 ctx 4096 H=128 90.1
+# vs 93.2 / 94.3 us (20), B=128 ctx 16384 1256 vs 1357 / 1359, H=64 66.7 vs 67.7, H=32 61.7 vs 63.7, B=1 23.2 vs
+# 23.2; where the page size is not a multiple of 32 it runs as 20.
+DEFAULT_WGMMA_BF16_VARIANT = 23
 
 
 def default_wgmma_variant(kv_dtype: torch.dtype, num_heads: int | None = None) -> int:
@@ -366,7 +372,8 @@ def bind_wgmma(lib: ctypes.CDLL) -> ctypes.CDLL:
     i, f, p, ll = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_longlong
     lib.dg_mla_wgmma_prepare.argtypes = [i] + [ctypes.POINTER(ctypes.c_int)] * 5
     lib.dg_mla_wgmma_prepare.restype = i
-    lib.dg_mla_wgmma_launch.argtypes = [i, p, p, p, p, p, p, p, p] + [ll] * 7 + [i, i, i, i, f, f, f, p]
+    lib.dg_mla_wgmma_launch.argtypes = [i, p, p, p, p, p, p, p, p] + [ll] * 7 + [i, i, i, i, f, f, f, p, ll,
+                                                                                ctypes.POINTER(i)]
     lib.dg_mla_wgmma_launch.restype = i
     return lib
 
@@ -400,11 +407,12 @@ def applies_wgmma(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                  part: torch.Tensor | None, part_lse: torch.Tensor | None, out: torch.Tensor,
                  lse: torch.Tensor | None, q_scale: float, s_scale: float, out_scale: float, num_splits: int,
-                 variant: int | None = None) -> None:
+                 variant: int | None = None) -> bool:
     """The wgmma kernel on the current stream. num_splits > 1: partials [B, H, S, 512] (fp16 for an FP8 cache,
     fp32 for BF16; sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton merge;
     num_splits == 1: the bf16 output (times out_scale) and, when `lse` is given, the natural-log lse [B, H].
-    q must be contiguous; the scales are mla_decode_triton's."""
+    q must be contiguous; the scales are mla_decode_triton's. Returns whether its loads ran through TMA (the TMA
+    variants where the cache allows)."""
     batch, num_heads, _ = q.shape
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
     variant = default_wgmma_variant(kv_cache.dtype, num_heads) if variant is None else variant
@@ -418,12 +426,14 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     wgmma_info(device_index, variant)  # shared-memory limit set once, outside any capture
     lib = _wgmma_library(device_index)
     elem = kv_cache.element_size()
+    used_tma = ctypes.c_int()
     err = lib.dg_mla_wgmma_launch(
         variant, q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(),
         part.data_ptr() if part is not None else None, part_lse.data_ptr() if part_lse is not None else None,
         out.data_ptr(), lse.data_ptr() if lse is not None else None, q.stride(0), q.stride(1),
         kv_cache.stride(0) * elem, kv_cache.stride(1) * elem, block_table.stride(0), out.stride(0), out.stride(1),
         num_heads, num_splits, batch, kv_cache.shape[1], q_scale, s_scale, out_scale,
-        torch.cuda.current_stream(q.device).cuda_stream)
+        torch.cuda.current_stream(q.device).cuda_stream, kv_cache.shape[0], ctypes.byref(used_tma))
     if err != 0:
         raise RuntimeError(f"the wgmma MLA decode kernel failed to launch: CUDA error {err}")
+    return bool(used_tma.value)

@@ -1,8 +1,10 @@
 // Helpers shared by the three CUDA MLA decode kernels (mla_decode_sm90.cu, mla_decode_sm90_tok.cu,
 // mla_decode_sm90_wgmma.cu), included by each. Inline functions only: what a kernel file does not call is never
 // emitted, so the mma.sync file still builds for sm_89 (DECODEGAP_MLA_CUDA=1) although the Hopper ones (wgmma,
-// mbarrier waits, the async proxy fence) are here too. mla_decode_sm90.build hashes this file with each source.
+// mbarrier waits, the async proxy fence, TMA and cluster helpers) are here too. mla_decode_sm90.build hashes this file with each source.
 #pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -21,6 +23,35 @@ int prepare_kernel(Kernel kernel, int threads, int smem, int* regs, int* per_sm)
   if (err != cudaSuccess) return err;
   *regs = attr.numRegs;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, threads, smem);
+}
+
+// The driver's tensor-map encoder, through the runtime (no -lcuda); null where the driver lacks it.
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A paged cache as bytes [pages][page_size][row_bytes], box [inner bytes][box_rows][1]; false where it cannot be
+// encoded (TMA's alignment rules, or no encoder).
+inline bool encode_map(CUtensorMap* map, const void* kv, long long pages, int page_size, long long stride_slot,
+                       long long stride_page, int row_bytes, int inner, CUtensorMapSwizzle swizzle, int box_rows) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(page_size),
+                              static_cast<cuuint64_t>(pages)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_slot), static_cast<cuuint64_t>(stride_page)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(inner), static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(kv), dims, strides, box, elem,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -99,6 +130,26 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "bra LAB_WAIT;\n"
       "DONE:\n"
       "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One box of a 3D tensor map into this CTA's shared memory (dst), counted on its mbarrier `bar` in bytes.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int x, int y, int z, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
+}
+// Distributed shared memory (a cluster's CTAs): the address of `addr` in CTA `rank`'s shared memory, and the
+// cluster-wide barrier (release / acquire: shared-memory writes before it are seen by loads after it).
+__device__ __forceinline__ uint32_t mapa_u32(uint32_t addr, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 }  // namespace

@@ -91,22 +91,7 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t sbo) {
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (static_cast<uint64_t>(SWIZZLE) << 62);
 }
 
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int x, int y, int z, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-      "[%5];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
-}
-
-// Distributed shared memory (a cluster's CTAs): the address of `addr` in CTA `rank`'s shared memory, loads from it,
-// and the cluster-wide barrier (release / acquire: shared-memory writes before it are seen by loads after it).
-__device__ __forceinline__ uint32_t mapa_u32(uint32_t addr, int rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
+// Distributed shared memory loads (mapa_u32 and cluster_sync are in the common header).
 __device__ __forceinline__ float ld_dsmem_f32(uint32_t addr) {
   float v;
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
@@ -117,9 +102,6 @@ __device__ __forceinline__ float4 ld_dsmem_f32x4(uint32_t addr) {
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
   return v;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
@@ -726,32 +708,6 @@ int max_clusters(int splits, int* out) {
   return cudaOccupancyMaxActiveClusters(out, mla_decode_tok_sm90<STAGES, TMA, true>, &cfg);
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      p = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// [pages][page_size][576] bytes, box [inner][box_rows][1].
-bool encode_map(CUtensorMap* map, const void* kv, long long pages, int page_size, long long stride_slot,
-                long long stride_page, int inner, CUtensorMapSwizzle swizzle, int box_rows) {
-  auto fn = encode_fn();
-  if (fn == nullptr) return false;
-  const cuuint64_t dims[3] = {576, static_cast<cuuint64_t>(page_size), static_cast<cuuint64_t>(pages)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_slot), static_cast<cuuint64_t>(stride_page)};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(inner), static_cast<cuuint32_t>(box_rows), 1};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(kv), dims, strides, box, elem,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 }  // namespace
 
 // Variants: 0 = loads by TMA where the page size allows it (16, 32 or a multiple of 64 slots, 16-byte strides),
@@ -823,9 +779,9 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool tma_ok = variant == 0 && (page_size % kBN == 0 || page_size == 16 || page_size == 32) &&
                       reinterpret_cast<uintptr_t>(kv) % 16 == 0 && stride_slot % 16 == 0 && stride_page % 16 == 0 &&
-                      encode_map(&a.tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 128,
+                      encode_map(&a.tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128,
                                  CU_TENSOR_MAP_SWIZZLE_128B, a.box_rows) &&
-                      encode_map(&a.tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 64,
+                      encode_map(&a.tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64,
                                  CU_TENSOR_MAP_SWIZZLE_64B, a.box_rows);
   if (tma_ok) {
     *used_tma = 1;

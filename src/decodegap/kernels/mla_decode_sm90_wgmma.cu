@@ -24,10 +24,14 @@
 // are done) for the other warpgroup, and each warpgroup updates its half of O (256 of the 512 value dims) with both
 // tiles' P: its own from registers, the other's from shared memory. Each measures its tile against the pair's
 // starting reference max; both then move to the larger of the two tiles' (rare: it moves only by more than 2^8).
+// TMA loads (variant 23, BF16): one producer thread copies each whole tile by TMA (9 boxes of [32 rows][128 B]) in
+// place of the warpgroup's cp.async; the tile that crosses the slice's end still comes by the zero-filling cp.async.
 // FP8 caches run f16 MMA (q * 2^e in fp16, as the other kernels), BF16 caches bf16 MMA; fp32 accumulation.
 // Output: per-split partials [B, H, S, 512] (fp16 in cache units for FP8 caches, |x| <= 448; fp32 for BF16)
 // and their log2-sum-exp [B, H, S], the layout the Triton merge kernel reads; or, with one split, the bf16
 // output (times kv_scale) and the natural-log lse directly.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -57,6 +61,7 @@ constexpr int kExchFloats = 16 * 128;            // one warpgroup's partial scor
 constexpr int kExchBytes = 2 * 2 * kExchFloats * 4;  // [warpgroup][tile parity]: 32,768
 
 struct Args {
+  CUtensorMap tm_kv;  // TMA variants: the cache as bytes [pages][page_size][row], box [128 B][32][1]
   const uint16_t* q;  // bf16 [B, H, 576]
   const uint8_t* kv;  // e4m3 or bf16 [pages, page_size, 576]
   const int* table;   // [B, max_pages]
@@ -429,7 +434,7 @@ __device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) 
 // its softmax after warpgroup 0's: 6% slower.) Named barriers: 1 + w (pairs of parity 1: 6 + w) = warpgroup w's P
 // and max are published, 3 = the row sums at the end, 4 + w = warpgroup w's own votes and syncs. Max slots
 // [parity][w][64]: a slot is rewritten two pairs later, after the barrier that follows its reader's read.
-template <bool FP8, int W, int QR, typename L>
+template <bool FP8, int W, int QR, typename L, bool TMA>
 __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uint32_t sbase, uint32_t bar_full,
                                                uint32_t bar_empty, int w, int tw, int ntiles, int start, int end,
                                                int hb, long long b, int split) {
@@ -571,10 +576,11 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
   store_rows<FP8>(a, o, l_all, m_run, w, tw, hb, b, split);
 }
 
-template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args a) {
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool TMA>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __grid_constant__ Args a) {
   using L = Layout<FP8, W, R, REGS, QR, SEESAW>;
   static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0) && !(SEESAW && QR % 4), "Q k-steps in registers");
+  static_assert(!TMA || (SEESAW && !FP8), "TMA loads: the BF16 seesaws only");
   using QM = typename QMapOf<QR, SEESAW>::T;
   static_assert(L::kAlloc <= 232448, "shared memory");
   constexpr float kInf = INFINITY;
@@ -597,8 +603,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < W; ++s) {
-      mbar_init(bar_full + 8 * s, 128);   // the producer's 128 threads
-      mbar_init(bar_empty + 8 * s, 256);  // the consumers' 256 threads
+      mbar_init(bar_full + 8 * s, TMA ? 1 : 128);  // the producer's 128 threads (TMA: its one issuing thread)
+      mbar_init(bar_empty + 8 * s, 256);           // the consumers' 256 threads
     }
   }
   // Q [64 heads, 576] -> shared memory, swizzled; head rows past num_heads are zeros. FP8 caches: q * q_scale
@@ -629,6 +635,55 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kProducer));
+    if constexpr (TMA) {
+      // Thread 0 copies every tile that lies wholly before the slice's end by TMA, 9 boxes of [32 rows][128 B] (one
+      // 64-dim chunk each, the swizzle the tensor map applies is the stage's; the tile lies in one page, page size a
+      // multiple of 32). The tile that crosses the end, and the seesaw's tile past it, come as in variant 20: each
+      // thread's cp.async of its row, zero-filled past the end, waited for, then one arrival. (TMA copies whole
+      // rows: NaN past the end, zeroed by the consumers, still reached the output; mla_decode_h200_2026-12-03-tma.md.)
+      // All 128 threads follow the ring's phases.
+      if constexpr (kProbe == 1) {
+        if (tw == 0) pass_stages<W>(bar_empty, bar_full, nload, 1);
+        return;
+      }
+      const int* trow = a.table + b * a.stride_tb;
+      const int t = tw >> 2, sub = tw & 3;
+      auto page_at = [&](int n) -> int { return trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size]; };
+      auto slot_at = [&](int n) -> int { return a.page_shift >= 0 ? n & (a.page_size - 1) : n % a.page_size; };
+      int page = tw == 0 && start + kBN <= end ? page_at(start) : -1;  // thread 0: the next TMA tile's page
+      for (int j = 0; j < nload; ++j) {
+        const int tok0 = start + j * kBN, s = j % W;
+        const bool whole = tok0 + kBN <= end;
+        const int page_next = tw == 0 && tok0 + 2 * kBN <= end ? page_at(tok0 + kBN) : -1;
+        const uint32_t full = bar_full + 8 * s, stage = sbase + L::kStage + s * kStageBytes;
+        mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
+        if (whole) {
+          if (tw == 0) {
+            mbar_expect_tx(full, kStageBytes);
+#pragma unroll
+            for (int c = 0; c < 9; ++c) tma_load_3d(stage + c * kChunkBytes, &a.tm_kv, 128 * c, slot_at(tok0), page, full);
+          }
+        } else {
+          const int n = tok0 + t;
+          const int bytes = n < end ? 16 : 0;
+          const uint8_t* src = n < end ? a.kv + (long long)page_at(n) * a.stride_page + (long long)slot_at(n) * a.stride_slot
+                                       : a.kv;
+#pragma unroll
+          for (int i = 0; i < 18; ++i) {
+            const int u = sub + 4 * i;
+            cp_async16(stage + (u >> 3) * kChunkBytes + swz(t, u & 7), src + 16 * u, bytes);
+          }
+          cp_async_commit();  // (wait_group waits for committed groups only)
+          cp_async_wait<0>();  // (once per slice: the copies waited for here, then the barrier's one arrival)
+          fence_proxy_async();  // these generic-proxy writes, read by wgmma
+          named_bar_sync(8, 128);
+          if (tw == 0) mbar_arrive(full);
+        }
+        page = page_next;
+      }
+      cp_async_wait<0>();
+      return;
+    }
     if constexpr (kProbe == 1) {
       pass_stages<W>(bar_empty, bar_full, nload, 1);
       return;
@@ -773,8 +828,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
   // ------------------------------------------------------------------ consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kConsumer));
   if constexpr (SEESAW) {
-    consume_seesaw<FP8, W, QR, L>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw, ntiles, start, end, hb, b,
-                                  split);
+    consume_seesaw<FP8, W, QR, L, TMA>(a, smem, sbase, bar_full, bar_empty, wg - 1, tw, ntiles, start, end, hb, b,
+                                       split);
     return;
   }
   const int w = wg - 1;  // dims: scores over k-steps 18w .. 18w + 17, output dims 256w .. 256w + 255
@@ -882,7 +937,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 }
 
 // The configurations (variant: cache, stages, FP8 raw-ring depth, FP8 loads through registers, how many of each
-// consumer's 18 score k-steps take Q from registers, seesaw consumers; registers per producer / consumer thread):
+// consumer's 18 score k-steps take Q from registers, seesaw consumers, TMA loads;
+// registers per producer / consumer thread):
 //  0: BF16, 3 stages (cp.async); Q in shared memory (40 / 232).
 //  1: FP8, 2 stages + a 2-deep cp.async raw ring; Q in shared memory (40 / 232).
 //  2: FP8, 3 stages, loads through registers a tile ahead (88 / 208).
@@ -897,6 +953,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 // with the first 8 of the 36 score k-steps' Q in registers (32 per consumer thread; Q's shared copy the other 7
 // chunks, 56 KB). (Tried: 12 k-steps, BF16, no faster than 8; FP8 with 8 k-steps in registers, a 1-deep cp.async
 // raw ring and 40 / 232 registers, 10% slower than 18: the raw ring keeps one tile in flight.)
+// TMA loads (the last column; page sizes of a multiple of 32 slots, else it runs as 20): 23: as 20. (Tried,
+// mla_decode_h200_2026-12-03-tma.md: 25, 5 stages and 16 k-steps of Q in registers, no faster; 24, TMA with the
+// lead/follow consumers, and 47, those consumers with cp.async, 4-11% slower than 23.)
 // (Tried, 2026-12-03, benchmarks/results/mla_decode_h200_2026-12-03.md: the producer's thread 0 asking the L2 for
 // the tile 2, 4 or 8 ahead (cp.async.bulk.prefetch.L2), 0-32% slower, the producer alone slower too (645 -> 770 us
 // at B=128 ctx 16384): the loads are not waiting on HBM latency; the two head blocks as a cluster of 2 kept within
@@ -904,27 +963,46 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const Args 
 // consumers run half a pair apart (lead/follow, commit 38d8f0b): 14-20% faster alone, 2-9% slower as built,
 // benchmarks/results/mla_decode_h200_2026-12-03-leadfollow.md; BF16 (mla_decode_h200_2026-12-03-tma.md): the two head
 // blocks as a cluster whose producers multicast each tile to both by TMA (commit 712405c), 6-20% slower, the producer
-// alone slower too; each tile by TMA from one producer thread (commits 20bfa0c, d92877d), 3-10% faster at 128 heads
-// but NaN in a loaded tile's rows past the sequence's end reached the output: not kept until that is understood.)
-#define DG_WGMMA_CONFIGS(X)                                                                                      \
-  X(0, false, 3, 1, false, 0, false) X(1, true, 2, 2, false, 0, false) X(2, true, 3, 1, true, 0, false)          \
-  X(3, true, 2, 2, false, 14, false) X(4, true, 3, 2, false, 14, false) X(5, true, 3, 3, false, 14, false)       \
-  X(6, false, 3, 1, false, 14, false) X(7, false, 4, 1, false, 14, false) X(8, true, 2, 2, false, 16, false)     \
-  X(18, true, 4, 1, true, 0, true) X(19, false, 4, 1, false, 0, true) X(20, false, 4, 1, false, 8, true)
+// alone slower too.)
+#define DG_WGMMA_CONFIGS(X)                                                                                           \
+  X(0, false, 3, 1, false, 0, false, false) X(1, true, 2, 2, false, 0, false, false)                                  \
+  X(2, true, 3, 1, true, 0, false, false) X(3, true, 2, 2, false, 14, false, false)                                   \
+  X(4, true, 3, 2, false, 14, false, false) X(5, true, 3, 3, false, 14, false, false)                                 \
+  X(6, false, 3, 1, false, 14, false, false) X(7, false, 4, 1, false, 14, false, false)                               \
+  X(8, true, 2, 2, false, 16, false, false) X(18, true, 4, 1, true, 0, true, false)                                   \
+  X(19, false, 4, 1, false, 0, true, false) X(20, false, 4, 1, false, 8, true, false)                                 \
+  X(23, false, 4, 1, false, 8, true, true)
 
-template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
+// Where TMA does not apply, the TMA variant runs as variant 20 (the BF16 seesaw).
+#define DG_WGMMA_TMA_FALLBACK false, 4, 1, false, 8, true, false
+
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool TMA>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
-  auto kernel = mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW>;
+  if constexpr (TMA) {  // its fallback too
+    int r, p, m;
+    const int err = prepare<DG_WGMMA_TMA_FALLBACK>(&r, &p, &m);
+    if (err != cudaSuccess) return err;
+  }
   constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
   *smem_bytes = smem;
-  return prepare_kernel(kernel, kThreads, smem, regs, per_sm);
+  return prepare_kernel(mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, TMA>, kThreads, smem, regs, per_sm);
 }
 
-template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
-int launch(const Args& a, int batch, cudaStream_t stream) {
+// TMA variants load by TMA where the cache allows (pages of a multiple of 32 slots, 16-byte aligned base and strides,
+// a tensor map that encodes), else run as variant 20 (*used_tma says which).
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool TMA>
+int launch(Args& a, int batch, cudaStream_t stream, long long num_pages, int* used_tma) {
   constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
   const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
-  mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW><<<grid, kThreads, smem, stream>>>(a);
+  if constexpr (TMA) {
+    if (!(a.page_size % kBN == 0 && reinterpret_cast<uintptr_t>(a.kv) % 16 == 0 && a.stride_slot % 16 == 0 &&
+          a.stride_page % 16 == 0 &&
+          encode_map(&a.tm_kv, a.kv, num_pages, a.page_size, a.stride_slot, a.stride_page, FP8 ? 576 : 1152, 128,
+                     CU_TENSOR_MAP_SWIZZLE_128B, kBN)))
+      return launch<DG_WGMMA_TMA_FALLBACK>(a, batch, stream, num_pages, used_tma);
+    *used_tma = 1;
+  }
+  mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, TMA><<<grid, kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -933,10 +1011,10 @@ int launch(const Args& a, int batch, cudaStream_t stream) {
 // Returns a cudaError_t (cudaErrorInvalidValue for an unknown variant). fp8 (out): whether it reads an e4m3 cache.
 extern "C" int dg_mla_wgmma_prepare(int variant, int* regs, int* per_sm, int* block_n, int* smem_bytes, int* fp8) {
   *block_n = kBN;
-#define DG_PREPARE(V, FP8, W, R, REGS, QR, SEESAW)                           \
-  if (variant == V) {                                                         \
-    *fp8 = FP8;                                                               \
-    return prepare<FP8, W, R, REGS, QR, SEESAW>(regs, per_sm, smem_bytes); \
+#define DG_PREPARE(V, FP8, W, R, REGS, QR, SEESAW, TMA)                          \
+  if (variant == V) {                                                             \
+    *fp8 = FP8;                                                                   \
+    return prepare<FP8, W, R, REGS, QR, SEESAW, TMA>(regs, per_sm, smem_bytes); \
   }
   DG_WGMMA_CONFIGS(DG_PREPARE)
   return cudaErrorInvalidValue;
@@ -947,15 +1025,17 @@ extern "C" int dg_mla_wgmma_launch(int variant, const void* q, const void* kv, c
                                    long long stride_qh, long long stride_page_bytes, long long stride_slot_bytes,
                                    long long stride_tb, long long stride_ob, long long stride_oh, int num_heads,
                                    int num_splits, int batch, int page_size, float q_scale, float s_scale,
-                                   float out_scale, void* stream) {
-  Args a{static_cast<const uint16_t*>(q), static_cast<const uint8_t*>(kv), static_cast<const int*>(table),
+                                   float out_scale, void* stream, long long num_pages, int* used_tma) {
+  *used_tma = 0;
+  Args a{{},
+         static_cast<const uint16_t*>(q), static_cast<const uint8_t*>(kv), static_cast<const int*>(table),
          static_cast<const int*>(lens), part, static_cast<float*>(part_lse), static_cast<uint16_t*>(out),
          static_cast<float*>(lse), stride_qb, stride_qh, stride_page_bytes, stride_slot_bytes, stride_tb,
          stride_ob, stride_oh, num_heads, num_splits, page_size,
          (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1, q_scale, s_scale, out_scale};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-#define DG_LAUNCH(V, FP8, W, R, REGS, QR, SEESAW) \
-  if (variant == V) return launch<FP8, W, R, REGS, QR, SEESAW>(a, batch, st);
+#define DG_LAUNCH(V, FP8, W, R, REGS, QR, SEESAW, TMA) \
+  if (variant == V) return launch<FP8, W, R, REGS, QR, SEESAW, TMA>(a, batch, st, num_pages, used_tma);
   DG_WGMMA_CONFIGS(DG_LAUNCH)
   return cudaErrorInvalidValue;
 }
