@@ -963,7 +963,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
 // consumers run half a pair apart (lead/follow, commit 38d8f0b): 14-20% faster alone, 2-9% slower as built,
 // benchmarks/results/mla_decode_h200_2026-12-03-leadfollow.md; BF16 (mla_decode_h200_2026-12-03-tma.md): the two head
 // blocks as a cluster whose producers multicast each tile to both by TMA (commit 712405c), 6-20% slower, the producer
-// alone slower too.)
+// alone slower too; FP8 (mla_decode_h200_2026-12-03-tma-crossing.md, commit cc1b438): the 8-bit rows by TMA into the
+// stages, widened there in place, so the producer needs 40 registers and the consumers get 232 and 8 k-steps of Q:
+// consumers alone 7-13% faster, the producer 11-34% slower, 7-11% slower as built.)
 #define DG_WGMMA_CONFIGS(X)                                                                                           \
   X(0, false, 3, 1, false, 0, false, false) X(1, true, 2, 2, false, 0, false, false)                                  \
   X(2, true, 3, 1, true, 0, false, false) X(3, true, 2, 2, false, 14, false, false)                                   \
