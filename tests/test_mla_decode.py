@@ -768,18 +768,20 @@ TMA_CASES = [
 
 @pytest.mark.parametrize("batch,heads,page_size,lens,num_splits,tma", TMA_CASES,
                          ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[4]}" for c in TMA_CASES])
-def test_wgmma_tma_variant(batch, heads, page_size, lens, num_splits, tma, monkeypatch):
-    """The TMA variant (23) loads by TMA exactly where the page size allows, else runs as variant 20; rows past each
-    sequence's end (NaN-poisoned) never reach the output, and runs again give the same output (the tile crossing the
-    end comes by cp.async, waited for before its one barrier arrival: a missed wait is a race)."""
+@pytest.mark.parametrize("variant,kv_dtype", [(23, BF16), (33, FP8)], ids=["bf16-23", "fp8-33"])
+def test_wgmma_tma_variant(batch, heads, page_size, lens, num_splits, tma, variant, kv_dtype, monkeypatch):
+    """The TMA variants (23 BF16, 33 FP8) load by TMA exactly where the page size allows, else run as variant 20 /
+    18; rows past each sequence's end (NaN-poisoned) never reach the output, and runs again give the same output (23:
+    the tile crossing the end comes by cp.async, waited for before its one barrier arrival; 33: each tile's rows are
+    widened in place once every thread has read them: a missed wait is a race)."""
     needs_wgmma()
     from decodegap.kernels import mla_decode_sm90 as sm90
     from decodegap.kernels.mla_decode_triton import mla_decode_triton
 
-    variant, ran = 23, []
+    ran = []
     launch = sm90.launch_wgmma
     monkeypatch.setattr(sm90, "launch_wgmma", lambda *args, **kw: ran.append(launch(*args, **kw)))
-    case = make_case(batch, heads, page_size, BF16, lens, 0.6)
+    case = make_case(batch, heads, page_size, kv_dtype, lens, 0.6)
     out = torch.full((batch, heads, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
     res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
                                  return_lse=True, num_splits=num_splits, out=out, poison_workspace=True,

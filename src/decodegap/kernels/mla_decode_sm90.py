@@ -321,7 +321,9 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # stages, 3 stages + a 3-deep raw ring), 8 (as 3 with 16 of 18), 18 (the seesaw; 4 stages, loads through registers
 # a pair of tiles ahead), 20 (BF16: as 19 with the first 8 of the 36 score k-steps' Q in registers), 23 (as 20 with
 # each whole tile loaded by TMA from one producer thread, where the pages hold a multiple of 32 slots, the tile that
-# crosses the slice's end by cp.async; elsewhere it runs as 20). The earlier software-pipelined seesaws (then
+# crosses the slice's end by cp.async; elsewhere it runs as 20), 33 (FP8: the seesaw with the 8-bit rows loaded by
+# TMA from one producer thread into the stages and widened there by the warpgroup, 8 k-steps of Q in registers, 40 /
+# 232 registers as 20; where TMA does not apply it runs as 18). The earlier software-pipelined seesaws (then
 # 23-27) were slower at every shape and are gone (mla_decode_h200_2026-12-02-pdl.md), as are the 64-token tiles
 # (28-31 the seesaw, 32 a lockstep; mla_decode_h200_2026-12-02-blocks64.md), the lead/follow seesaws (46, 47,
 # 50-53; mla_decode_h200_2026-12-03-leadfollow.md) and, for BF16, TMA multicast (21, 22), TMA with 5 stages (25) and
@@ -330,7 +332,8 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
                   8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  23: torch.bfloat16}
+                  23: torch.bfloat16, 33: torch.float8_e4m3fn,
+                  34: torch.float8_e4m3fn, 35: torch.float8_e4m3fn}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second

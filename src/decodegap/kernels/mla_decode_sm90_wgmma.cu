@@ -287,14 +287,15 @@ __device__ __forceinline__ void score_tile_full(float (&sc)[16], const uint32_t 
 // Shared memory, from a 1024-byte aligned base: Q, the KV stages, the FP8 raw ring, the score exchange, barriers.
 // The seesaw's exchange holds, per pair parity and warpgroup, the reference max of each of the 64 rows it published,
 // and at the end each one's row sums: [2][2][64] + [2][64] floats.
-template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW>
+template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool TMA>
 struct Layout {
   static constexpr int kQ = 0;
   static constexpr int kStage = QMapOf<QR, SEESAW>::T::kChunks * kM * 128;  // kQBytes with all of Q in shared memory
   static constexpr int kRaw = kStage + W * kStageBytes;
-  static constexpr int kExch = kRaw + (FP8 && !REGS ? R * kRawBytes : 0);
+  static constexpr int kExch = kRaw + (FP8 && !REGS && !TMA ? R * kRawBytes : 0);
   static constexpr int kBar = kExch + (SEESAW ? 6 * kM * 4 : kExchBytes);
-  static constexpr int kAlloc = kBar + 2 * W * 8 + 1024;  // + slack to align the base
+  // full, empty (and FP8 by TMA: each stage's 8-bit rows landed) barriers per stage
+  static constexpr int kAlloc = kBar + (FP8 && TMA ? 3 : 2) * W * 8 + 1024;  // + slack to align the base
 };
 
 // Registers per thread after setmaxnreg. The CTA holds what it was launched with, 168 x 384 = 64,512 (ptxas's
@@ -578,9 +579,9 @@ __device__ __forceinline__ void consume_seesaw(const Args& a, uint8_t* smem, uin
 
 template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool TMA>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __grid_constant__ Args a) {
-  using L = Layout<FP8, W, R, REGS, QR, SEESAW>;
+  using L = Layout<FP8, W, R, REGS, QR, SEESAW, TMA>;
   static_assert(QR >= 0 && QR <= 16 && !(REGS && QR > 0) && !(SEESAW && QR % 4), "Q k-steps in registers");
-  static_assert(!TMA || (SEESAW && !FP8), "TMA loads: the BF16 seesaws only");
+  static_assert(!TMA || (SEESAW && !REGS), "TMA loads: the seesaws, not through registers");
   using QM = typename QMapOf<QR, SEESAW>::T;
   static_assert(L::kAlloc <= 232448, "shared memory");
   constexpr float kInf = INFINITY;
@@ -603,8 +604,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < W; ++s) {
-      mbar_init(bar_full + 8 * s, TMA ? 1 : 128);  // the producer's 128 threads (TMA: its one issuing thread)
-      mbar_init(bar_empty + 8 * s, 256);           // the consumers' 256 threads
+      mbar_init(bar_full + 8 * s, TMA && !FP8 ? 1 : 128);  // the producer's 128 threads (BF16 TMA: its one thread)
+      mbar_init(bar_empty + 8 * s, 256);                   // the consumers' 256 threads
+      if constexpr (FP8 && TMA) mbar_init(bar_empty + 8 * (W + s), 1);  // the 8-bit rows' TMA
     }
   }
   // Q [64 heads, 576] -> shared memory, swizzled; head rows past num_heads are zeros. FP8 caches: q * q_scale
@@ -635,7 +637,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs<FP8, REGS, QR, SEESAW>::kProducer));
-    if constexpr (TMA) {
+    if constexpr (TMA && !FP8) {
       // Thread 0 copies every tile that lies wholly before the slice's end by TMA, 9 boxes of [32 rows][128 B] (one
       // 64-dim chunk each, the swizzle the tensor map applies is the stage's; the tile lies in one page, page size a
       // multiple of 32). The tile that crosses the end, and the seesaw's tile past it, come as in variant 20: each
@@ -712,7 +714,64 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
       *reinterpret_cast<uint4*>(stage + i * kChunkBytes + swz(t, 2 * sub)) = lo;
       *reinterpret_cast<uint4*>(stage + i * kChunkBytes + swz(t, 2 * sub + 1)) = hi;
     };
-    if constexpr (FP8 && REGS) {
+    if constexpr (FP8 && TMA) {
+      // FP8 by TMA (variant 33): thread 0 copies each tile's 8-bit rows, chunk by chunk (9 boxes of [32 rows][64 B],
+      // unswizzled), into the upper half of the stage chunk each widens into, the tile after next once a tile is
+      // published (the seesaw frees stages a pair at a time: with 4 stages, 3 ahead would wait on the tile being
+      // widened). All 128 threads then widen in place, three chunks at a time: each reads its 16 bytes of each, a
+      // warpgroup barrier (no chunk is written before every thread has read it), then writes its 32 widened bytes;
+      // rows past the end as zeros (TMA copies whole rows). Tiles lie in one page (page size a multiple of 32).
+      const uint32_t bar_raw = bar_empty + 8 * W;
+      constexpr int kAhead = W - 2, kGroup = Regs<FP8, REGS, QR, SEESAW>::kProducer >= 40 ? 3 : 1;
+      auto prefetch = [&](int j) {  // thread 0: tile j's rows asked of the L2 (R > 1: R - 1 tiles past the copies)
+        const int tok0 = start + j * kBN;
+        if (tok0 >= end) return;
+        const int page = trow[a.page_shift >= 0 ? tok0 >> a.page_shift : tok0 / a.page_size];
+        const int slot = a.page_shift >= 0 ? tok0 & (a.page_size - 1) : tok0 % a.page_size;
+#pragma unroll
+        for (int c = 0; c < 9; ++c) tma_prefetch_3d(&a.tm_kv, 64 * c, slot, page);
+      };
+      auto issue = [&](int j) {  // thread 0
+        const int s = j % W, tok0 = start + j * kBN;
+        mbar_wait(bar_empty + 8 * s, ((j / W) & 1) ^ 1);
+        if (tok0 < end) {
+          const int page = trow[a.page_shift >= 0 ? tok0 >> a.page_shift : tok0 / a.page_size];
+          const int slot = a.page_shift >= 0 ? tok0 & (a.page_size - 1) : tok0 % a.page_size;
+          const uint32_t dst = sbase + L::kStage + s * kStageBytes + kChunkBytes / 2;
+          mbar_expect_tx(bar_raw + 8 * s, kRawBytes);
+#pragma unroll
+          for (int c = 0; c < 9; ++c) tma_load_3d(dst + c * kChunkBytes, &a.tm_kv, 64 * c, slot, page, bar_raw + 8 * s);
+        } else {
+          mbar_arrive(bar_raw + 8 * s);  // past the end: nothing to copy
+        }
+      };
+      if (tw == 0) {
+        for (int j = 0; j < kAhead && j < nload; ++j) issue(j);
+        for (int j = kAhead; j < kAhead + R - 1 && j < nload; ++j) prefetch(j);
+      }
+      for (int j = 0; j < nload; ++j) {
+        const int s = j % W;
+        mbar_wait(bar_raw + 8 * s, (j / W) & 1);
+        uint8_t* stage = smem + L::kStage + s * kStageBytes;
+        const bool live = start + j * kBN + t < end;
+#pragma unroll
+        for (int g = 0; g < 9 / kGroup; ++g) {
+          uint4 x[kGroup];
+#pragma unroll
+          for (int k = 0; k < kGroup; ++k)
+            x[k] = live ? *reinterpret_cast<const uint4*>(stage + (kGroup * g + k) * kChunkBytes + kChunkBytes / 2 +
+                                                          16 * tw)
+                        : make_uint4(0u, 0u, 0u, 0u);
+          named_bar_sync(8, 128);
+#pragma unroll
+          for (int k = 0; k < kGroup; ++k) widen(stage, kGroup * g + k, x[k]);
+        }
+        fence_proxy_async();
+        mbar_arrive(bar_full + 8 * s);
+        if (tw == 0 && j + kAhead < nload) issue(j + kAhead);
+        if (R > 1 && tw == 0 && j + kAhead + R - 1 < nload) prefetch(j + kAhead + R - 1);
+      }
+    } else if constexpr (FP8 && REGS) {
       // The 9 16-byte units sub + 4i of row t, in registers; tile j + 1's loads are issued before tile j waits for
       // its stage, so they are in flight while the consumers work.
       auto load = [&](int j, int page, uint4 (&r)[9]) {
@@ -953,7 +1012,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
 // with the first 8 of the 36 score k-steps' Q in registers (32 per consumer thread; Q's shared copy the other 7
 // chunks, 56 KB). (Tried: 12 k-steps, BF16, no faster than 8; FP8 with 8 k-steps in registers, a 1-deep cp.async
 // raw ring and 40 / 232 registers, 10% slower than 18: the raw ring keeps one tile in flight.)
-// TMA loads (the last column; page sizes of a multiple of 32 slots, else it runs as 20): 23: as 20. (Tried,
+// TMA loads (the last column; page sizes of a multiple of 32 slots, else they run as 20 / 18): 23: as 20.   33: FP8,
+// 4 stages, the 8-bit rows by TMA into the stages and widened there, 8 k-steps of Q in registers (40 / 232). (Tried,
 // mla_decode_h200_2026-12-03-tma.md: 25, 5 stages and 16 k-steps of Q in registers, no faster; 24, TMA with the
 // lead/follow consumers, and 47, those consumers with cp.async, 4-11% slower than 23.)
 // (Tried, 2026-12-03, benchmarks/results/mla_decode_h200_2026-12-03.md: the producer's thread 0 asking the L2 for
@@ -971,35 +1031,40 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
   X(6, false, 3, 1, false, 14, false, false) X(7, false, 4, 1, false, 14, false, false)                               \
   X(8, true, 2, 2, false, 16, false, false) X(18, true, 4, 1, true, 0, true, false)                                   \
   X(19, false, 4, 1, false, 0, true, false) X(20, false, 4, 1, false, 8, true, false)                                 \
-  X(23, false, 4, 1, false, 8, true, true)
+  X(23, false, 4, 1, false, 8, true, true) X(33, true, 4, 1, false, 8, true, true)                                   \
+  X(34, true, 5, 1, false, 16, true, true) X(35, true, 4, 3, false, 8, true, true)
 
-// Where TMA does not apply, the TMA variant runs as variant 20 (the BF16 seesaw).
+// Where TMA does not apply, the TMA variants run as variant 20 (BF16) or 18 (FP8).
 #define DG_WGMMA_TMA_FALLBACK false, 4, 1, false, 8, true, false
+#define DG_WGMMA_TMA_FALLBACK_FP8 true, 4, 1, true, 0, true, false
 
 template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool TMA>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
   if constexpr (TMA) {  // its fallback too
     int r, p, m;
-    const int err = prepare<DG_WGMMA_TMA_FALLBACK>(&r, &p, &m);
+    const int err = FP8 ? prepare<DG_WGMMA_TMA_FALLBACK_FP8>(&r, &p, &m) : prepare<DG_WGMMA_TMA_FALLBACK>(&r, &p, &m);
     if (err != cudaSuccess) return err;
   }
-  constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
+  constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW, TMA>::kAlloc;
   *smem_bytes = smem;
   return prepare_kernel(mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, TMA>, kThreads, smem, regs, per_sm);
 }
 
 // TMA variants load by TMA where the cache allows (pages of a multiple of 32 slots, 16-byte aligned base and strides,
-// a tensor map that encodes), else run as variant 20 (*used_tma says which).
+// a tensor map that encodes), else run as variant 20 or 18 (*used_tma says which). BF16: boxes of [32 rows][128 B],
+// 128-byte swizzled as the stages; FP8: [32 rows][64 B] as they are, widened into the stages' layout afterwards.
 template <bool FP8, int W, int R, bool REGS, int QR, bool SEESAW, bool TMA>
 int launch(Args& a, int batch, cudaStream_t stream, long long num_pages, int* used_tma) {
-  constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW>::kAlloc;
+  constexpr int smem = Layout<FP8, W, R, REGS, QR, SEESAW, TMA>::kAlloc;
   const dim3 grid((a.num_heads + kM - 1) / kM, a.num_splits, batch);
   if constexpr (TMA) {
     if (!(a.page_size % kBN == 0 && reinterpret_cast<uintptr_t>(a.kv) % 16 == 0 && a.stride_slot % 16 == 0 &&
           a.stride_page % 16 == 0 &&
-          encode_map(&a.tm_kv, a.kv, num_pages, a.page_size, a.stride_slot, a.stride_page, FP8 ? 576 : 1152, 128,
-                     CU_TENSOR_MAP_SWIZZLE_128B, kBN)))
+          encode_map(&a.tm_kv, a.kv, num_pages, a.page_size, a.stride_slot, a.stride_page, FP8 ? 576 : 1152,
+                     FP8 ? 64 : 128, FP8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, kBN))) {
+      if constexpr (FP8) return launch<DG_WGMMA_TMA_FALLBACK_FP8>(a, batch, stream, num_pages, used_tma);
       return launch<DG_WGMMA_TMA_FALLBACK>(a, batch, stream, num_pages, used_tma);
+    }
     *used_tma = 1;
   }
   mla_decode_wgmma_sm90<FP8, W, R, REGS, QR, SEESAW, TMA><<<grid, kThreads, smem, stream>>>(a);
