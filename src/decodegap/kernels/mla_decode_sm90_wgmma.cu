@@ -674,7 +674,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_sm90(const __gri
             cp_async16(stage + (u >> 3) * kChunkBytes + swz(t, u & 7), src + 16 * u, bytes);
           }
           cp_async_commit();  // (wait_group waits for committed groups only)
-          cp_async_wait<0>();  // (once per slice: the copies waited for here, then the barrier's one arrival)
+          cp_async_wait<0>();  // (at most twice a slice: the copies waited for here, then the barrier's one arrival)
           fence_proxy_async();  // these generic-proxy writes, read by wgmma
           named_bar_sync(8, 128);
           if (tw == 0) mbar_arrive(full);
