@@ -122,6 +122,22 @@ __device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t x) {
   return __half22float2(*reinterpret_cast<__half2*>(&h));
 }
 
+// One 16-byte unit of q (8 bf16) times sigma as two e4m3 parts of 8 bytes each: hi = e4m3(x), lo = e4m3((x - hi)
+// * 16).
+__device__ __forceinline__ void q_hi_lo(uint4 v, float sigma, uint32_t (&hi)[2], uint32_t (&lo)[2]) {
+  const uint32_t wds[4] = {v.x, v.y, v.z, v.w};
+  hi[0] = hi[1] = lo[0] = lo[1] = 0u;
+#pragma unroll
+  for (int e2 = 0; e2 < 4; ++e2) {
+    const float x0 = __uint_as_float(wds[e2] << 16) * sigma, x1 = __uint_as_float(wds[e2] & 0xffff0000u) * sigma;
+    const uint32_t hb = f32x2_to_e4m3x2(x0, x1);
+    const float2 hf = e4m3x2_to_f32x2(hb);
+    const uint32_t lb = f32x2_to_e4m3x2((x0 - hf.x) * 16.f, (x1 - hf.y) * 16.f);
+    hi[e2 >> 1] |= hb << (16 * (e2 & 1));
+    lo[e2 >> 1] |= lb << (16 * (e2 & 1));
+  }
+}
+
 // S^T (+)= K . Q2^T, one k-step of 32 e4m3: d[4j + f] = (token 16 warp + g + 8 (f >> 1), column 8j + 2c + (f & 1)).
 __device__ __forceinline__ void wgmma_qk(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
@@ -313,17 +329,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
 #pragma unroll
     for (int k = 0; k < 9; ++k) {
       const int i = tid + kThreads * k, h = i / 72, u = i - 72 * h;
-      const uint32_t wds[4] = {qv[k].x, qv[k].y, qv[k].z, qv[k].w};
-      uint32_t hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
-#pragma unroll
-      for (int e2 = 0; e2 < 4; ++e2) {
-        const float x0 = __uint_as_float(wds[e2] << 16) * sigma, x1 = __uint_as_float(wds[e2] & 0xffff0000u) * sigma;
-        const uint32_t hb = f32x2_to_e4m3x2(x0, x1);
-        const float2 hf = e4m3x2_to_f32x2(hb);
-        const uint32_t lb = f32x2_to_e4m3x2((x0 - hf.x) * 16.f, (x1 - hf.y) * 16.f);
-        hi[e2 >> 1] |= hb << (16 * (e2 & 1));
-        lo[e2 >> 1] |= lb << (16 * (e2 & 1));
-      }
+      uint32_t hi[2], lo[2];
+      q_hi_lo(qv[k], sigma, hi, lo);
 #pragma unroll
       for (int part = 0; part < 2; ++part) {
         const int r = h + 16 * part;
@@ -661,6 +668,350 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
   }
 }
 
+// ---- Many heads (17+, FP8): the tokens-major tile for 64 heads per CTA
+// One CTA = (64-head block, KV split, sequence) = 3 warpgroups. Warp 0 of warpgroup 0 brings each 64-token tile
+// into a ring of kWideStages stages by TMA (the stage layout above; page sizes 16, 32 or a multiple of 64 slots).
+// Warpgroups 1 and 2, the consumers, take 32 heads each and run the tile above on every stage: scores^T [64 tokens,
+// 64] = K . Q2^T (m64n64k32 e4m3, 18 k-steps; Q2's rows 0-31 its heads' hi parts, 32-63 their lo parts), the lazy
+// softmax (its votes and exchanges within the warpgroup), and Out^T [512, 32 heads] += V^T . P^T (8 M-tiles x 4
+// k-steps of m64n32k16 f16, V^T widened in registers). Nothing widens the cache into shared memory, so a stage is
+// 36 KB of raw rows and both consumers read K from it: each tile's bytes serve 64 heads. A consumer warp hands the
+// stage back (one arrival on its empty mbarrier, 8 per phase) as soon as its V rows are in registers.
+// Rows past the slice's end (stale shared memory after a short page run) are masked in the scores and zeroed in
+// the V^T registers. Writes fp16 partials and their log2-sum-exp for the Triton merge, also for one split.
+constexpr int kWideThreads = 384;
+constexpr int kWideStages = 3;
+constexpr int kWideHeads = 32;                   // heads per consumer warpgroup
+constexpr int kQ2Chunk = 2 * kWideHeads * 128;   // one 128-dim chunk of Q2 [64 rows][128 B]: 8,192
+constexpr int kQ2Rope = 4 * kQ2Chunk;            // 32,768
+constexpr int kQ2Bytes = kQ2Rope + 2 * kWideHeads * 64;  // 36,864
+constexpr int kWidePBytes = kWideHeads * 128;    // P^T [32 heads][64 tokens] fp16: 4,096
+constexpr int kWideProducerRegs = 40, kWideConsumerRegs = 232;  // 40 x 128 + 232 x 256 = 168 x 384
+static_assert(kWideProducerRegs * 128 + kWideConsumerRegs * 256 <= 168 * kWideThreads, "setmaxnreg budget");
+
+struct WideLayout {
+  static constexpr int kStage = 0;
+  static constexpr int kQ = kWideStages * kStageBytes;     // [consumer] Q2
+  static constexpr int kP = kQ + 2 * kQ2Bytes;             // [consumer] P^T
+  static constexpr int kRed = kP + 2 * kWidePBytes;        // [consumer][4 warps][32 heads] floats
+  static constexpr int kBar = kRed + 2 * 4 * kWideHeads * 4;  // full[stages], then empty[stages]
+  static constexpr int kAlloc = kBar + 16 * kWideStages + 1024;
+};
+static_assert(WideLayout::kAlloc <= 232448, "one CTA per SM");
+
+// S^T (+)= K . Q2^T, one k-step of 32 e4m3 over 64 columns: d[4j + f] = (token 16 warp + g + 8 (f >> 1), column
+// 8j + 2c + (f & 1)).
+__device__ __forceinline__ void wgmma_qk64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// Out^T tile += V^T (A from registers) . P^T (B, K-major in shared memory), m64n32k16 f16.
+__device__ __forceinline__ void wgmma_pv32(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+      "{%16,%17,%18,%19}, %20, p, 1, 1, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dkr, uint2 dq, uint2 dqr) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 16; ++ks)
+    wgmma_qk64(sc, desc_at(dk, (ks >> 2) * kLatChunk + (ks & 3) * 32),
+               desc_at(dq, (ks >> 2) * kQ2Chunk + (ks & 3) * 32), ks > 0);
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) wgmma_qk64(sc, desc_at(dkr, 32 * ks), desc_at(dqr, 32 * ks), 1);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(sc);
+}
+
+__global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
+  using L = WideLayout;
+  constexpr float kInf = INFINITY;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const uint32_t sbase = smem_u32(smem);
+
+  pdl_launch_dependents();  // the merge may launch now: it waits for this grid's end
+  const int tid = threadIdx.x, wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  const int split = blockIdx.x;
+  const long long b = blockIdx.y;
+  const int H = a.num_heads, S = a.num_splits;
+  const int seq_len = a.lens[b];
+  const int split_len = ((seq_len + S - 1) / S + kBN - 1) / kBN * kBN;
+  const int start = split * split_len;
+  const int end = min(start + split_len, seq_len);
+  const int ntiles = end > start ? (end - start + kBN - 1) / kBN : 0;
+  const uint32_t bar_full = sbase + L::kBar, bar_empty = bar_full + 8 * kWideStages;
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kWideStages; ++st) {
+      mbar_init(bar_full + 8 * st, 1);
+      mbar_init(bar_empty + 8 * st, 8);  // the consumers' 8 warps
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // the producer: warp 0 issues every tile's copies (lane r the page run r), the others leave
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWideProducerRegs));
+    if (w != 0) return;
+    const int* trow = a.table + b * a.stride_tb;
+    auto run_page = [&](int t) -> int {  // this lane's run of tile t: its page, or -1
+      const int n = start + t * kBN + lane * a.box_rows;
+      if (t >= ntiles || lane * a.box_rows >= kBN || n >= end) return -1;
+      return trow[a.page_shift >= 0 ? n >> a.page_shift : n / a.page_size];
+    };
+    int page = run_page(0);
+    for (int t = 0; t < ntiles; ++t) {
+      const int s = t % kWideStages;
+      const int page_next = run_page(t + 1);  // in flight while the stage is waited for
+      mbar_wait(bar_empty + 8 * s, ((t / kWideStages) & 1) ^ 1);  // the first round's phase counts as done
+      const int tok0 = start + t * kBN;
+      const int runs = (min(kBN, end - tok0) + a.box_rows - 1) / a.box_rows;
+      const uint32_t bar = bar_full + 8 * s;
+      if (lane == 0) mbar_expect_tx(bar, runs * a.box_rows * 576);
+      __syncwarp();
+      if (page >= 0) {
+        const int n = tok0 + lane * a.box_rows;
+        const int slot = a.page_shift >= 0 ? n & (a.page_size - 1) : n % a.page_size;
+        const uint32_t dst = sbase + L::kStage + s * kStageBytes;
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc)
+          tma_load_3d(dst + cc * kLatChunk + lane * a.box_rows * 128, &a.tm_lat, 128 * cc, slot, page, bar);
+        tma_load_3d(dst + kRope + lane * a.box_rows * 64, &a.tm_rope, 512, slot, page, bar);
+      }
+      page = page_next;
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWideConsumerRegs));
+  const int k = wg - 1, ctid = tid - 128 * wg, bar_id = 1 + k;  // named barrier 1 + k: this warpgroup's 128 threads
+  const int h0 = 64 * blockIdx.z + kWideHeads * k;  // this warpgroup's first head
+  float* red = reinterpret_cast<float*>(smem + L::kRed) + k * 4 * kWideHeads;  // [4 warps][32 heads]
+  const uint32_t qbase = L::kQ + k * kQ2Bytes;
+  // Q2 = [q hi; q lo] of the 32 heads in e4m3 (head rows past H zeros), as the kernel above builds it.
+  float sigma;
+  {
+    uint4 qv[18];  // 32 heads x 72 units of 8 dims, 18 per thread
+#pragma unroll
+    for (int kq = 0; kq < 18; ++kq) {
+      const int i = ctid + 128 * kq, h = i / 72, u = i - 72 * h;
+      qv[kq] = h0 + h < H ? *reinterpret_cast<const uint4*>(a.q + b * a.stride_qb + (long long)(h0 + h) * a.stride_qh +
+                                                             8 * u)
+                          : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float mx = 0.f;
+#pragma unroll
+    for (int kq = 0; kq < 18; ++kq) {
+      const uint32_t wds[4] = {qv[kq].x, qv[kq].y, qv[kq].z, qv[kq].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(wds[e] << 16)), fabsf(__uint_as_float(wds[e] & 0xffff0000u))));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[w] = mx;
+    named_bar_sync(bar_id, 128);
+    mx = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    const int e = mx > 0.f ? ((__float_as_uint(mx) >> 23) & 0xff) - 127 : 0;
+    sigma = __uint_as_float(static_cast<uint32_t>(127 + min(max(7 - e, -100), 100)) << 23);
+#pragma unroll
+    for (int kq = 0; kq < 18; ++kq) {
+      const int i = ctid + 128 * kq, h = i / 72, u = i - 72 * h;
+      uint32_t hi[2], lo[2];
+      q_hi_lo(qv[kq], sigma, hi, lo);
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {
+        const int r = h + kWideHeads * part;
+        uint32_t addr;
+        if (u < 64) {
+          const int unit = (u & 15) >> 1;
+          addr = qbase + (u >> 4) * kQ2Chunk + r * 128 + ((unit ^ (r & 7)) << 4) + (u & 1) * 8;
+        } else {
+          const int unit = (u - 64) >> 1;
+          addr = qbase + kQ2Rope + r * 64 + ((unit ^ ((r >> 1) & 3)) << 4) + (u & 1) * 8;
+        }
+        *reinterpret_cast<uint2*>(smem + addr) = part ? make_uint2(lo[0], lo[1]) : make_uint2(hi[0], hi[1]);
+      }
+    }
+  }
+  const float s_eff = a.qk_scale / sigma;
+  fence_proxy_async();  // Q2's generic stores, read by wgmma
+  named_bar_sync(bar_id, 128);  // also: everyone read red before it is reused
+
+  float o[8][16];  // Out^T M-tile i: o[i][4j + 2h + e] = (dim 128w + 16g + 2i + h, head 8j + 2c + e)
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int q = 0; q < 16; ++q) o[i][q] = 0.f;
+  float m_ref[8], l_run[8];  // heads 8j + 2c + e: [2j + e]
+#pragma unroll
+  for (int hh = 0; hh < 8; ++hh) m_ref[hh] = -kInf, l_run[hh] = 0.f;
+  const uint32_t pbase = sbase + L::kP + k * kWidePBytes;
+  const uint2 dq = desc_words<1>(sbase + qbase, 1024), dqr = desc_words<2>(sbase + qbase + kQ2Rope, 512);
+  const uint2 dp = desc_words<1>(pbase, 1024);
+  uint8_t* psm = smem + L::kP + k * kWidePBytes;
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int s = t % kWideStages;
+    const uint32_t stage = sbase + L::kStage + s * kStageBytes;
+    mbar_wait(bar_full + 8 * s, (t / kWideStages) & 1);  // tile t has landed
+
+    float sc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sc[i] = 0.f;
+    score_tile64(sc, desc_words<1>(stage, 1024), desc_words<2>(stage + kRope, 512), dq, dqr);
+
+    // sv[4j + f]: token row 16w + g + 8 (f >> 1), head 8j + 2c + (f & 1)
+    const int live = end - (start + t * kBN);  // rows at or past `live` lie past the slice's end
+    const bool live0 = 16 * w + g < live, live1 = 16 * w + g + 8 < live;
+    float sv[16];
+    bool grow = false;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const float x = fmaf(sc[4 * (j + 4) + f], 0.0625f, sc[4 * j + f]) * s_eff;
+        sv[4 * j + f] = (f >> 1 ? live1 : live0) ? x : -kInf;
+        grow |= sv[4 * j + f] > m_ref[2 * j + (f & 1)] + 8.f;  // also the first live score (m_ref = -inf)
+      }
+    float p[16];
+    auto write_p = [&]() {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          const int hh = 2 * j + (f & 1);
+          p[4 * j + f] = fast_exp2(sv[4 * j + f] - (m_ref[hh] == -kInf ? 0.f : m_ref[hh]));
+          const int n = 8 * j + 2 * c + (f & 1), tt = 16 * w + g + 8 * (f >> 1);
+          *reinterpret_cast<__half*>(psm + n * 128 + (((tt >> 3) ^ (n & 7)) << 4) + (tt & 7) * 2) =
+              __float2half_rn(p[4 * j + f]);
+        }
+      fence_proxy_async();  // P's generic stores, read by wgmma
+    };
+    write_p();  // with the reference max as it stands: kept unless a score outgrew it
+    if (warpgroup_any(bar_id, grow)) {
+      // Rare: the tile's exact max per head (the 4 warps' maxima through shared memory), rescale, P again.
+      float mx[8];
+#pragma unroll
+      for (int hh = 0; hh < 8; ++hh) {
+        const int j = hh >> 1, e = hh & 1;
+        mx[hh] = fmaxf(sv[4 * j + e], sv[4 * j + 2 + e]);
+#pragma unroll
+        for (int o2 = 4; o2 < 32; o2 <<= 1) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], o2));
+      }
+      if (g == 0) {
+#pragma unroll
+        for (int hh = 0; hh < 8; ++hh) red[kWideHeads * w + 8 * (hh >> 1) + 2 * c + (hh & 1)] = mx[hh];
+      }
+      named_bar_sync(bar_id, 128);
+      float alpha[8];
+#pragma unroll
+      for (int hh = 0; hh < 8; ++hh) {
+        const int n = 8 * (hh >> 1) + 2 * c + (hh & 1);
+        const float tm = fmaxf(fmaxf(red[n], red[kWideHeads + n]), fmaxf(red[2 * kWideHeads + n], red[3 * kWideHeads + n]));
+        const float m_new = fmaxf(m_ref[hh], tm);
+        alpha[hh] = m_ref[hh] == -kInf ? 1.f : fast_exp2(m_ref[hh] - m_new);
+        m_ref[hh] = m_new;
+        l_run[hh] *= alpha[hh];
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int q = 0; q < 16; ++q) o[i][q] *= alpha[2 * (q >> 2) + (q & 1)];
+      write_p();
+      named_bar_sync(bar_id, 128);  // P rewritten; red read by everyone
+    }
+#pragma unroll
+    for (int q = 0; q < 16; ++q) l_run[2 * (q >> 2) + (q & 1)] += p[q];
+
+    // Out^T += V^T . P^T, as in the kernel above: k-step kk = tokens 16kk .. 16kk + 15; this thread reads 16 bytes
+    // (unit g of chunk w: dims 128w + 16g ..) of rows r = 16kk + 2c, +1 (A regs 0, 1) and + 8, + 9 (A regs 2, 3);
+    // rows past the slice's end read as zeros.
+    const uint32_t vbase = stage + w * kLatChunk;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int r = 16 * kk + 2 * c;
+      uint4 x0 = lds128(vbase + r * 128 + ((g ^ (2 * c)) << 4));
+      uint4 x1 = lds128(vbase + (r + 1) * 128 + ((g ^ (2 * c + 1)) << 4));
+      uint4 x2 = lds128(vbase + (r + 8) * 128 + ((g ^ (2 * c)) << 4));
+      uint4 x3 = lds128(vbase + (r + 9) * 128 + ((g ^ (2 * c + 1)) << 4));
+      if (live < kBN) {
+        x0 = r < live ? x0 : zero;
+        x1 = r + 1 < live ? x1 : zero;
+        x2 = r + 8 < live ? x2 : zero;
+        x3 = r + 9 < live ? x3 : zero;
+      }
+      const uint32_t a0[4] = {x0.x, x0.y, x0.z, x0.w}, a1[4] = {x1.x, x1.y, x1.z, x1.w};
+      const uint32_t a2[4] = {x2.x, x2.y, x2.z, x2.w}, a3[4] = {x3.x, x3.y, x3.z, x3.w};
+      uint32_t va[8][4];  // [M-tile i][A reg]: tile i = dims byte 2i (rows g) and 2i + 1 (rows g + 8)
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+        e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x5140), va[2 * qq][0], va[2 * qq][1]);
+        e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x7362), va[2 * qq + 1][0], va[2 * qq + 1][1]);
+        e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x5140), va[2 * qq][2], va[2 * qq][3]);
+        e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x7362), va[2 * qq + 1][2], va[2 * qq + 1][3]);
+      }
+      if (kk == 3) {  // every V row of the stage this warp reads is in registers: hand the stage back
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_empty + 8 * s);
+      }
+      if (kk >= 1) wgmma_wait<0>();  // k-step kk - 1's products are done (one k-step's A registers in flight)
+      wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < 8; ++i) wgmma_pv32(o[i], va[i], desc_at(dp, 32 * kk));
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 8; ++i) fence_regs(o[i]);
+  }
+
+  // Epilogue: the sums over the tile's 64 rows (lanes g, then the 4 warps), then this warpgroup's partials.
+  named_bar_sync(bar_id, 128);  // red free
+#pragma unroll
+  for (int hh = 0; hh < 8; ++hh) {
+#pragma unroll
+    for (int o2 = 4; o2 < 32; o2 <<= 1) l_run[hh] += __shfl_xor_sync(0xffffffffu, l_run[hh], o2);
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 8; ++hh) red[kWideHeads * w + 8 * (hh >> 1) + 2 * c + (hh & 1)] = l_run[hh];
+  }
+  named_bar_sync(bar_id, 128);
+#pragma unroll
+  for (int hh = 0; hh < 8; ++hh) {
+    const int n = 8 * (hh >> 1) + 2 * c + (hh & 1), head = h0 + n;
+    const float l = (red[n] + red[kWideHeads + n]) + (red[2 * kWideHeads + n] + red[3 * kWideHeads + n]);
+    if (head >= H) continue;
+    const long long slot = (b * H + head) * S + split;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int j = hh >> 1, e = hh & 1;
+    uint32_t u[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) u[i] = pack_f16x2(o[i][4 * j + e] * inv, o[i][4 * j + 2 + e] * inv);  // dims 2i, 2i+1
+    uint4* dst = reinterpret_cast<uint4*>(a.part + slot * 512 + 128 * w + 16 * g);
+    dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
+    dst[1] = make_uint4(u[4], u[5], u[6], u[7]);
+    if (w == 0 && g == 0) a.part_lse[slot] = l > 0.f ? m_ref[hh] + log2f(l) : -kInf;
+  }
+}
+
 template <int STAGES, bool TMA, bool CLUSTER>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
   auto kernel = mla_decode_tok_sm90<STAGES, TMA, CLUSTER>;
@@ -788,4 +1139,54 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
     return cluster ? launch_cluster<2, true>(a, batch, st) : launch<2, true>(a, batch, st);
   }
   return cluster ? launch_cluster<2, false>(a, batch, st) : launch<2, false>(a, batch, st);
+}
+
+// The many-head kernel (17+ heads, 64 per CTA): registers, CTAs per SM, tile tokens and shared memory.
+extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
+  *block_n = kBN;
+  *smem_bytes = WideLayout::kAlloc;
+  return prepare_kernel(mla_decode_tok_wide_sm90, kWideThreads, WideLayout::kAlloc, regs, per_sm);
+}
+
+// Whether the many-head kernel takes this cache: its loads are TMA only (pages of 16, 32 or a multiple of 64 slots,
+// 16-byte aligned rows and strides).
+extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stride_page, long long stride_slot) {
+  return (page_size % kBN == 0 || page_size == 16 || page_size == 32) && reinterpret_cast<uintptr_t>(kv) % 16 == 0 &&
+         stride_slot % 16 == 0 && stride_page % 16 == 0 && encode_fn() != nullptr;
+}
+
+// fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
+// merge, also for one split. Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA).
+extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* table, const void* lens, void* part,
+                                  void* part_lse, long long stride_qb, long long stride_qh, long long stride_page,
+                                  long long stride_slot, long long stride_tb, int num_heads, int num_splits,
+                                  int batch, int page_size, long long num_pages, float qk_scale, void* stream) {
+  if (num_heads < 1 || num_splits < 1 || !dg_mla_tokw_applies(kv, page_size, stride_page, stride_slot))
+    return cudaErrorInvalidValue;
+  Args a{};
+  a.q = static_cast<const uint16_t*>(q);
+  a.kv = static_cast<const uint8_t*>(kv);
+  a.table = static_cast<const int*>(table);
+  a.lens = static_cast<const int*>(lens);
+  a.part = static_cast<__half*>(part);
+  a.part_lse = static_cast<float*>(part_lse);
+  a.stride_qb = stride_qb;
+  a.stride_qh = stride_qh;
+  a.stride_page = stride_page;
+  a.stride_slot = stride_slot;
+  a.stride_tb = stride_tb;
+  a.num_heads = num_heads;
+  a.num_splits = num_splits;
+  a.page_size = page_size;
+  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
+  a.box_rows = page_size < kBN ? page_size : kBN;
+  a.qk_scale = qk_scale;
+  if (!encode_map(&a.tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128, CU_TENSOR_MAP_SWIZZLE_128B,
+                  a.box_rows) ||
+      !encode_map(&a.tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64, CU_TENSOR_MAP_SWIZZLE_64B,
+                  a.box_rows))
+    return cudaErrorInvalidValue;
+  const dim3 grid(num_splits, batch, (num_heads + 63) / 64);
+  mla_decode_tok_wide_sm90<<<grid, kWideThreads, WideLayout::kAlloc, static_cast<cudaStream_t>(stream)>>>(a);
+  return cudaGetLastError();
 }

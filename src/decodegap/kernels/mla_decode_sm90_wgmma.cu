@@ -88,22 +88,9 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint3
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (swizzle << 62);
 }
 
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }\n" ::"r"(bar) : "memory");
-}
 // The mbarrier counts one arrival when all of this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// Whether `p` holds in any of the warpgroup's 128 threads (named barrier `id`, these threads only).
-__device__ __forceinline__ bool warpgroup_any(int id, bool p) {
-  uint32_t r;
-  asm volatile("{ .reg .pred a, b; setp.ne.u32 a, %1, 0; bar.red.or.pred b, %2, 128, a; selp.u32 %0, 1, 0, b; }\n"
-               : "=r"(r) : "r"(static_cast<uint32_t>(p)), "r"(id) : "memory");
-  return r != 0;
 }
 // The probes' stand-in for one side of the ring: n stages passed on untouched, each waited for on `wait` (parity
 // flipped for the empty barriers, whose first phase counts as done) and handed over on `signal`.

@@ -659,12 +659,23 @@ def uses_cuda_kernel(q: torch.Tensor, kv_cache: torch.Tensor, config: Config | N
     return cuda_path(q, kv_cache, config, backend) is not None
 
 
+def _wgmma_variant(q, kv_cache, variant: int | None) -> int:
+    """The wgmma variant to run: the given one, else the default for the cache and head count; one that cannot read
+    this cache (variant 40 on pages TMA cannot copy) runs as the default that can."""
+    from decodegap.kernels import mla_decode_sm90 as sm90
+
+    if variant is None:
+        variant = sm90.default_wgmma_variant(kv_cache.dtype, q.shape[1])
+    if not sm90.wgmma_variant_runs(variant, kv_cache):
+        variant = sm90.default_wgmma_variant(kv_cache.dtype, q.shape[1], tma_pages=False)
+    return variant
+
+
 def _wgmma_splits(q, kv_cache, block_table, variant: int | None = None) -> int:
     from decodegap.kernels import mla_decode_sm90 as sm90
 
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if variant is None:
-        variant = sm90.default_wgmma_variant(kv_cache.dtype, q.shape[1])
+    variant = _wgmma_variant(q, kv_cache, variant)
     info = sm90.wgmma_info(device_index, variant)
     # Its partials: fp16 for an FP8 cache, fp32 for BF16 (whose tokens are twice the bytes), and its slices whole
     # 32-token tiles. Counted as fp32 on 576-byte tokens, B=1 ctx 4096 H=128 took 24 splits where 32 ran 1.0
@@ -688,10 +699,11 @@ def _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv
 
     batch, num_heads, _ = q.shape
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    variant = _wgmma_variant(q, kv_cache, variant)
     if num_splits is None:
         num_splits = _wgmma_splits(q, kv_cache, block_table, variant)
     q_scale, s_scale = _score_scales(sm_scale, kv_scale, tl.float16 if fp8 else tl.bfloat16)
-    if num_splits == 1:
+    if num_splits == 1 and variant != sm90.TOKW_VARIANT:  # variant 40 always writes partials
         sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, None, None, out, lse if return_lse else None,
                           q_scale, s_scale, float(kv_scale), 1, variant)
         return (out, lse) if return_lse else out
