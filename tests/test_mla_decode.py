@@ -792,7 +792,7 @@ def test_wgmma_tma_variant(batch, heads, page_size, lens, num_splits, tma, monke
         assert rel_err(again, res) < 1e-6
 
 
-# (batch, heads, page size, lengths, forced split count or None, whether variant 40 runs itself)
+# (batch, heads, page size, lengths, forced split count or None, whether variants 40, 41 run themselves)
 TOKW_CASES = [
     (3, 128, 64, [700, 0, 2100], None, True),   # two head blocks, pages of 64; an empty sequence, a mid-tile end
     (2, 100, 32, [65, 1000], 3, True),          # a part-empty second head block, pages of 32, empty slices
@@ -802,12 +802,14 @@ TOKW_CASES = [
 ]
 
 
+@pytest.mark.parametrize("variant", [40, 41])
 @pytest.mark.parametrize("batch,heads,page_size,lens,num_splits,runs", TOKW_CASES,
                          ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[4]}" for c in TOKW_CASES])
-def test_tokw_variant(batch, heads, page_size, lens, num_splits, runs, monkeypatch):
-    """Variant 40 (the tokens-major tile for 64 heads per CTA) runs itself exactly where TMA can copy the pages, else
+def test_tokw_variant(batch, heads, page_size, lens, num_splits, runs, variant, monkeypatch):
+    """Variants 40 and 41 (the tokens-major tile for 64 heads per CTA) run themselves exactly where TMA can copy the pages, else
     the FP8 default does; rows past each sequence's end (NaN-poisoned, left stale in the stage) never reach the
-    output; runs again give the same output (a stage handed back too early is a race)."""
+    output; runs again give the same output (a stage handed back too early is a race; so is a missed turn of 41's
+    consumers)."""
     needs_wgmma()
     from decodegap.kernels import mla_decode_sm90 as sm90
     from decodegap.kernels.mla_decode_triton import mla_decode_triton
@@ -819,12 +821,12 @@ def test_tokw_variant(batch, heads, page_size, lens, num_splits, runs, monkeypat
     out = torch.full((batch, heads, LATENT_DIM), float("nan"), dtype=BF16, device=DEVICE)
     res, lse = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
                                  return_lse=True, num_splits=num_splits, out=out, poison_workspace=True,
-                                 backend="cuda", wgmma_variant=sm90.TOKW_VARIANT)
+                                 backend="cuda", wgmma_variant=variant)
     assert ran == ([True] if runs else [])
     check_against_reference(case, res, lse)
     for _ in range(4):
         again = mla_decode_triton(case.q, case.kv_cache, case.block_table, case.seq_lens, SM_SCALE, 0.6,
-                                  num_splits=num_splits, backend="cuda", wgmma_variant=sm90.TOKW_VARIANT)
+                                  num_splits=num_splits, backend="cuda", wgmma_variant=variant)
         assert rel_err(again, res) < 1e-6
 
 

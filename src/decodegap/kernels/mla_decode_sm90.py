@@ -177,7 +177,7 @@ def _tok_library(device_index: int):
     lib.dg_mla_tokw_prepare.restype = i
     lib.dg_mla_tokw_applies.argtypes = [p, i, ll, ll]
     lib.dg_mla_tokw_applies.restype = i
-    lib.dg_mla_tokw_launch.argtypes = [p] * 6 + [ll] * 5 + [i] * 4 + [ll, f, p]
+    lib.dg_mla_tokw_launch.argtypes = [p] * 6 + [ll] * 5 + [i] * 4 + [ll, f, i, p]
     lib.dg_mla_tokw_launch.restype = i
     return lib
 
@@ -333,15 +333,15 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # 50-53; mla_decode_h200_2026-12-03-leadfollow.md) and, for BF16, TMA multicast (21, 22), TMA with 5 stages (25) and
 # TMA with the lead/follow consumers (24; mla_decode_h200_2026-12-03-tma.md).
 # DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
-# 40 (FP8) is not in that file: it is the tokens-major tile of mla_decode_sm90_tok.cu for 64 heads per CTA
-# (mla_decode_tok_wide_sm90: a TMA producer warp, two consumer warpgroups of 32 heads; FP8 scores straight from the
-# stage, V^T widened in registers), for page sizes TMA can read (16, 32 or a multiple of 64 slots); elsewhere it
-# runs as the FP8 default for its head count.
-TOKW_VARIANT = 40
+# 40 and 41 (FP8) are not in that file: they are the tokens-major tile of mla_decode_sm90_tok.cu for 64 heads per
+# CTA (mla_decode_tok_wide_sm90: a TMA producer warp, two consumer warpgroups of 32 heads; FP8 scores straight from
+# the stage, V^T widened in registers; 41 with the consumers taking turns to issue their score products), for page
+# sizes TMA can read (16, 32 or a multiple of 64 slots); elsewhere they run as the FP8 default for the head count.
+TOKW_VARIANTS = {40: 0, 41: 1}  # -> dg_mla_tokw_launch's pingpong argument
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
                   8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  23: torch.bfloat16, TOKW_VARIANT: torch.float8_e4m3fn}
+                  23: torch.bfloat16, 40: torch.float8_e4m3fn, 41: torch.float8_e4m3fn}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second
@@ -365,11 +365,11 @@ def default_wgmma_variant(kv_dtype: torch.dtype, num_heads: int | None = None, t
     if kv_dtype != torch.float8_e4m3fn:
         return int(os.environ.get("DECODEGAP_MLA_WGMMA_BF16") or DEFAULT_WGMMA_BF16_VARIANT)
     forced = os.environ.get("DECODEGAP_MLA_WGMMA_FP8")
-    if forced and (tma_pages or int(forced) != TOKW_VARIANT):
+    if forced and (tma_pages or int(forced) not in TOKW_VARIANTS):
         return int(forced)
     many = num_heads is None or num_heads >= WGMMA_FP8_SEESAW_MIN_HEADS
     variant = DEFAULT_WGMMA_FP8_MANY_HEADS_VARIANT if many else DEFAULT_WGMMA_FP8_VARIANT
-    if variant == TOKW_VARIANT and not tma_pages:
+    if variant in TOKW_VARIANTS and not tma_pages:
         variant = 18 if many else 8
     return variant
 
@@ -396,8 +396,8 @@ def bind_wgmma(lib: ctypes.CDLL) -> ctypes.CDLL:
 @functools.lru_cache(maxsize=None)
 def wgmma_info(device_index: int, variant: int) -> KernelInfo:
     """Registers and CTAs per SM of a wgmma kernel variant; also sets its shared-memory limit, before any capture."""
-    if variant == TOKW_VARIANT:
-        return _tokw_info(device_index)
+    if variant in TOKW_VARIANTS:
+        return _tokw_info(device_index, variant)
     lib = _wgmma_library(device_index)
     if lib is None:
         raise RuntimeError("the wgmma MLA decode kernel is not available on this device")
@@ -410,7 +410,7 @@ def wgmma_info(device_index: int, variant: int) -> KernelInfo:
     return KernelInfo(variant, block_n.value, regs.value, max(1, per_sm.value))
 
 
-def _tokw_info(device_index: int) -> KernelInfo:
+def _tokw_info(device_index: int, variant: int) -> KernelInfo:
     lib = _tok_library(device_index)
     if lib is None:
         raise RuntimeError("the tokens-major MLA decode kernel is not available on this device")
@@ -420,12 +420,13 @@ def _tokw_info(device_index: int) -> KernelInfo:
                                       ctypes.byref(smem))
     if err != 0:
         raise RuntimeError(f"dg_mla_tokw_prepare failed: CUDA error {err}")
-    return KernelInfo(TOKW_VARIANT, block_n.value, regs.value, max(1, per_sm.value))
+    return KernelInfo(variant, block_n.value, regs.value, max(1, per_sm.value))
 
 
 def wgmma_variant_runs(variant: int, kv_cache: torch.Tensor) -> bool:
-    """Whether `variant` can read this cache as it is (variant 40 needs pages TMA can copy, and its library)."""
-    if variant != TOKW_VARIANT:
+    """Whether `variant` can read this cache as it is (variants 40 and 41 need pages TMA can copy, and their
+    library)."""
+    if variant not in TOKW_VARIANTS:
         return True
     lib = _tok_library(kv_cache.device.index if kv_cache.device.index is not None else torch.cuda.current_device())
     return lib is not None and bool(lib.dg_mla_tokw_applies(kv_cache.data_ptr(), kv_cache.shape[1],
@@ -457,14 +458,15 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     variant = default_wgmma_variant(kv_cache.dtype, num_heads) if variant is None else variant
     if WGMMA_VARIANTS.get(variant) != kv_cache.dtype:
         raise ValueError(f"wgmma variant {variant} does not read a {kv_cache.dtype} cache")
-    if num_splits > 1 or variant == TOKW_VARIANT:
+    if num_splits > 1 or variant in TOKW_VARIANTS:
         want = torch.float16 if fp8 else torch.float32
         if part is None or part_lse is None or part.dtype != want or part_lse.dtype != torch.float32:
             raise TypeError(f"the wgmma kernel writes {want} partials and fp32 lse")
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     wgmma_info(device_index, variant)  # shared-memory limit set once, outside any capture
-    if variant == TOKW_VARIANT:
-        return _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, q_scale * s_scale, num_splits)
+    if variant in TOKW_VARIANTS:
+        return _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, q_scale * s_scale, num_splits,
+                            TOKW_VARIANTS[variant])
     lib = _wgmma_library(device_index)
     elem = kv_cache.element_size()
     used_tma = ctypes.c_int()
@@ -480,13 +482,14 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     return bool(used_tma.value)
 
 
-def _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, qk_scale: float, num_splits: int) -> bool:
-    """Variant 40: fp16 partials and their log2-sum-exp for every split count (the merge writes the output)."""
+def _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, qk_scale: float, num_splits: int,
+                 pingpong: int) -> bool:
+    """Variants 40, 41: fp16 partials and their log2-sum-exp for every split count (the merge writes the output)."""
     lib = _tok_library(q.device.index if q.device.index is not None else torch.cuda.current_device())
     err = lib.dg_mla_tokw_launch(
         q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(), part.data_ptr(),
         part_lse.data_ptr(), q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-        q.shape[1], num_splits, q.shape[0], kv_cache.shape[1], kv_cache.shape[0], qk_scale,
+        q.shape[1], num_splits, q.shape[0], kv_cache.shape[1], kv_cache.shape[0], qk_scale, pingpong,
         torch.cuda.current_stream(q.device).cuda_stream)
     if err != 0:
         raise RuntimeError(f"the tokens-major many-head MLA decode kernel failed to launch: CUDA error {err}")

@@ -138,6 +138,9 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Whether `p` holds in any of the warpgroup's 128 threads (named barrier `id`, these threads only).
 __device__ __forceinline__ bool warpgroup_any(int id, bool p) {
   uint32_t r;

@@ -724,7 +724,9 @@ __device__ __forceinline__ void wgmma_pv32(float (&d)[16], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-__device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dkr, uint2 dq, uint2 dqr) {
+// The 18 k-steps as one async group; `hand_over` (a named barrier id, or 0): arrived at once they are issued.
+__device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dkr, uint2 dq, uint2 dqr,
+                                             int hand_over) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 16; ++ks)
@@ -733,10 +735,12 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) wgmma_qk64(sc, desc_at(dkr, 32 * ks), desc_at(dqr, 32 * ks), 1);
   wgmma_commit();
+  if (hand_over) named_bar_arrive(hand_over, 256);
   wgmma_wait<0>();
   fence_regs(sc);
 }
 
+template <bool PINGPONG>
 __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
   using L = WideLayout;
   constexpr float kInf = INFINITY;
@@ -865,6 +869,10 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
   const uint2 dq = desc_words<1>(sbase + qbase, 1024), dqr = desc_words<2>(sbase + qbase + kQ2Rope, 512);
   const uint2 dp = desc_words<1>(pbase, 1024);
   uint8_t* psm = smem + L::kP + k * kWidePBytes;
+  // PINGPONG: the two consumers take turns to issue their score products (named barriers 3 and 4, both warpgroups'
+  // 256 threads: one waits, the other arrives), so that one's softmax runs while the other's products do; the
+  // first turn is warpgroup 0's, and each turn handed over is taken (warpgroup 1 hands none over after its last).
+  if (PINGPONG && k == 1 && ntiles > 0) named_bar_arrive(3, 256);
 
   for (int t = 0; t < ntiles; ++t) {
     const int s = t % kWideStages;
@@ -874,7 +882,9 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     float sc[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) sc[i] = 0.f;
-    score_tile64(sc, desc_words<1>(stage, 1024), desc_words<2>(stage + kRope, 512), dq, dqr);
+    if (PINGPONG) named_bar_sync(3 + k, 256);  // this warpgroup's turn
+    score_tile64(sc, desc_words<1>(stage, 1024), desc_words<2>(stage + kRope, 512), dq, dqr,
+                 PINGPONG && (k == 0 || t + 1 < ntiles) ? 4 - k : 0);
 
     // sv[4j + f]: token row 16w + g + 8 (f >> 1), head 8j + 2c + (f & 1)
     const int live = end - (start + t * kBN);  // rows at or past `live` lie past the slice's end
@@ -1145,7 +1155,10 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
 extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
   *block_n = kBN;
   *smem_bytes = WideLayout::kAlloc;
-  return prepare_kernel(mla_decode_tok_wide_sm90, kWideThreads, WideLayout::kAlloc, regs, per_sm);
+  const int err = prepare_kernel(mla_decode_tok_wide_sm90<true>, kWideThreads, WideLayout::kAlloc, regs, per_sm);
+  return err != cudaSuccess ? err
+                            : prepare_kernel(mla_decode_tok_wide_sm90<false>, kWideThreads, WideLayout::kAlloc, regs,
+                                             per_sm);
 }
 
 // Whether the many-head kernel takes this cache: its loads are TMA only (pages of 16, 32 or a multiple of 64 slots,
@@ -1160,7 +1173,8 @@ extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stri
 extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* table, const void* lens, void* part,
                                   void* part_lse, long long stride_qb, long long stride_qh, long long stride_page,
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
-                                  int batch, int page_size, long long num_pages, float qk_scale, void* stream) {
+                                  int batch, int page_size, long long num_pages, float qk_scale, int pingpong,
+                                  void* stream) {
   if (num_heads < 1 || num_splits < 1 || !dg_mla_tokw_applies(kv, page_size, stride_page, stride_slot))
     return cudaErrorInvalidValue;
   Args a{};
@@ -1187,6 +1201,10 @@ extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* tab
                   a.box_rows))
     return cudaErrorInvalidValue;
   const dim3 grid(num_splits, batch, (num_heads + 63) / 64);
-  mla_decode_tok_wide_sm90<<<grid, kWideThreads, WideLayout::kAlloc, static_cast<cudaStream_t>(stream)>>>(a);
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (pingpong)
+    mla_decode_tok_wide_sm90<true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+  else
+    mla_decode_tok_wide_sm90<false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   return cudaGetLastError();
 }

@@ -101,9 +101,6 @@ __device__ __forceinline__ void pass_stages(uint32_t wait, uint32_t signal, int 
     mbar_arrive(signal + 8 * (j % W));
   }
 }
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 template <bool F16>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
