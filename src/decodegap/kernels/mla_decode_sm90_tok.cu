@@ -1155,10 +1155,13 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
 extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
   *block_n = kBN;
   *smem_bytes = WideLayout::kAlloc;
-  const int err = prepare_kernel(mla_decode_tok_wide_sm90<true>, kWideThreads, WideLayout::kAlloc, regs, per_sm);
-  return err != cudaSuccess ? err
-                            : prepare_kernel(mla_decode_tok_wide_sm90<false>, kWideThreads, WideLayout::kAlloc, regs,
-                                             per_sm);
+  for (auto kernel : {mla_decode_tok_wide_sm90<true>, mla_decode_tok_wide_sm90<false>}) {
+    const int err = prepare_kernel(kernel, kWideThreads, WideLayout::kAlloc, regs, per_sm);
+    if (err != cudaSuccess) return err;
+    // setmaxnreg.inc waits until the CTA's registers allow it: a build with fewer per thread would hang
+    if (*regs * kWideThreads < kWideProducerRegs * 128 + kWideConsumerRegs * 256) return cudaErrorInvalidConfiguration;
+  }
+  return cudaSuccess;
 }
 
 // Whether the many-head kernel takes this cache: its loads are TMA only (pages of 16, 32 or a multiple of 64 slots,
