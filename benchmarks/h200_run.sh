@@ -25,6 +25,7 @@
 # 2026-12-02, eighth: limits (benchmarks/mla_wgmma_limits.py, LIMITS_ARGS=...): the wgmma variants with the
 # producer's copies or the consumers' math left out; ncu128 also reads the L2's throughput and the L2 -> SM bytes.
 # 2026-12-03: ncudram (NCUD_SHAPES="32x4096 128x16384"): the H=128 wgmma kernel's DRAM bytes, L2 hits, tensor pipe.
+# 2026-12-06: floor (benchmarks/mla_read_floor.py, FLOOR_SHAPES=...): a kernel that only reads the live KV, timed alike.
 STEPS=${STEPS:-probe tok tests bench demo ncu ncu16}
 T0=$(date +%s)
 since() { echo "== $1 $(( $(date +%s) - T0 )) s"; }
@@ -54,6 +55,11 @@ if [[ " $STEPS " == *" probe "* ]]; then
   if [ -s /tmp/bf16_variant ]; then export DECODEGAP_MLA_WGMMA_BF16=$(cat /tmp/bf16_variant); fi
   echo "wgmma variants for the rest of this call: FP8 ${DECODEGAP_MLA_WGMMA_FP8:-default}, BF16 ${DECODEGAP_MLA_WGMMA_BF16:-default}"
   since probe
+fi
+if [[ " $STEPS " == *" floor "* ]]; then  # what only reading the live KV takes at each size (mla_read_floor.py)
+  (cd benchmarks && timeout 150 python3 mla_read_floor.py ${FLOOR_SHAPES:+--shapes $FLOOR_SHAPES} > $OUT/floor.txt 2>&1)
+  echo "floor rc=$?"; grep -E "^\||copy|Error" $OUT/floor.txt | cut -c1-200
+  since floor
 fi
 if [[ " $STEPS " == *" limits "* ]]; then  # the wgmma kernel as built, consumers alone, producer alone
   (cd benchmarks && timeout 240 python3 mla_wgmma_limits.py ${LIMITS_ARGS} > $OUT/limits.txt 2>&1)
