@@ -177,7 +177,7 @@ def _tok_library(device_index: int):
     lib.dg_mla_tokw_prepare.restype = i
     lib.dg_mla_tokw_applies.argtypes = [p, i, ll, ll]
     lib.dg_mla_tokw_applies.restype = i
-    lib.dg_mla_tokw_launch.argtypes = [p] * 6 + [ll] * 5 + [i] * 4 + [ll, f, i, p]
+    lib.dg_mla_tokw_launch.argtypes = [p] * 6 + [ll] * 5 + [i] * 4 + [ll, f, p]
     lib.dg_mla_tokw_launch.restype = i
     return lib
 
@@ -333,23 +333,28 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # 50-53; mla_decode_h200_2026-12-03-leadfollow.md) and, for BF16, TMA multicast (21, 22), TMA with 5 stages (25) and
 # TMA with the lead/follow consumers (24; mla_decode_h200_2026-12-03-tma.md).
 # DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
-# 40 and 41 (FP8) are not in that file: they are the tokens-major tile of mla_decode_sm90_tok.cu for 64 heads per
-# CTA (mla_decode_tok_wide_sm90: a TMA producer warp, two consumer warpgroups of 32 heads; FP8 scores straight from
-# the stage, V^T widened in registers; 41 with the consumers taking turns to issue their score products), for page
-# sizes TMA can read (16, 32 or a multiple of 64 slots); elsewhere they run as the FP8 default for the head count.
-TOKW_VARIANTS = {40: 0, 41: 1}  # -> dg_mla_tokw_launch's pingpong argument
+# 41 (FP8) is not in that file: it is the tokens-major tile of mla_decode_sm90_tok.cu for 64 heads per CTA
+# (mla_decode_tok_wide_sm90: a TMA producer warp, two consumer warpgroups of 32 heads taking turns to issue their
+# score products; FP8 scores straight from the stage, V^T widened in registers), for page sizes TMA can read (16, 32
+# or a multiple of 64 slots); elsewhere it runs as 18 (65+ heads) or 8. Tried beside it and removed: 40, the same
+# with the consumers running free, 1-2% slower (benchmarks/results/mla_decode_h100_2026-12-06.md).
+TOKW_VARIANTS = (41,)
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
                   8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  23: torch.bfloat16, 40: torch.float8_e4m3fn, 41: torch.float8_e4m3fn}
+                  23: torch.bfloat16, 41: torch.float8_e4m3fn}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second
 # CTA's KV reads hitting L2): 104.9 vs 105.3-105.8 at B=32 ctx 4096 H=128, 1281 vs 1311-1320 at B=128 ctx 16384,
 # 28.2 vs 29.3-29.7 at B=1; else 8 (variant 18 69.5 vs 67.0-67.5 at H=64, 61.2 vs 56.8 at H=32: its producer's
 # widening, a pair of tiles in flight, falls behind when every KV byte comes from HBM).
-DEFAULT_WGMMA_FP8_VARIANT = 8
-DEFAULT_WGMMA_FP8_MANY_HEADS_VARIANT = 18  # from WGMMA_FP8_SEESAW_MIN_HEADS heads
+# Then FP8: 41 at every head count where TMA can copy the pages (2026-12-06, one H100, the same call,
+# benchmarks/results/mla_decode_h100_2026-12-06.md): B=32 ctx 4096 H=128 85.5 vs 107.9 us (18), B=128 ctx 16384
+# 1169 vs 1267-1291, H=64 55.6 vs 73.3, H=32 53.2 vs 64.1, B=1 19.4 vs 27.4; 18 and 8 stay for other page sizes.
+DEFAULT_WGMMA_FP8_VARIANT = 41
+FP8_UNTILED_VARIANT = 8  # where TMA cannot copy the pages (e.g. SGLang's page size 1)
+FP8_UNTILED_MANY_HEADS_VARIANT = 18  # the same, from WGMMA_FP8_SEESAW_MIN_HEADS heads
 WGMMA_FP8_SEESAW_MIN_HEADS = 65
 # BF16: 20 (2026-12-02, mla_decode_h200_2026-12-02-pdl.md, call 1): B=128 ctx 16384 H=128 1264.7 vs 1328.4 / 1278.3
 # us (variant 19, twice), B=32 ctx 4096 H=128 92.7 vs 93.0 / 93.7, H=64 67.3 vs 67.3, B=1 25.0 vs 25.2.
@@ -361,17 +366,16 @@ DEFAULT_WGMMA_BF16_VARIANT = 23
 
 def default_wgmma_variant(kv_dtype: torch.dtype, num_heads: int | None = None, tma_pages: bool = True) -> int:
     """The wgmma variant mla_decode runs for this cache and head count (None: many heads); `tma_pages` False: for
-    a cache whose pages TMA cannot copy (variant 40 is then never the answer)."""
+    a cache whose pages TMA cannot copy (variant 41 is then never the answer)."""
     if kv_dtype != torch.float8_e4m3fn:
         return int(os.environ.get("DECODEGAP_MLA_WGMMA_BF16") or DEFAULT_WGMMA_BF16_VARIANT)
     forced = os.environ.get("DECODEGAP_MLA_WGMMA_FP8")
     if forced and (tma_pages or int(forced) not in TOKW_VARIANTS):
         return int(forced)
+    if tma_pages:
+        return DEFAULT_WGMMA_FP8_VARIANT
     many = num_heads is None or num_heads >= WGMMA_FP8_SEESAW_MIN_HEADS
-    variant = DEFAULT_WGMMA_FP8_MANY_HEADS_VARIANT if many else DEFAULT_WGMMA_FP8_VARIANT
-    if variant in TOKW_VARIANTS and not tma_pages:
-        variant = 18 if many else 8
-    return variant
+    return FP8_UNTILED_MANY_HEADS_VARIANT if many else FP8_UNTILED_VARIANT
 
 
 @functools.lru_cache(maxsize=None)
@@ -424,8 +428,7 @@ def _tokw_info(device_index: int, variant: int) -> KernelInfo:
 
 
 def wgmma_variant_runs(variant: int, kv_cache: torch.Tensor) -> bool:
-    """Whether `variant` can read this cache as it is (variants 40 and 41 need pages TMA can copy, and their
-    library)."""
+    """Whether `variant` can read this cache as it is (variant 41 needs pages TMA can copy, and its library)."""
     if variant not in TOKW_VARIANTS:
         return True
     lib = _tok_library(kv_cache.device.index if kv_cache.device.index is not None else torch.cuda.current_device())
@@ -465,8 +468,7 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     wgmma_info(device_index, variant)  # shared-memory limit set once, outside any capture
     if variant in TOKW_VARIANTS:
-        return _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, q_scale * s_scale, num_splits,
-                            TOKW_VARIANTS[variant])
+        return _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, q_scale * s_scale, num_splits)
     lib = _wgmma_library(device_index)
     elem = kv_cache.element_size()
     used_tma = ctypes.c_int()
@@ -482,14 +484,13 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     return bool(used_tma.value)
 
 
-def _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, qk_scale: float, num_splits: int,
-                 pingpong: int) -> bool:
-    """Variants 40, 41: fp16 partials and their log2-sum-exp for every split count (the merge writes the output)."""
+def _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, qk_scale: float, num_splits: int) -> bool:
+    """Variant 41: fp16 partials and their log2-sum-exp for every split count (the merge writes the output)."""
     lib = _tok_library(q.device.index if q.device.index is not None else torch.cuda.current_device())
     err = lib.dg_mla_tokw_launch(
         q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(), part.data_ptr(),
         part_lse.data_ptr(), q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-        q.shape[1], num_splits, q.shape[0], kv_cache.shape[1], kv_cache.shape[0], qk_scale, pingpong,
+        q.shape[1], num_splits, q.shape[0], kv_cache.shape[1], kv_cache.shape[0], qk_scale,
         torch.cuda.current_stream(q.device).cuda_stream)
     if err != 0:
         raise RuntimeError(f"the tokens-major many-head MLA decode kernel failed to launch: CUDA error {err}")

@@ -661,7 +661,7 @@ def uses_cuda_kernel(q: torch.Tensor, kv_cache: torch.Tensor, config: Config | N
 
 def _wgmma_variant(q, kv_cache, variant: int | None) -> int:
     """The wgmma variant to run: the given one, else the default for the cache and head count; one that cannot read
-    this cache (40 and 41 on pages TMA cannot copy) runs as the default that can."""
+    this cache (41 on pages TMA cannot copy) runs as the default that can."""
     from decodegap.kernels import mla_decode_sm90 as sm90
 
     if variant is None:
@@ -703,7 +703,7 @@ def _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv
     if num_splits is None:
         num_splits = _wgmma_splits(q, kv_cache, block_table, variant)
     q_scale, s_scale = _score_scales(sm_scale, kv_scale, tl.float16 if fp8 else tl.bfloat16)
-    if num_splits == 1 and variant not in sm90.TOKW_VARIANTS:  # variants 40, 41 always write partials
+    if num_splits == 1 and variant not in sm90.TOKW_VARIANTS:  # variant 41 always writes partials
         sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, None, None, out, lse if return_lse else None,
                           q_scale, s_scale, float(kv_scale), 1, variant)
         return (out, lse) if return_lse else out
