@@ -102,7 +102,7 @@ if [[ " $STEPS " == *" ncu "* || " $STEPS " == *" ncu128 "* ]]; then
     --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,regex:^l1tex__data_pipe_lsu_wavefronts_mem_shared.sum$,regex:^l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum$,lts__t_bytes.sum.per_second,lts__t_sector_hit_rate.pct,l1tex__m_xbar2l1tex_read_bytes.sum.per_second,lts__throughput.avg.pct_of_peak_sustained_elapsed"
   (cd benchmarks
-   timeout 60 $NCU -k regex:wgmma python3 ncu_mla_decode.py --heads 128 > $OUT/ncu_h128_fp8.txt 2>&1
+   timeout 60 $NCU -k "regex:wgmma|tok_wide" python3 ncu_mla_decode.py --heads 128 > $OUT/ncu_h128_fp8.txt 2>&1
    timeout 60 $NCU -k regex:wgmma python3 ncu_mla_decode.py --heads 128 --cache bf16 > $OUT/ncu_h128_bf16.txt 2>&1
    if [[ " $STEPS " == *" ncu "* ]]; then
      timeout 60 $NCU -k regex:mla_decode_fp8 python3 ncu_mla_decode.py --heads 16 > $OUT/ncu_h16_fp8.txt 2>&1

@@ -693,9 +693,10 @@ static_assert(kWideProducerRegs * 128 + kWideConsumerRegs * 256 <= 168 * kWideTh
 struct WideLayout {
   static constexpr int kStage = 0;
   static constexpr int kQ = kWideStages * kStageBytes;     // [consumer] Q2
-  static constexpr int kP = kQ + 2 * kQ2Bytes;             // [consumer] P^T
-  static constexpr int kRed = kP + 2 * kWidePBytes;        // [consumer][4 warps][32 heads] floats
-  static constexpr int kBar = kRed + 2 * 4 * kWideHeads * 4;  // full[stages], then empty[stages]
+  static constexpr int kP = kQ + 2 * kQ2Bytes;             // P^T [tile parity][consumer][32 heads][64 tokens]
+  static constexpr int kRed = kP + 4 * kWidePBytes;        // [consumer][4 warps][32 heads] floats
+  static constexpr int kX = kRed + 2 * 4 * kWideHeads * 4;  // DIMSPLIT's exchange: alpha [2][64], flags [2][2], l [64]
+  static constexpr int kBar = kX + 1024;                   // full[stages], then empty[stages]
   static constexpr int kAlloc = kBar + 16 * kWideStages + 1024;
 };
 static_assert(WideLayout::kAlloc <= 232448, "one CTA per SM");
@@ -712,6 +713,25 @@ __device__ __forceinline__ void wgmma_qk64(float (&d)[32], uint64_t da, uint64_t
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
         "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// Out^T tile += V^T (A from registers) . P^T (B, K-major in shared memory), m64n64k16 f16 (DIMSPLIT: all 64 heads).
+__device__ __forceinline__ void wgmma_pv64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
 }
 
 // Out^T tile += V^T (A from registers) . P^T (B, K-major in shared memory), m64n32k16 f16.
@@ -741,6 +761,12 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
   fence_regs(sc);
 }
 
+// DIMSPLIT (variant 42): each consumer still computes the scores of its 32 heads, but P.V is split by output dims
+// instead: consumer k accumulates dims 256k .. 256k + 255 of all 64 heads (4 M-tiles of m64n64k16), so it widens
+// only its half of each tile's V rows. Both consumers' P^T (double-buffered by tile parity), the flags and factors
+// of a moved reference max, and at the end the softmax sums go through shared memory, one barrier of both
+// consumers (named barrier 5) a tile.
+template <bool DIMSPLIT>
 __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
   using L = WideLayout;
   constexpr float kInf = INFINITY;
@@ -859,18 +885,21 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
   fence_proxy_async();  // Q2's generic stores, read by wgmma
   named_bar_sync(bar_id, 128);  // also: everyone read red before it is reused
 
-  float o[8][16];  // Out^T M-tile i: o[i][4j + 2h + e] = (dim 128w + 16g + 2i + h, head 8j + 2c + e)
+  constexpr int kMT = DIMSPLIT ? 4 : 8, kNC = DIMSPLIT ? 32 : 16;  // Out^T M-tiles, accumulators per M-tile
+  // Out^T M-tile i: o[i][4j + 2h + e] = (dim 128w + 16g + 2i + h, head 8j + 2c + e of this warpgroup's 32);
+  // DIMSPLIT: (dim 256k + 64w + 8g + 2i + h, head 8j + 2c + e of the block's 64)
+  float o[kMT][kNC];
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < kMT; ++i)
 #pragma unroll
-    for (int q = 0; q < 16; ++q) o[i][q] = 0.f;
+    for (int q = 0; q < kNC; ++q) o[i][q] = 0.f;
+  float* xalpha = reinterpret_cast<float*>(smem + L::kX);  // DIMSPLIT: [parity][64 heads]
+  int* xflag = reinterpret_cast<int*>(smem + L::kX + 512);  // [parity][consumer]
+  float* xl = reinterpret_cast<float*>(smem + L::kX + 528);  // [64 heads]
   float m_ref[8], l_run[8];  // heads 8j + 2c + e: [2j + e]
 #pragma unroll
   for (int hh = 0; hh < 8; ++hh) m_ref[hh] = -kInf, l_run[hh] = 0.f;
-  const uint32_t pbase = sbase + L::kP + k * kWidePBytes;
   const uint2 dq = desc_words<1>(sbase + qbase, 1024), dqr = desc_words<2>(sbase + qbase + kQ2Rope, 512);
-  const uint2 dp = desc_words<1>(pbase, 1024);
-  uint8_t* psm = smem + L::kP + k * kWidePBytes;
   // The two consumers take turns to issue their score products (named barriers 3 and 4, both warpgroups' 256
   // threads: one waits, the other arrives), so that one's softmax runs while the other's products do (1-2% faster
   // on the H100 than letting them run free); the first turn is warpgroup 0's, and each turn handed over is taken
@@ -878,8 +907,10 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
   if (k == 1 && ntiles > 0) named_bar_arrive(3, 256);
 
   for (int t = 0; t < ntiles; ++t) {
-    const int s = t % kWideStages;
+    const int s = t % kWideStages, par = DIMSPLIT ? t & 1 : 0;
     const uint32_t stage = sbase + L::kStage + s * kStageBytes;
+    uint8_t* psm = smem + L::kP + par * 2 * kWidePBytes + k * kWidePBytes;  // this warpgroup's P^T rows
+    const uint2 dp = desc_words<1>(sbase + L::kP + par * 2 * kWidePBytes + (DIMSPLIT ? 0 : k * kWidePBytes), 1024);
     mbar_wait(bar_full + 8 * s, (t / kWideStages) & 1);  // tile t has landed
 
     float sc[32];
@@ -917,7 +948,9 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
       fence_proxy_async();  // P's generic stores, read by wgmma
     };
     write_p();  // with the reference max as it stands: kept unless a score outgrew it
-    if (warpgroup_any(bar_id, grow)) {
+    const bool moved = warpgroup_any(bar_id, grow);
+    if (DIMSPLIT && ctid == 0) xflag[2 * par + k] = moved;
+    if (moved) {
       // Rare: the tile's exact max per head (the 4 warps' maxima through shared memory), rescale, P again.
       float mx[8];
 #pragma unroll
@@ -941,40 +974,65 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
         alpha[hh] = m_ref[hh] == -kInf ? 1.f : fast_exp2(m_ref[hh] - m_new);
         m_ref[hh] = m_new;
         l_run[hh] *= alpha[hh];
+        if (DIMSPLIT && w == 0 && g == 0) xalpha[64 * par + kWideHeads * k + n] = alpha[hh];  // for both consumers
       }
+      if constexpr (!DIMSPLIT) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+        for (int i = 0; i < kMT; ++i)
 #pragma unroll
-        for (int q = 0; q < 16; ++q) o[i][q] *= alpha[2 * (q >> 2) + (q & 1)];
+          for (int q = 0; q < kNC; ++q) o[i][q] *= alpha[2 * (q >> 2) + (q & 1)];
+      }
       write_p();
       named_bar_sync(bar_id, 128);  // P rewritten; red read by everyone
     }
 #pragma unroll
     for (int q = 0; q < 16; ++q) l_run[2 * (q >> 2) + (q & 1)] += p[q];
+    if constexpr (DIMSPLIT) {
+      named_bar_sync(5, 256);  // both consumers' P^T, flags and factors are written
+      const bool f0 = xflag[2 * par], f1 = xflag[2 * par + 1];
+      if (f0 || f1) {  // rare: a reference max moved; this thread's heads 8j + 2c + e belong to consumer j >> 2
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float al = (j < 4 ? f0 : f1) ? xalpha[64 * par + 8 * j + 2 * c + e] : 1.f;
+#pragma unroll
+            for (int i = 0; i < kMT; ++i) o[i][4 * j + e] *= al, o[i][4 * j + 2 + e] *= al;
+          }
+      }
+    }
 
     // Out^T += V^T . P^T, as in the kernel above: k-step kk = tokens 16kk .. 16kk + 15; this thread reads 16 bytes
-    // (unit g of chunk w: dims 128w + 16g ..) of rows r = 16kk + 2c, +1 (A regs 0, 1) and + 8, + 9 (A regs 2, 3);
-    // rows past the slice's end read as zeros.
-    const uint32_t vbase = stage + w * kLatChunk;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    // (unit g of chunk w: dims 128w + 16g ..; DIMSPLIT: 8 bytes, dims 256k + 64w + 8g ..) of rows r = 16kk + 2c,
+    // +1 (A regs 0, 1) and + 8, + 9 (A regs 2, 3); rows past the slice's end read as zeros.
+    const uint32_t vbase = stage + (DIMSPLIT ? 2 * k + (w >> 1) : w) * kLatChunk;
+    const int vunit = DIMSPLIT ? 4 * (w & 1) + (g >> 1) : g, vbyte = DIMSPLIT ? 8 * (g & 1) : 0;
+    constexpr int kWords = DIMSPLIT ? 2 : 4;  // 32-bit words of e4m3 a row this thread reads
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const int r = 16 * kk + 2 * c;
-      uint4 x0 = lds128(vbase + r * 128 + ((g ^ (2 * c)) << 4));
-      uint4 x1 = lds128(vbase + (r + 1) * 128 + ((g ^ (2 * c + 1)) << 4));
-      uint4 x2 = lds128(vbase + (r + 8) * 128 + ((g ^ (2 * c)) << 4));
-      uint4 x3 = lds128(vbase + (r + 9) * 128 + ((g ^ (2 * c + 1)) << 4));
-      if (live < kBN) {
-        x0 = r < live ? x0 : zero;
-        x1 = r + 1 < live ? x1 : zero;
-        x2 = r + 8 < live ? x2 : zero;
-        x3 = r + 9 < live ? x3 : zero;
-      }
-      const uint32_t a0[4] = {x0.x, x0.y, x0.z, x0.w}, a1[4] = {x1.x, x1.y, x1.z, x1.w};
-      const uint32_t a2[4] = {x2.x, x2.y, x2.z, x2.w}, a3[4] = {x3.x, x3.y, x3.z, x3.w};
-      uint32_t va[8][4];  // [M-tile i][A reg]: tile i = dims byte 2i (rows g) and 2i + 1 (rows g + 8)
+      uint32_t a0[kWords], a1[kWords], a2[kWords], a3[kWords];
+      auto row_words = [&](uint32_t (&dst)[kWords], int row, int sw) {
+        const uint32_t addr = vbase + row * 128 + ((vunit ^ sw) << 4) + vbyte;
+        if constexpr (DIMSPLIT) {
+          const uint2 x = lds64(addr);
+          dst[0] = row < live ? x.x : 0u;
+          dst[1] = row < live ? x.y : 0u;
+        } else {
+          const uint4 x = lds128(addr);
+          dst[0] = row < live ? x.x : 0u;
+          dst[1] = row < live ? x.y : 0u;
+          dst[2] = row < live ? x.z : 0u;
+          dst[3] = row < live ? x.w : 0u;
+        }
+      };
+      row_words(a0, r, 2 * c);
+      row_words(a1, r + 1, 2 * c + 1);
+      row_words(a2, r + 8, 2 * c);
+      row_words(a3, r + 9, 2 * c + 1);
+      uint32_t va[kMT][4];  // [M-tile i][A reg]: tile i = dims byte 2i (rows g) and 2i + 1 (rows g + 8)
 #pragma unroll
-      for (int qq = 0; qq < 4; ++qq) {
+      for (int qq = 0; qq < kWords; ++qq) {
         e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x5140), va[2 * qq][0], va[2 * qq][1]);
         e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x7362), va[2 * qq + 1][0], va[2 * qq + 1][1]);
         e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x5140), va[2 * qq][2], va[2 * qq][3]);
@@ -987,12 +1045,17 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
       if (kk >= 1) wgmma_wait<0>();  // k-step kk - 1's products are done (one k-step's A registers in flight)
       wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < 8; ++i) wgmma_pv32(o[i], va[i], desc_at(dp, 32 * kk));
+      for (int i = 0; i < kMT; ++i) {
+        if constexpr (DIMSPLIT)
+          wgmma_pv64(o[i], va[i], desc_at(dp, 32 * kk));
+        else
+          wgmma_pv32(o[i], va[i], desc_at(dp, 32 * kk));
+      }
       wgmma_commit();
     }
     wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < 8; ++i) fence_regs(o[i]);
+    for (int i = 0; i < kMT; ++i) fence_regs(o[i]);
   }
 
   // Epilogue: the sums over the tile's 64 rows (lanes g, then the 4 warps), then this warpgroup's partials.
@@ -1011,17 +1074,36 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
   for (int hh = 0; hh < 8; ++hh) {
     const int n = 8 * (hh >> 1) + 2 * c + (hh & 1), head = h0 + n;
     const float l = (red[n] + red[kWideHeads + n]) + (red[2 * kWideHeads + n] + red[3 * kWideHeads + n]);
+    if (DIMSPLIT && w == 0 && g == 0) xl[kWideHeads * k + n] = l;  // for the other consumer's dims
     if (head >= H) continue;
     const long long slot = (b * H + head) * S + split;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int j = hh >> 1, e = hh & 1;
-    uint32_t u[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) u[i] = pack_f16x2(o[i][4 * j + e] * inv, o[i][4 * j + 2 + e] * inv);  // dims 2i, 2i+1
-    uint4* dst = reinterpret_cast<uint4*>(a.part + slot * 512 + 128 * w + 16 * g);
-    dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
-    dst[1] = make_uint4(u[4], u[5], u[6], u[7]);
     if (w == 0 && g == 0) a.part_lse[slot] = l > 0.f ? m_ref[hh] + log2f(l) : -kInf;
+    if constexpr (!DIMSPLIT) {
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int j = hh >> 1, e = hh & 1;
+      uint32_t u[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) u[i] = pack_f16x2(o[i][4 * j + e] * inv, o[i][4 * j + 2 + e] * inv);  // dims 2i, 2i+1
+      uint4* dst = reinterpret_cast<uint4*>(a.part + slot * 512 + 128 * w + 16 * g);
+      dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
+      dst[1] = make_uint4(u[4], u[5], u[6], u[7]);
+    }
+  }
+  if constexpr (DIMSPLIT) {  // this consumer's 256 dims of the block's 64 heads (this thread's 16)
+    named_bar_sync(5, 256);  // both consumers' sums are written
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * j + 2 * c + e, head = 64 * blockIdx.x + n;
+        if (head >= H) continue;
+        const float l = xl[n], inv = l > 0.f ? 1.f / l : 0.f;
+        uint32_t u[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) u[i] = pack_f16x2(o[i][4 * j + e] * inv, o[i][4 * j + 2 + e] * inv);  // dims 2i, 2i+1
+        *reinterpret_cast<uint4*>(a.part + ((b * H + head) * S + split) * 512 + 256 * k + 64 * w + 8 * g) =
+            make_uint4(u[0], u[1], u[2], u[3]);
+      }
   }
 }
 
@@ -1158,11 +1240,13 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
 extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
   *block_n = kBN;
   *smem_bytes = WideLayout::kAlloc;
-  const int err = prepare_kernel(mla_decode_tok_wide_sm90, kWideThreads, WideLayout::kAlloc, regs, per_sm);
-  if (err != cudaSuccess) return err;
-  // setmaxnreg.inc waits until the CTA's registers allow it: a build with fewer per thread would hang
-  return *regs * kWideThreads < kWideProducerRegs * 128 + kWideConsumerRegs * 256 ? cudaErrorInvalidConfiguration
-                                                                                  : cudaSuccess;
+  for (auto kernel : {mla_decode_tok_wide_sm90<false>, mla_decode_tok_wide_sm90<true>}) {
+    const int err = prepare_kernel(kernel, kWideThreads, WideLayout::kAlloc, regs, per_sm);
+    if (err != cudaSuccess) return err;
+    // setmaxnreg.inc waits until the CTA's registers allow it: a build with fewer per thread would hang
+    if (*regs * kWideThreads < kWideProducerRegs * 128 + kWideConsumerRegs * 256) return cudaErrorInvalidConfiguration;
+  }
+  return cudaSuccess;
 }
 
 // Whether the many-head kernel takes this cache: its loads are TMA only (pages of 16, 32 or a multiple of 64 slots,
@@ -1177,7 +1261,8 @@ extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stri
 extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* table, const void* lens, void* part,
                                   void* part_lse, long long stride_qb, long long stride_qh, long long stride_page,
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
-                                  int batch, int page_size, long long num_pages, float qk_scale, void* stream) {
+                                  int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
+                                  void* stream) {
   if (num_heads < 1 || num_splits < 1 || !dg_mla_tokw_applies(kv, page_size, stride_page, stride_slot))
     return cudaErrorInvalidValue;
   Args a{};
@@ -1204,6 +1289,10 @@ extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* tab
                   a.box_rows))
     return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
-  mla_decode_tok_wide_sm90<<<grid, kWideThreads, WideLayout::kAlloc, static_cast<cudaStream_t>(stream)>>>(a);
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (dimsplit)
+    mla_decode_tok_wide_sm90<true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+  else
+    mla_decode_tok_wide_sm90<false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   return cudaGetLastError();
 }
