@@ -333,12 +333,13 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # 50-53; mla_decode_h200_2026-12-03-leadfollow.md) and, for BF16, TMA multicast (21, 22), TMA with 5 stages (25) and
 # TMA with the lead/follow consumers (24; mla_decode_h200_2026-12-03-tma.md).
 # DECODEGAP_MLA_WGMMA_FP8 / DECODEGAP_MLA_WGMMA_BF16 pick one.
-# 41 (FP8) is not in that file: it is the tokens-major tile of mla_decode_sm90_tok.cu for 64 heads per CTA
-# (mla_decode_tok_wide_sm90: a TMA producer warp, two consumer warpgroups of 32 heads taking turns to issue their
+# 41 and 42 (FP8) are not in that file: they are the tokens-major tile of mla_decode_sm90_tok.cu for 64 heads per
+# CTA (mla_decode_tok_wide_sm90: a TMA producer warp, two consumer warpgroups of 32 heads taking turns to issue their
 # score products; FP8 scores straight from the stage, V^T widened in registers), for page sizes TMA can read (16, 32
-# or a multiple of 64 slots); elsewhere it runs as 18 (65+ heads) or 8. Tried beside it and removed: 40, the same
-# with the consumers running free, 1-2% slower (benchmarks/results/mla_decode_h100_2026-12-06.md). 42: P.V split by
-# output dims instead of heads (each consumer widens half of V; P^T and the max's moves exchanged every tile).
+# or a multiple of 64 slots); elsewhere they run as 18 (65+ heads) or 8. 41 accumulates P.V by heads (each consumer
+# its 32 heads, all 512 dims); 42 by output dims (each consumer 256 dims of all 64 heads, so it widens half of V;
+# P^T and the moves of the reference max exchanged every tile). Tried beside them and removed: 40, 41 with the
+# consumers running free, 1-2% slower (benchmarks/results/mla_decode_h100_2026-12-06.md).
 TOKW_VARIANTS = {41: 0, 42: 1}  # -> dg_mla_tokw_launch's dimsplit argument
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
@@ -350,10 +351,13 @@ WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m
 # CTA's KV reads hitting L2): 104.9 vs 105.3-105.8 at B=32 ctx 4096 H=128, 1281 vs 1311-1320 at B=128 ctx 16384,
 # 28.2 vs 29.3-29.7 at B=1; else 8 (variant 18 69.5 vs 67.0-67.5 at H=64, 61.2 vs 56.8 at H=32: its producer's
 # widening, a pair of tiles in flight, falls behind when every KV byte comes from HBM).
-# Then FP8: 41 at every head count where TMA can copy the pages (2026-12-06, one H100, the same call,
-# benchmarks/results/mla_decode_h100_2026-12-06.md): B=32 ctx 4096 H=128 85.5 vs 107.9 us (18), B=128 ctx 16384
-# 1169 vs 1267-1291, H=64 55.6 vs 73.3, H=32 53.2 vs 64.1, B=1 19.4 vs 27.4; 18 and 8 stay for other page sizes.
-DEFAULT_WGMMA_FP8_VARIANT = 41
+# Then FP8: the tokens-major many-head tile at every head count where TMA can copy the pages (2026-12-06, one H100,
+# benchmarks/results/mla_decode_h100_2026-12-06.md): 41, call 2: B=32 ctx 4096 H=128 85.5 vs 107.9 us (18), B=128
+# ctx 16384 1169 vs 1267-1291, H=64 55.6 vs 73.3, H=32 53.2 vs 64.1, B=1 19.4 vs 27.4; then 42, call 3: 85.5 vs 89.2
+# (41) vs 107.3-107.9 (18), 1148.5 vs 1199.5 vs 1292.5-1295.6, H=64 56.2 vs 57.4, H=32 53.5 vs 55.5, but B=1 21.6 vs
+# 20.2 (slices of two tiles: its exchanges cost more than the halved widening saves). 18 and 8 stay for other page
+# sizes.
+DEFAULT_WGMMA_FP8_VARIANT = 42
 FP8_UNTILED_VARIANT = 8  # where TMA cannot copy the pages (e.g. SGLang's page size 1)
 FP8_UNTILED_MANY_HEADS_VARIANT = 18  # the same, from WGMMA_FP8_SEESAW_MIN_HEADS heads
 WGMMA_FP8_SEESAW_MIN_HEADS = 65

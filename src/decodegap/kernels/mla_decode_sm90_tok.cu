@@ -674,8 +674,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
 // 16, 32 or a multiple of 64 slots). Warpgroups 1 and 2, the consumers, take 32 heads each and run the tile above
 // on every stage: scores^T [64 tokens, 64] = K . Q2^T (m64n64k32 e4m3, 18 k-steps; Q2's rows 0-31 its heads' hi
 // parts, 32-63 their lo parts), the lazy softmax (its votes and exchanges within the warpgroup), and Out^T [512, 32
-// heads] += V^T . P^T (8 M-tiles x 4 k-steps of m64n32k16 f16, V^T widened in registers); the two take turns to
-// issue their score products. Nothing widens the cache into shared memory, so a stage is 36 KB of raw rows and both
+// heads] += V^T . P^T (8 M-tiles x 4 k-steps of m64n32k16 f16, V^T widened in registers; DIMSPLIT, below, splits
+// it by dims instead); the two take turns to issue their score products. Nothing widens the cache into shared memory, so a stage is 36 KB of raw rows and both
 // consumers read K from it: each tile's bytes serve 64 heads. A consumer warp hands the stage back (one arrival on
 // its empty mbarrier, 8 per phase) as soon as its V rows are in registers.
 // Rows past the slice's end (stale shared memory after a short page run) are masked in the scores and zeroed in
@@ -761,11 +761,11 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
   fence_regs(sc);
 }
 
-// DIMSPLIT (variant 42): each consumer still computes the scores of its 32 heads, but P.V is split by output dims
-// instead: consumer k accumulates dims 256k .. 256k + 255 of all 64 heads (4 M-tiles of m64n64k16), so it widens
-// only its half of each tile's V rows. Both consumers' P^T (double-buffered by tile parity), the flags and factors
-// of a moved reference max, and at the end the softmax sums go through shared memory, one barrier of both
-// consumers (named barrier 5) a tile.
+// DIMSPLIT (variant 42, the default; 41 without it): each consumer still computes the scores of its 32 heads, but
+// P.V is split by output dims instead: consumer k accumulates dims 256k .. 256k + 255 of all 64 heads (4 M-tiles of
+// m64n64k16), so it widens only its half of each tile's V rows. Both consumers' P^T (double-buffered by tile
+// parity), the flags and factors of a moved reference max, and at the end the softmax sums go through shared
+// memory, with one barrier of both consumers (named barrier 5) a tile.
 template <bool DIMSPLIT>
 __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
   using L = WideLayout;
