@@ -138,6 +138,49 @@ __device__ __forceinline__ void q_hi_lo(uint4 v, float sigma, uint32_t (&hi)[2],
   }
 }
 
+// The largest |q| of this warp's N units (8 bf16 each) of q.
+template <int N>
+__device__ __forceinline__ float warp_abs_max(const uint4 (&qv)[N]) {
+  float mx = 0.f;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const uint32_t wds[4] = {qv[k].x, qv[k].y, qv[k].z, qv[k].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(wds[e] << 16)), fabsf(__uint_as_float(wds[e] & 0xffff0000u))));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  return mx;
+}
+
+// sigma = 2^(7 - floor(log2 mx)): |q| * sigma < 256 <= 448, the top of e4m3's range.
+__device__ __forceinline__ float q_sigma(float mx) {
+  const int e = mx > 0.f ? ((__float_as_uint(mx) >> 23) & 0xff) - 127 : 0;
+  return __uint_as_float(static_cast<uint32_t>(127 + min(max(7 - e, -100), 100)) << 23);
+}
+
+// Unit u (8 dims) of q's row h as its hi part (row h) and lo part (row h + ROWS / 2) of Q2 [ROWS][576] e4m3 at byte
+// `base` of shared memory, in the stage's layout (latent chunks [ROWS][128 B], 128-byte swizzle; rope [ROWS][64 B],
+// 64-byte swizzle).
+template <int ROWS>
+__device__ __forceinline__ void store_q2(uint8_t* smem, uint32_t base, int h, int u, const uint32_t (&hi)[2],
+                                         const uint32_t (&lo)[2]) {
+#pragma unroll
+  for (int part = 0; part < 2; ++part) {
+    const int r = h + ROWS / 2 * part;
+    uint32_t addr;
+    if (u < 64) {
+      const int unit = (u & 15) >> 1;
+      addr = base + (u >> 4) * ROWS * 128 + r * 128 + ((unit ^ (r & 7)) << 4) + (u & 1) * 8;
+    } else {
+      const int unit = (u - 64) >> 1;
+      addr = base + 4 * ROWS * 128 + r * 64 + ((unit ^ ((r >> 1) & 3)) << 4) + (u & 1) * 8;
+    }
+    *reinterpret_cast<uint2*>(smem + addr) = part ? make_uint2(lo[0], lo[1]) : make_uint2(hi[0], hi[1]);
+  }
+}
+
 // S^T (+)= K . Q2^T, one k-step of 32 e4m3: d[4j + f] = (token 16 warp + g + 8 (f >> 1), column 8j + 2c + (f & 1)).
 __device__ __forceinline__ void wgmma_qk(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
@@ -182,6 +225,71 @@ __device__ __forceinline__ void score_tile(float (&sc)[16], uint2 dk, uint2 dkr,
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(sc);
+}
+
+// Helpers of the two tile loops (NJ: this thread's column groups of heads, 2 for 16 heads, 4 for 32). A thread holds
+// score sv[4j + f] = (token row 16 warp + g + 8 (f >> 1), head 8j + 2c + (f & 1)), j < NJ, and its heads' reference
+// max m_ref[2j + e].
+
+// The scores in log2 units from the hi columns j and the lo columns j + NJ of the accumulator (hi + lo / 16), -inf
+// on rows past the slice's end; true where one outgrew its head's reference max by 8 (or is the first live score).
+template <int NJ>
+__device__ __forceinline__ bool tile_scores(const float (&sc)[8 * NJ], float (&sv)[4 * NJ],
+                                            const float (&m_ref)[2 * NJ], float s_eff, bool live0, bool live1) {
+  bool grow = false;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const float x = fmaf(sc[4 * (j + NJ) + f], 0.0625f, sc[4 * j + f]) * s_eff;
+      sv[4 * j + f] = (f >> 1 ? live1 : live0) ? x : -INFINITY;
+      grow |= sv[4 * j + f] > m_ref[2 * j + (f & 1)] + 8.f;
+    }
+  return grow;
+}
+
+// p = exp2(sv - m_ref), and as fp16 into P^T [heads][64 tokens] (128-byte swizzle) at psm, made visible to wgmma.
+template <int NJ>
+__device__ __forceinline__ void store_p(float (&p)[4 * NJ], const float (&sv)[4 * NJ], const float (&m_ref)[2 * NJ],
+                                        uint8_t* psm, int w, int g, int c) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const int hh = 2 * j + (f & 1);
+      p[4 * j + f] = fast_exp2(sv[4 * j + f] - (m_ref[hh] == -INFINITY ? 0.f : m_ref[hh]));
+      const int n = 8 * j + 2 * c + (f & 1), tt = 16 * w + g + 8 * (f >> 1);
+      *reinterpret_cast<__half*>(psm + n * 128 + (((tt >> 3) ^ (n & 7)) << 4) + (tt & 7) * 2) =
+          __float2half_rn(p[4 * j + f]);
+    }
+  fence_proxy_async();  // P's generic stores, read by wgmma
+}
+
+// This warp's max of each of the thread's heads over its 16 token rows (rows g and g + 8 of every lane g).
+template <int NJ>
+__device__ __forceinline__ void warp_head_max(const float (&sv)[4 * NJ], float (&mx)[2 * NJ]) {
+#pragma unroll
+  for (int hh = 0; hh < 2 * NJ; ++hh) {
+    const int j = hh >> 1, e = hh & 1;
+    mx[hh] = fmaxf(sv[4 * j + e], sv[4 * j + 2 + e]);
+#pragma unroll
+    for (int o2 = 4; o2 < 32; o2 <<= 1) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], o2));
+  }
+}
+
+// V^T's A fragments of one k-step from the W words (4 bytes of dims each) of token rows r, r + 1 (a0, a1) and r + 8,
+// r + 9 (a2, a3): M-tile i holds dims byte 2i (rows g) and 2i + 1 (rows g + 8); PRMT pairs two tokens' bytes and one
+// cvt widens each pair (e4m3 -> f16 is exact).
+template <int W>
+__device__ __forceinline__ void widen_vt(const uint32_t (&a0)[W], const uint32_t (&a1)[W], const uint32_t (&a2)[W],
+                                         const uint32_t (&a3)[W], uint32_t (&va)[2 * W][4]) {
+#pragma unroll
+  for (int qq = 0; qq < W; ++qq) {
+    e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x5140), va[2 * qq][0], va[2 * qq][1]);
+    e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x7362), va[2 * qq + 1][0], va[2 * qq + 1][1]);
+    e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x5140), va[2 * qq][2], va[2 * qq][3]);
+    e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x7362), va[2 * qq + 1][2], va[2 * qq + 1][3]);
+  }
 }
 
 template <int STAGES, bool TMA, bool CLUSTER>
@@ -310,40 +418,16 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
   float* red = reinterpret_cast<float*>(smem + L::kRed);
   float sigma;
   {
-    float mx = 0.f;
-#pragma unroll
-    for (int k = 0; k < 9; ++k) {
-      const uint32_t wds[4] = {qv[k].x, qv[k].y, qv[k].z, qv[k].w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(wds[e] << 16)), fabsf(__uint_as_float(wds[e] & 0xffff0000u))));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0) red[w] = mx;
+    const float wmx = warp_abs_max<9>(qv);
+    if (lane == 0) red[w] = wmx;
     __syncthreads();
-    mx = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-    // sigma = 2^(7 - floor(log2 mx)): |q| * sigma < 256 <= 448, the top of e4m3's range
-    const int e = mx > 0.f ? ((__float_as_uint(mx) >> 23) & 0xff) - 127 : 0;
-    sigma = __uint_as_float(static_cast<uint32_t>(127 + min(max(7 - e, -100), 100)) << 23);
+    sigma = q_sigma(fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])));
 #pragma unroll
     for (int k = 0; k < 9; ++k) {
       const int i = tid + kThreads * k, h = i / 72, u = i - 72 * h;
       uint32_t hi[2], lo[2];
       q_hi_lo(qv[k], sigma, hi, lo);
-#pragma unroll
-      for (int part = 0; part < 2; ++part) {
-        const int r = h + 16 * part;
-        uint32_t addr;
-        if (u < 64) {
-          const int unit = (u & 15) >> 1;
-          addr = L::kQ + (u >> 4) * kQChunk + r * 128 + ((unit ^ (r & 7)) << 4) + (u & 1) * 8;
-        } else {
-          const int unit = (u - 64) >> 1;
-          addr = L::kQ + kQRope + r * 64 + ((unit ^ ((r >> 1) & 3)) << 4) + (u & 1) * 8;
-        }
-        *reinterpret_cast<uint2*>(smem + addr) = part ? make_uint2(lo[0], lo[1]) : make_uint2(hi[0], hi[1]);
-      }
+      store_q2<kQRows>(smem, L::kQ, h, u, hi, lo);
     }
   }
   // scores in log2 units: (hi + lo / 16) * s_eff
@@ -405,41 +489,13 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
     // sv[4j + f]: token row 16w + g + 8 (f >> 1), head 8j + 2c + (f & 1)
     const int tok = start + t * kBN + 16 * w + g;
     const bool live0 = tok < end, live1 = tok + 8 < end;
-    float sv[8];
-    bool grow = false;
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        const float x = fmaf(sc[4 * (j + 2) + f], 0.0625f, sc[4 * j + f]) * s_eff;
-        sv[4 * j + f] = (f >> 1 ? live1 : live0) ? x : -kInf;
-        grow |= sv[4 * j + f] > m_ref[2 * j + (f & 1)] + 8.f;  // also the first live score (m_ref = -inf)
-      }
-    float p[8];
-    auto write_p = [&]() {
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int f = 0; f < 4; ++f) {
-          const int hh = 2 * j + (f & 1);
-          p[4 * j + f] = fast_exp2(sv[4 * j + f] - (m_ref[hh] == -kInf ? 0.f : m_ref[hh]));
-          const int n = 8 * j + 2 * c + (f & 1), tt = 16 * w + g + 8 * (f >> 1);
-          *reinterpret_cast<__half*>(psm + n * 128 + (((tt >> 3) ^ (n & 7)) << 4) + (tt & 7) * 2) =
-              __float2half_rn(p[4 * j + f]);
-        }
-      fence_proxy_async();  // P's generic stores, read by wgmma
-    };
-    write_p();  // with the reference max as it stands: kept unless a score outgrew it
+    float sv[8], p[8];
+    const bool grow = tile_scores<2>(sc, sv, m_ref, s_eff, live0, live1);
+    store_p<2>(p, sv, m_ref, psm, w, g, c);  // with the reference max as it stands: kept unless a score outgrew it
     if (__syncthreads_or(grow)) {
       // Rare: the tile's exact max per head (the 4 warps' maxima through shared memory), rescale, P again.
       float mx[4];
-#pragma unroll
-      for (int hh = 0; hh < 4; ++hh) {
-        const int j = hh >> 1, e = hh & 1;
-        mx[hh] = fmaxf(sv[4 * j + e], sv[4 * j + 2 + e]);
-#pragma unroll
-        for (int o2 = 4; o2 < 32; o2 <<= 1) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], o2));
-      }
+      warp_head_max<2>(sv, mx);
       if (g == 0) {
 #pragma unroll
         for (int hh = 0; hh < 4; ++hh) red[16 * w + 8 * (hh >> 1) + 2 * c + (hh & 1)] = mx[hh];
@@ -459,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
       for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int k = 0; k < 8; ++k) o[i][k] *= alpha[2 * (k >> 2) + (k & 1)];
-      write_p();
+      store_p<2>(p, sv, m_ref, psm, w, g, c);
       __syncthreads();  // P rewritten; red read by everyone
     }
 #pragma unroll
@@ -477,14 +533,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
       const uint4 x3 = lds128(vbase + (r + 9) * 128 + ((g ^ (2 * c + 1)) << 4));
       const uint32_t a0[4] = {x0.x, x0.y, x0.z, x0.w}, a1[4] = {x1.x, x1.y, x1.z, x1.w};
       const uint32_t a2[4] = {x2.x, x2.y, x2.z, x2.w}, a3[4] = {x3.x, x3.y, x3.z, x3.w};
-      uint32_t va[8][4];  // [M-tile i][A reg]: tile i = dims byte 2i (rows g) and 2i + 1 (rows g + 8)
-#pragma unroll
-      for (int qq = 0; qq < 4; ++qq) {
-        e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x5140), va[2 * qq][0], va[2 * qq][1]);
-        e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x7362), va[2 * qq + 1][0], va[2 * qq + 1][1]);
-        e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x5140), va[2 * qq][2], va[2 * qq][3]);
-        e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x7362), va[2 * qq + 1][2], va[2 * qq + 1][3]);
-      }
+      uint32_t va[8][4];  // [M-tile i][A reg]
+      widen_vt<4>(a0, a1, a2, a3, va);
       if (kk >= 2) wgmma_wait<1>();  // k-step kk - 2's products are done (bounds the A registers in flight)
       wgmma_fence();
 #pragma unroll
@@ -846,39 +896,16 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
                                                              8 * u)
                           : make_uint4(0u, 0u, 0u, 0u);
     }
-    float mx = 0.f;
-#pragma unroll
-    for (int kq = 0; kq < 18; ++kq) {
-      const uint32_t wds[4] = {qv[kq].x, qv[kq].y, qv[kq].z, qv[kq].w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(wds[e] << 16)), fabsf(__uint_as_float(wds[e] & 0xffff0000u))));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0) red[w] = mx;
+    const float wmx = warp_abs_max<18>(qv);
+    if (lane == 0) red[w] = wmx;
     named_bar_sync(bar_id, 128);
-    mx = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-    const int e = mx > 0.f ? ((__float_as_uint(mx) >> 23) & 0xff) - 127 : 0;
-    sigma = __uint_as_float(static_cast<uint32_t>(127 + min(max(7 - e, -100), 100)) << 23);
+    sigma = q_sigma(fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])));
 #pragma unroll
     for (int kq = 0; kq < 18; ++kq) {
       const int i = ctid + 128 * kq, h = i / 72, u = i - 72 * h;
       uint32_t hi[2], lo[2];
       q_hi_lo(qv[kq], sigma, hi, lo);
-#pragma unroll
-      for (int part = 0; part < 2; ++part) {
-        const int r = h + kWideHeads * part;
-        uint32_t addr;
-        if (u < 64) {
-          const int unit = (u & 15) >> 1;
-          addr = qbase + (u >> 4) * kQ2Chunk + r * 128 + ((unit ^ (r & 7)) << 4) + (u & 1) * 8;
-        } else {
-          const int unit = (u - 64) >> 1;
-          addr = qbase + kQ2Rope + r * 64 + ((unit ^ ((r >> 1) & 3)) << 4) + (u & 1) * 8;
-        }
-        *reinterpret_cast<uint2*>(smem + addr) = part ? make_uint2(lo[0], lo[1]) : make_uint2(hi[0], hi[1]);
-      }
+      store_q2<2 * kWideHeads>(smem, qbase, h, u, hi, lo);
     }
   }
   const float s_eff = a.qk_scale / sigma;
@@ -923,43 +950,15 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     // sv[4j + f]: token row 16w + g + 8 (f >> 1), head 8j + 2c + (f & 1)
     const int live = end - (start + t * kBN);  // rows at or past `live` lie past the slice's end
     const bool live0 = 16 * w + g < live, live1 = 16 * w + g + 8 < live;
-    float sv[16];
-    bool grow = false;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        const float x = fmaf(sc[4 * (j + 4) + f], 0.0625f, sc[4 * j + f]) * s_eff;
-        sv[4 * j + f] = (f >> 1 ? live1 : live0) ? x : -kInf;
-        grow |= sv[4 * j + f] > m_ref[2 * j + (f & 1)] + 8.f;  // also the first live score (m_ref = -inf)
-      }
-    float p[16];
-    auto write_p = [&]() {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int f = 0; f < 4; ++f) {
-          const int hh = 2 * j + (f & 1);
-          p[4 * j + f] = fast_exp2(sv[4 * j + f] - (m_ref[hh] == -kInf ? 0.f : m_ref[hh]));
-          const int n = 8 * j + 2 * c + (f & 1), tt = 16 * w + g + 8 * (f >> 1);
-          *reinterpret_cast<__half*>(psm + n * 128 + (((tt >> 3) ^ (n & 7)) << 4) + (tt & 7) * 2) =
-              __float2half_rn(p[4 * j + f]);
-        }
-      fence_proxy_async();  // P's generic stores, read by wgmma
-    };
-    write_p();  // with the reference max as it stands: kept unless a score outgrew it
+    float sv[16], p[16];
+    const bool grow = tile_scores<4>(sc, sv, m_ref, s_eff, live0, live1);
+    store_p<4>(p, sv, m_ref, psm, w, g, c);  // with the reference max as it stands: kept unless a score outgrew it
     const bool moved = warpgroup_any(bar_id, grow);
     if (DIMSPLIT && ctid == 0) xflag[2 * par + k] = moved;
     if (moved) {
       // Rare: the tile's exact max per head (the 4 warps' maxima through shared memory), rescale, P again.
       float mx[8];
-#pragma unroll
-      for (int hh = 0; hh < 8; ++hh) {
-        const int j = hh >> 1, e = hh & 1;
-        mx[hh] = fmaxf(sv[4 * j + e], sv[4 * j + 2 + e]);
-#pragma unroll
-        for (int o2 = 4; o2 < 32; o2 <<= 1) mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], o2));
-      }
+      warp_head_max<4>(sv, mx);
       if (g == 0) {
 #pragma unroll
         for (int hh = 0; hh < 8; ++hh) red[kWideHeads * w + 8 * (hh >> 1) + 2 * c + (hh & 1)] = mx[hh];
@@ -982,7 +981,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
 #pragma unroll
           for (int q = 0; q < kNC; ++q) o[i][q] *= alpha[2 * (q >> 2) + (q & 1)];
       }
-      write_p();
+      store_p<4>(p, sv, m_ref, psm, w, g, c);
       named_bar_sync(bar_id, 128);  // P rewritten; red read by everyone
     }
 #pragma unroll
@@ -1030,14 +1029,8 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
       row_words(a1, r + 1, 2 * c + 1);
       row_words(a2, r + 8, 2 * c);
       row_words(a3, r + 9, 2 * c + 1);
-      uint32_t va[kMT][4];  // [M-tile i][A reg]: tile i = dims byte 2i (rows g) and 2i + 1 (rows g + 8)
-#pragma unroll
-      for (int qq = 0; qq < kWords; ++qq) {
-        e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x5140), va[2 * qq][0], va[2 * qq][1]);
-        e4m3x4_to_f16x2x2(__byte_perm(a0[qq], a1[qq], 0x7362), va[2 * qq + 1][0], va[2 * qq + 1][1]);
-        e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x5140), va[2 * qq][2], va[2 * qq][3]);
-        e4m3x4_to_f16x2x2(__byte_perm(a2[qq], a3[qq], 0x7362), va[2 * qq + 1][2], va[2 * qq + 1][3]);
-      }
+      uint32_t va[kMT][4];  // [M-tile i][A reg]
+      widen_vt<kWords>(a0, a1, a2, a3, va);
       if (kk == 3) {  // every V row of the stage this warp reads is in registers: hand the stage back
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);
@@ -1105,6 +1098,45 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
             make_uint4(u[0], u[1], u[2], u[3]);
       }
   }
+}
+
+// Host side, both launchers: the arguments common to the two kernels.
+Args make_args(const void* q, const void* kv, const void* table, const void* lens, void* part, void* part_lse,
+               long long stride_qb, long long stride_qh, long long stride_page, long long stride_slot,
+               long long stride_tb, int num_heads, int num_splits, int page_size, float qk_scale) {
+  Args a{};
+  a.q = static_cast<const uint16_t*>(q);
+  a.kv = static_cast<const uint8_t*>(kv);
+  a.table = static_cast<const int*>(table);
+  a.lens = static_cast<const int*>(lens);
+  a.part = static_cast<__half*>(part);
+  a.part_lse = static_cast<float*>(part_lse);
+  a.stride_qb = stride_qb;
+  a.stride_qh = stride_qh;
+  a.stride_page = stride_page;
+  a.stride_slot = stride_slot;
+  a.stride_tb = stride_tb;
+  a.num_heads = num_heads;
+  a.num_splits = num_splits;
+  a.page_size = page_size;
+  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
+  a.box_rows = page_size < kBN ? page_size : kBN;
+  a.qk_scale = qk_scale;
+  return a;
+}
+
+// Whether TMA can copy the cache's 64-token tiles (pages of 16, 32 or a multiple of 64 slots, 16-byte aligned rows
+// and strides); with `a`, also encodes its two tensor maps there (false where that fails).
+bool tma_pages(Args* a, const void* kv, int page_size, long long stride_page, long long stride_slot,
+               long long num_pages) {
+  if (!((page_size % kBN == 0 || page_size == 16 || page_size == 32) && reinterpret_cast<uintptr_t>(kv) % 16 == 0 &&
+        stride_slot % 16 == 0 && stride_page % 16 == 0 && encode_fn() != nullptr))
+    return false;
+  if (a == nullptr) return true;
+  return encode_map(&a->tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128,
+                    CU_TENSOR_MAP_SWIZZLE_128B, a->box_rows) &&
+         encode_map(&a->tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64,
+                    CU_TENSOR_MAP_SWIZZLE_64B, a->box_rows);
 }
 
 template <int STAGES, bool TMA, bool CLUSTER>
@@ -1197,39 +1229,17 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
   if (cluster && (counters != nullptr || num_splits < 1 || num_splits > kMaxClusterSplits))
     return cudaErrorInvalidValue;
   if (variant != 0 && variant != 1) return cudaErrorInvalidValue;
-  Args a{};
-  a.q = static_cast<const uint16_t*>(q);
-  a.kv = static_cast<const uint8_t*>(kv);
-  a.table = static_cast<const int*>(table);
-  a.lens = static_cast<const int*>(lens);
-  a.part = static_cast<__half*>(part);
-  a.part_lse = static_cast<float*>(part_lse);
+  Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
+                     num_heads, num_splits, page_size, qk_scale);
   a.out = static_cast<uint16_t*>(out);
   a.lse = static_cast<float*>(lse);
   a.counters = static_cast<int*>(counters);
-  a.stride_qb = stride_qb;
-  a.stride_qh = stride_qh;
-  a.stride_page = stride_page;
-  a.stride_slot = stride_slot;
-  a.stride_tb = stride_tb;
   a.stride_ob = stride_ob;
   a.stride_oh = stride_oh;
-  a.num_heads = num_heads;
-  a.num_splits = num_splits;
-  a.page_size = page_size;
-  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
-  a.box_rows = page_size < kBN ? page_size : kBN;
   a.span = table_span;
-  a.qk_scale = qk_scale;
   a.out_scale = out_scale;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const bool tma_ok = variant == 0 && (page_size % kBN == 0 || page_size == 16 || page_size == 32) &&
-                      reinterpret_cast<uintptr_t>(kv) % 16 == 0 && stride_slot % 16 == 0 && stride_page % 16 == 0 &&
-                      encode_map(&a.tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, a.box_rows) &&
-                      encode_map(&a.tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64,
-                                 CU_TENSOR_MAP_SWIZZLE_64B, a.box_rows);
-  if (tma_ok) {
+  if (variant == 0 && tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) {
     *used_tma = 1;
     return cluster ? launch_cluster<2, true>(a, batch, st) : launch<2, true>(a, batch, st);
   }
@@ -1252,8 +1262,7 @@ extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* sm
 // Whether the many-head kernel takes this cache: its loads are TMA only (pages of 16, 32 or a multiple of 64 slots,
 // 16-byte aligned rows and strides).
 extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stride_page, long long stride_slot) {
-  return (page_size % kBN == 0 || page_size == 16 || page_size == 32) && reinterpret_cast<uintptr_t>(kv) % 16 == 0 &&
-         stride_slot % 16 == 0 && stride_page % 16 == 0 && encode_fn() != nullptr;
+  return tma_pages(nullptr, kv, page_size, stride_page, stride_slot, 0);
 }
 
 // fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
@@ -1263,31 +1272,10 @@ extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* tab
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
                                   int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
                                   void* stream) {
-  if (num_heads < 1 || num_splits < 1 || !dg_mla_tokw_applies(kv, page_size, stride_page, stride_slot))
-    return cudaErrorInvalidValue;
-  Args a{};
-  a.q = static_cast<const uint16_t*>(q);
-  a.kv = static_cast<const uint8_t*>(kv);
-  a.table = static_cast<const int*>(table);
-  a.lens = static_cast<const int*>(lens);
-  a.part = static_cast<__half*>(part);
-  a.part_lse = static_cast<float*>(part_lse);
-  a.stride_qb = stride_qb;
-  a.stride_qh = stride_qh;
-  a.stride_page = stride_page;
-  a.stride_slot = stride_slot;
-  a.stride_tb = stride_tb;
-  a.num_heads = num_heads;
-  a.num_splits = num_splits;
-  a.page_size = page_size;
-  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
-  a.box_rows = page_size < kBN ? page_size : kBN;
-  a.qk_scale = qk_scale;
-  if (!encode_map(&a.tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128, CU_TENSOR_MAP_SWIZZLE_128B,
-                  a.box_rows) ||
-      !encode_map(&a.tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64, CU_TENSOR_MAP_SWIZZLE_64B,
-                  a.box_rows))
-    return cudaErrorInvalidValue;
+  if (num_heads < 1 || num_splits < 1) return cudaErrorInvalidValue;
+  Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
+                     num_heads, num_splits, page_size, qk_scale);
+  if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (dimsplit)
