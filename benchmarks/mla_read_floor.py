@@ -70,8 +70,8 @@ def main() -> int:
         return 2
     copy = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s (read + write)")
-    print("| B | ctx | live KV (MB) | read floor, zero-flushed L2: µs (% copy), splits | flushed by reads: µs (% copy), "
-          "splits | 75% of copy: µs |")
+    print("| B | ctx | live KV (MB) | read floor, zero-flushed L2: µs (% copy), splits "
+          "| flushed by reads: µs (% copy), splits | 75% of copy: µs |")
     print("|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         batch, ctx = (int(x) for x in shape.split("x"))

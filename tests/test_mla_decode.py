@@ -806,10 +806,10 @@ TOKW_CASES = [
 @pytest.mark.parametrize("batch,heads,page_size,lens,num_splits,runs", TOKW_CASES,
                          ids=[f"B{c[0]}-H{c[1]}-ps{c[2]}-S{c[4]}" for c in TOKW_CASES])
 def test_tokw_variant(batch, heads, page_size, lens, num_splits, runs, variant, monkeypatch):
-    """Variants 41 and 42 (the tokens-major tile for 64 heads per CTA) run themselves exactly where TMA can copy the pages, else
-    the FP8 fallback does; rows past each sequence's end (NaN-poisoned, left stale in the stage) never reach the
-    output; runs again give the same output (a stage handed back too early is a race; so is a missed turn of its
-    consumers)."""
+    """Variants 41 and 42 (the tokens-major tile for 64 heads per CTA) run themselves exactly where TMA can copy the
+    pages, else the FP8 fallback does; rows past each sequence's end (NaN-poisoned, left stale in the stage) never
+    reach the output; runs again give the same output (a stage handed back too early is a race; so is a missed turn
+    of its consumers)."""
     needs_wgmma()
     from decodegap.kernels import mla_decode_sm90 as sm90
     from decodegap.kernels.mla_decode_triton import mla_decode_triton
