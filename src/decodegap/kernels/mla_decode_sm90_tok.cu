@@ -138,49 +138,6 @@ __device__ __forceinline__ void q_hi_lo(uint4 v, float sigma, uint32_t (&hi)[2],
   }
 }
 
-// The largest |q| of this warp's N units (8 bf16 each) of q.
-template <int N>
-__device__ __forceinline__ float warp_abs_max(const uint4 (&qv)[N]) {
-  float mx = 0.f;
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    const uint32_t wds[4] = {qv[k].x, qv[k].y, qv[k].z, qv[k].w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(wds[e] << 16)), fabsf(__uint_as_float(wds[e] & 0xffff0000u))));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  return mx;
-}
-
-// sigma = 2^(7 - floor(log2 mx)): |q| * sigma < 256 <= 448, the top of e4m3's range.
-__device__ __forceinline__ float q_sigma(float mx) {
-  const int e = mx > 0.f ? ((__float_as_uint(mx) >> 23) & 0xff) - 127 : 0;
-  return __uint_as_float(static_cast<uint32_t>(127 + min(max(7 - e, -100), 100)) << 23);
-}
-
-// Unit u (8 dims) of q's row h as its hi part (row h) and lo part (row h + ROWS / 2) of Q2 [ROWS][576] e4m3 at byte
-// `base` of shared memory, in the stage's layout (latent chunks [ROWS][128 B], 128-byte swizzle; rope [ROWS][64 B],
-// 64-byte swizzle).
-template <int ROWS>
-__device__ __forceinline__ void store_q2(uint8_t* smem, uint32_t base, int h, int u, const uint32_t (&hi)[2],
-                                         const uint32_t (&lo)[2]) {
-#pragma unroll
-  for (int part = 0; part < 2; ++part) {
-    const int r = h + ROWS / 2 * part;
-    uint32_t addr;
-    if (u < 64) {
-      const int unit = (u & 15) >> 1;
-      addr = base + (u >> 4) * ROWS * 128 + r * 128 + ((unit ^ (r & 7)) << 4) + (u & 1) * 8;
-    } else {
-      const int unit = (u - 64) >> 1;
-      addr = base + 4 * ROWS * 128 + r * 64 + ((unit ^ ((r >> 1) & 3)) << 4) + (u & 1) * 8;
-    }
-    *reinterpret_cast<uint2*>(smem + addr) = part ? make_uint2(lo[0], lo[1]) : make_uint2(hi[0], hi[1]);
-  }
-}
-
 // S^T (+)= K . Q2^T, one k-step of 32 e4m3: d[4j + f] = (token 16 warp + g + 8 (f >> 1), column 8j + 2c + (f & 1)).
 __device__ __forceinline__ void wgmma_qk(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
@@ -418,16 +375,40 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
   float* red = reinterpret_cast<float*>(smem + L::kRed);
   float sigma;
   {
-    const float wmx = warp_abs_max<9>(qv);
-    if (lane == 0) red[w] = wmx;
+    float mx = 0.f;
+#pragma unroll
+    for (int k = 0; k < 9; ++k) {
+      const uint32_t wds[4] = {qv[k].x, qv[k].y, qv[k].z, qv[k].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(wds[e] << 16)), fabsf(__uint_as_float(wds[e] & 0xffff0000u))));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[w] = mx;
     __syncthreads();
-    sigma = q_sigma(fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])));
+    mx = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    // sigma = 2^(7 - floor(log2 mx)): |q| * sigma < 256 <= 448, the top of e4m3's range
+    const int e = mx > 0.f ? ((__float_as_uint(mx) >> 23) & 0xff) - 127 : 0;
+    sigma = __uint_as_float(static_cast<uint32_t>(127 + min(max(7 - e, -100), 100)) << 23);
 #pragma unroll
     for (int k = 0; k < 9; ++k) {
       const int i = tid + kThreads * k, h = i / 72, u = i - 72 * h;
       uint32_t hi[2], lo[2];
       q_hi_lo(qv[k], sigma, hi, lo);
-      store_q2<kQRows>(smem, L::kQ, h, u, hi, lo);
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {
+        const int r = h + 16 * part;
+        uint32_t addr;
+        if (u < 64) {
+          const int unit = (u & 15) >> 1;
+          addr = L::kQ + (u >> 4) * kQChunk + r * 128 + ((unit ^ (r & 7)) << 4) + (u & 1) * 8;
+        } else {
+          const int unit = (u - 64) >> 1;
+          addr = L::kQ + kQRope + r * 64 + ((unit ^ ((r >> 1) & 3)) << 4) + (u & 1) * 8;
+        }
+        *reinterpret_cast<uint2*>(smem + addr) = part ? make_uint2(lo[0], lo[1]) : make_uint2(hi[0], hi[1]);
+      }
     }
   }
   // scores in log2 units: (hi + lo / 16) * s_eff
@@ -896,16 +877,39 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
                                                              8 * u)
                           : make_uint4(0u, 0u, 0u, 0u);
     }
-    const float wmx = warp_abs_max<18>(qv);
-    if (lane == 0) red[w] = wmx;
+    float mx = 0.f;
+#pragma unroll
+    for (int kq = 0; kq < 18; ++kq) {
+      const uint32_t wds[4] = {qv[kq].x, qv[kq].y, qv[kq].z, qv[kq].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(wds[e] << 16)), fabsf(__uint_as_float(wds[e] & 0xffff0000u))));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[w] = mx;
     named_bar_sync(bar_id, 128);
-    sigma = q_sigma(fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])));
+    mx = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    const int e = mx > 0.f ? ((__float_as_uint(mx) >> 23) & 0xff) - 127 : 0;
+    sigma = __uint_as_float(static_cast<uint32_t>(127 + min(max(7 - e, -100), 100)) << 23);
 #pragma unroll
     for (int kq = 0; kq < 18; ++kq) {
       const int i = ctid + 128 * kq, h = i / 72, u = i - 72 * h;
       uint32_t hi[2], lo[2];
       q_hi_lo(qv[kq], sigma, hi, lo);
-      store_q2<2 * kWideHeads>(smem, qbase, h, u, hi, lo);
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {
+        const int r = h + kWideHeads * part;
+        uint32_t addr;
+        if (u < 64) {
+          const int unit = (u & 15) >> 1;
+          addr = qbase + (u >> 4) * kQ2Chunk + r * 128 + ((unit ^ (r & 7)) << 4) + (u & 1) * 8;
+        } else {
+          const int unit = (u - 64) >> 1;
+          addr = qbase + kQ2Rope + r * 64 + ((unit ^ ((r >> 1) & 3)) << 4) + (u & 1) * 8;
+        }
+        *reinterpret_cast<uint2*>(smem + addr) = part ? make_uint2(lo[0], lo[1]) : make_uint2(hi[0], hi[1]);
+      }
     }
   }
   const float s_eff = a.qk_scale / sigma;
@@ -1100,45 +1104,6 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
   }
 }
 
-// Host side, both launchers: the arguments common to the two kernels.
-Args make_args(const void* q, const void* kv, const void* table, const void* lens, void* part, void* part_lse,
-               long long stride_qb, long long stride_qh, long long stride_page, long long stride_slot,
-               long long stride_tb, int num_heads, int num_splits, int page_size, float qk_scale) {
-  Args a{};
-  a.q = static_cast<const uint16_t*>(q);
-  a.kv = static_cast<const uint8_t*>(kv);
-  a.table = static_cast<const int*>(table);
-  a.lens = static_cast<const int*>(lens);
-  a.part = static_cast<__half*>(part);
-  a.part_lse = static_cast<float*>(part_lse);
-  a.stride_qb = stride_qb;
-  a.stride_qh = stride_qh;
-  a.stride_page = stride_page;
-  a.stride_slot = stride_slot;
-  a.stride_tb = stride_tb;
-  a.num_heads = num_heads;
-  a.num_splits = num_splits;
-  a.page_size = page_size;
-  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
-  a.box_rows = page_size < kBN ? page_size : kBN;
-  a.qk_scale = qk_scale;
-  return a;
-}
-
-// Whether TMA can copy the cache's 64-token tiles (pages of 16, 32 or a multiple of 64 slots, 16-byte aligned rows
-// and strides); with `a`, also encodes its two tensor maps there (false where that fails).
-bool tma_pages(Args* a, const void* kv, int page_size, long long stride_page, long long stride_slot,
-               long long num_pages) {
-  if (!((page_size % kBN == 0 || page_size == 16 || page_size == 32) && reinterpret_cast<uintptr_t>(kv) % 16 == 0 &&
-        stride_slot % 16 == 0 && stride_page % 16 == 0 && encode_fn() != nullptr))
-    return false;
-  if (a == nullptr) return true;
-  return encode_map(&a->tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128,
-                    CU_TENSOR_MAP_SWIZZLE_128B, a->box_rows) &&
-         encode_map(&a->tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64,
-                    CU_TENSOR_MAP_SWIZZLE_64B, a->box_rows);
-}
-
 template <int STAGES, bool TMA, bool CLUSTER>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
   auto kernel = mla_decode_tok_sm90<STAGES, TMA, CLUSTER>;
@@ -1229,17 +1194,39 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
   if (cluster && (counters != nullptr || num_splits < 1 || num_splits > kMaxClusterSplits))
     return cudaErrorInvalidValue;
   if (variant != 0 && variant != 1) return cudaErrorInvalidValue;
-  Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
-                     num_heads, num_splits, page_size, qk_scale);
+  Args a{};
+  a.q = static_cast<const uint16_t*>(q);
+  a.kv = static_cast<const uint8_t*>(kv);
+  a.table = static_cast<const int*>(table);
+  a.lens = static_cast<const int*>(lens);
+  a.part = static_cast<__half*>(part);
+  a.part_lse = static_cast<float*>(part_lse);
   a.out = static_cast<uint16_t*>(out);
   a.lse = static_cast<float*>(lse);
   a.counters = static_cast<int*>(counters);
+  a.stride_qb = stride_qb;
+  a.stride_qh = stride_qh;
+  a.stride_page = stride_page;
+  a.stride_slot = stride_slot;
+  a.stride_tb = stride_tb;
   a.stride_ob = stride_ob;
   a.stride_oh = stride_oh;
+  a.num_heads = num_heads;
+  a.num_splits = num_splits;
+  a.page_size = page_size;
+  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
+  a.box_rows = page_size < kBN ? page_size : kBN;
   a.span = table_span;
+  a.qk_scale = qk_scale;
   a.out_scale = out_scale;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (variant == 0 && tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) {
+  const bool tma_ok = variant == 0 && (page_size % kBN == 0 || page_size == 16 || page_size == 32) &&
+                      reinterpret_cast<uintptr_t>(kv) % 16 == 0 && stride_slot % 16 == 0 && stride_page % 16 == 0 &&
+                      encode_map(&a.tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, a.box_rows) &&
+                      encode_map(&a.tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64,
+                                 CU_TENSOR_MAP_SWIZZLE_64B, a.box_rows);
+  if (tma_ok) {
     *used_tma = 1;
     return cluster ? launch_cluster<2, true>(a, batch, st) : launch<2, true>(a, batch, st);
   }
@@ -1262,7 +1249,8 @@ extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* sm
 // Whether the many-head kernel takes this cache: its loads are TMA only (pages of 16, 32 or a multiple of 64 slots,
 // 16-byte aligned rows and strides).
 extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stride_page, long long stride_slot) {
-  return tma_pages(nullptr, kv, page_size, stride_page, stride_slot, 0);
+  return (page_size % kBN == 0 || page_size == 16 || page_size == 32) && reinterpret_cast<uintptr_t>(kv) % 16 == 0 &&
+         stride_slot % 16 == 0 && stride_page % 16 == 0 && encode_fn() != nullptr;
 }
 
 // fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
@@ -1272,10 +1260,31 @@ extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* tab
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
                                   int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
                                   void* stream) {
-  if (num_heads < 1 || num_splits < 1) return cudaErrorInvalidValue;
-  Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
-                     num_heads, num_splits, page_size, qk_scale);
-  if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
+  if (num_heads < 1 || num_splits < 1 || !dg_mla_tokw_applies(kv, page_size, stride_page, stride_slot))
+    return cudaErrorInvalidValue;
+  Args a{};
+  a.q = static_cast<const uint16_t*>(q);
+  a.kv = static_cast<const uint8_t*>(kv);
+  a.table = static_cast<const int*>(table);
+  a.lens = static_cast<const int*>(lens);
+  a.part = static_cast<__half*>(part);
+  a.part_lse = static_cast<float*>(part_lse);
+  a.stride_qb = stride_qb;
+  a.stride_qh = stride_qh;
+  a.stride_page = stride_page;
+  a.stride_slot = stride_slot;
+  a.stride_tb = stride_tb;
+  a.num_heads = num_heads;
+  a.num_splits = num_splits;
+  a.page_size = page_size;
+  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
+  a.box_rows = page_size < kBN ? page_size : kBN;
+  a.qk_scale = qk_scale;
+  if (!encode_map(&a.tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128, CU_TENSOR_MAP_SWIZZLE_128B,
+                  a.box_rows) ||
+      !encode_map(&a.tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64, CU_TENSOR_MAP_SWIZZLE_64B,
+                  a.box_rows))
+    return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (dimsplit)
