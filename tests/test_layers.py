@@ -6,6 +6,8 @@ tracegen's dense + eager MoE forwards."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -233,7 +235,7 @@ def _grid():
     for layers in (4, 12, 30):
         for moe in (None, 0, 1, 3):
             for style in ("eager", "inductor", "piecewise", "sglang"):
-                for alternate in ((False, True) if moe is None else (False,)):
+                for alternate in (False, True):
                     yield pytest.param(layers, moe, style, alternate,
                                        id=f"{layers}L-{'dense' if moe is None else f'moe_from{moe}'}-{style}"
                                           + ("-alternating" if alternate else ""))
@@ -241,15 +243,17 @@ def _grid():
 
 @pytest.mark.parametrize("layers, moe_from, style, alternate", list(_grid()))
 def test_every_stack_and_loop_of_the_generator_is_read_right(tmp_path, layers, moe_from, style, alternate):
-    """tracegen's forwards in every combination of depth, dense + eager MoE stack, compiler naming, piecewise graphs and
-    engine annotations: the generator's layer count and kinds, and its 5 decode forwards."""
+    """tracegen's forwards in every combination of depth, dense + eager MoE stack, attention kinds taking turns layer by
+    layer (also in an MoE stack, as gpt-oss runs), compiler naming, piecewise graphs and engine annotations: the
+    generator's layer count and kinds (dense or MoE, times the attention kind), and its 5 decode forwards."""
     kw = dict(forwards=5, layers=layers, batch=8, seed=layers * 7 + (moe_from or 0), alternate=alternate,
               inductor=style == "inductor", graph="piecewise" if style == "piecewise" else None,
               annotation="sglang" if style == "sglang" else None)
     if moe_from is not None:
         kw.update(moe_from=moe_from, experts=16, top_k=2)
     d = report_dict(analyze_path(write(engine_forwards(**kw), tmp_path / "forwards.json")))
-    want = [layers // 2] * 2 if alternate else sorted(x for x in (moe_from, layers - (moe_from or 0)) if x)
+    want = sorted(Counter((moe_from is not None and i >= moe_from, alternate and i % 2 == 1)
+                          for i in range(layers)).values())
     assert d["steps"]["decode"]["count"] == 5 and d["layers"] == layers
     assert (sorted(k["count"] for k in d["layer_kinds"]) or [layers]) == want
 

@@ -18,8 +18,11 @@ So layers are read from counts, not from a repeating sequence:
 - the layers are the partition whose blocks run the most non-GEMM work in common (a norm that runs 2L+1 times does
   not make half-layers, an eager MoE's expert groups do not make layers); a block of k layers of a few kinds (a
   hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
-  them, most of them run work of their own besides, and each runs an MLP activation (every layer has its MLP or
-  experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike);
+  them (two names that take turns at one place in the blocks, sliding and full attention, count as run in every
+  one), most of them run work of their own besides, and each runs an MLP activation (every layer has its MLP or
+  experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike; the last
+  block runs to the forward's end, since a last layer of another kind, MoE after dense, runs longer than a typical
+  block);
 - a hybrid stack's layers each run one mixer of two kinds (Mamba layers with attention layers among them): the
   names that run in some blocks of a partition and nowhere else split those blocks at each run where each part runs
   an MLP activation and a matrix product (_mixed);
@@ -266,11 +269,39 @@ def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     whose blocks but one per layer run the loop's body alone."""
     finer = [b for b in candidates if b.count > best.count and b.count % best.count == 0]
     for fine in sorted(finer, key=lambda b: (b.count, b.common), reverse=True):
-        if (fine.explained >= NEAR_EXPLAINED * best.explained and fine.common >= FINER_COMMON * fine.beside_gemm
+        common = fine.common + _taking_turns(fine, positions, gemm)
+        if (fine.explained >= NEAR_EXPLAINED * best.explained and common >= FINER_COMMON * fine.beside_gemm
                 and _own_work_share(fine, positions, gemm) >= FINER_COMMON
                 and _whole(best, fine, ids, positions, gemm, act_at)):
             return fine
     return best
+
+
+def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[int]) -> int:
+    """Kernels of the names that take turns: two names, each once in the blocks it runs in, that run in complementary
+    sets of the blocks and at the same place in each (sliding and full attention on two kernels, layer by layer, in
+    a stack whose MoE layers already make the layers unlike) do the same part of every layer between them, so they
+    count as work the blocks have in common. (An expert loop's body and its layer's own work run in complementary
+    blocks too, but at other places.)"""
+    c = blocks.count
+    slot: dict[int, tuple[frozenset, int, int]] = {}  # name -> (its blocks, its place in each, its runs)
+    for n, (k, m, _, runs) in blocks.periodic.items():
+        if k != 1 or m >= c or n in gemm:
+            continue
+        at = np.searchsorted(blocks.bounds, positions[n], side="right") - 1
+        inside = (at >= 0) & (at < c)
+        places = unique(positions[n][inside] - blocks.cuts[at[inside]])
+        if len(places) == 1:
+            slot[n] = (frozenset(at[inside].tolist()), int(places[0]), runs)
+    total, paired = 0, set()
+    for a in sorted(slot):
+        for b in sorted(slot):
+            (held_a, place_a, runs_a), (held_b, place_b, runs_b) = slot[a], slot[b]
+            if (a < b and not paired & {a, b} and place_a == place_b and not held_a & held_b
+                    and len(held_a | held_b) == c):
+                total += runs_a + runs_b
+                paired |= {a, b}
+    return total
 
 
 def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
@@ -320,7 +351,10 @@ def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int,
     activation, every finer one must (each layer has its MLP or experts; an attention half has none); where the names
     tell no activation, neighbouring finer blocks must run alike kernel sequences (a layer's halves do not)."""
     if _share_running(coarse.bounds, act_at) == 1:
-        return _share_running(fine.bounds, act_at) == 1
+        # The last finer block runs to the forward's end: its length is a typical block's guess, and a last layer of
+        # another kind runs longer (an MoE layer after dense ones reaches its experts' activation late); what follows
+        # the layers (the final norm, the output head) runs no activation, and an attention half is never last.
+        return _share_running(np.append(fine.bounds[:-1], len(ids)), act_at) == 1
     return _alike_neighbours(fine, ids, positions, gemm) >= ALIKE_LAYERS
 
 
