@@ -16,7 +16,7 @@ import pytest
 from decodegap.errors import UserError
 from decodegap.pipeline import analyze_path
 from decodegap.report.json import report_dict
-from tracegen import engine_forwards, kineto_order, write
+from tracegen import engine_forwards, kineto_order, training_loop, write
 
 H200 = Path(__file__).parent / "fixtures" / "traces" / "gpu_h200"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -136,3 +136,23 @@ def test_a_cut_file_with_no_whole_step_is_refused_with_the_figures(tmp_path):
         analyze_path(path)
     run = subprocess.run([sys.executable, "-m", "decodegap", "analyze", str(path)], capture_output=True, text=True)
     assert run.returncode == 2 and "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("moe_every", [None, 1, 2])
+def test_training_iterations_are_cut_at_their_optimizer_steps_whatever_their_layers(tmp_path, moe_every):
+    """Training iterations with no ProfilerStep marks (forward, backward on the autograd thread, fused AdamW), of a
+    dense stack, an all-MoE one and one whose MoE layers sit between dense ones (the iterations' layer counts then
+    read unlike): the generator's 6 iterations, each with exactly its own kernels, and its 6 layers. Where the
+    iterations' layers read unlike, the optimizer steps (as many as the embedding lookups) still cut them, and the
+    report says the layer count is uncertain."""
+    doc = training_loop(iters=6, layers=6, moe_every=moe_every, seed=3)
+    d = _d(write(doc, tmp_path / "train.json"))
+    assert _counts(d) == {"training": 6} and d["steps"]["source"] == "anchor_optimizer_step"
+    busy = Counter()  # the generator's GPU time per iteration (its kernels never overlap): off by one kernel, off
+    for e in doc["traceEvents"]:  # by 2 us at least
+        if e.get("cat") == "kernel":
+            busy[e["args"]["tracegen_iteration"]] += e["dur"] / 1000
+    assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx([busy[i] for i in range(6)], abs=1e-3)
+    assert d["layers"] == 6
+    uncertain = [w for w in d["warnings"] if "layer count is uncertain" in w]
+    assert len(uncertain) == (moe_every == 2)

@@ -274,6 +274,93 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
     return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}], "traceEvents": events}
 
 
+def training_loop(iters: int = 6, layers: int = 6, moe_every: int | None = None, optimizer_marks: bool = True,
+                  seed: int = 0) -> dict:
+    """Training iterations as an eager PyTorch loop runs them, with no ProfilerStep marks: zero_grad, a forward
+    (embedding, `layers` pre-norm layers, output head, loss), its backward on the autograd thread (layers in reverse)
+    and a fused AdamW step (`Optimizer.step#AdamW.step` annotations unless `optimizer_marks` is False).
+    `moe_every`: every that-many-th layer (1, 3, ... for 2) is an eager MoE layer (router, top-k, then 2-8 expert
+    launch groups drawn per layer and iteration from `seed`) and the others dense, so iterations launch different
+    numbers of kernels and the layers are unlike. Each event's args carry `tracegen_iteration`."""
+    import random
+
+    rng = random.Random(seed)
+    events: list[dict] = []
+    state = {"t_gpu": 1000.0, "t_cpu": 500.0, "corr": 10}
+    tokens = 2048
+
+    def launch(name: str, dur: float, op: str, dims=None, thread: int = 1) -> None:
+        state["corr"] += 1
+        corr, cpu = state["corr"], state["t_cpu"]
+        args = {"External id": corr} | ({"Input Dims": dims, "Input type": ["float"] * len(dims)} if dims else {})
+        events.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": thread, "ts": cpu, "dur": 4.0,
+                       "args": args})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": thread,
+                       "ts": cpu + 1, "dur": 3.0, "args": {"correlation": corr, "External id": corr}})
+        state["t_cpu"] += 6.0
+        state["t_gpu"] = max(state["t_gpu"], state["t_cpu"] + 5)
+        events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": round(state["t_gpu"], 3),
+                       "dur": dur, "args": {"device": 0, "stream": 7, "correlation": corr,
+                                            "grid": [64, 1, 1], "block": [128, 1, 1]}})
+        state["t_gpu"] += dur + 0.5
+
+    add = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
+    gelu = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>"
+    norm = "void at::native::vectorized_layer_norm_kernel<float>"
+    grad = "autograd::engine::evaluate_function: "
+    for it in range(iters):
+        first_event = len(events)
+        launch("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", 5.0, "aten::zero_")
+        launch("void at::native::indexSelectLargeIndex<float>", 8.0, "aten::embedding", [[32000, 1024], [4, 512]])
+        for i in range(layers):
+            launch(norm, 6.0, "aten::layer_norm")
+            launch("ampere_sgemm_128x64_tn", 40.0, "aten::mm", [[tokens, 1024], [1024, 3072]])
+            launch("flash_fwd_kernel", 30.0, "aten::_scaled_dot_product_flash_attention")
+            launch("ampere_sgemm_64x64_tn", 15.0, "aten::mm", [[tokens, 1024], [1024, 1024]])
+            launch(add, 4.0, "aten::add")
+            launch(norm, 6.0, "aten::layer_norm")
+            if moe_every and i % moe_every == moe_every - 1:
+                launch("ampere_sgemm_32x32_router_tn", 3.0, "aten::mm", [[tokens, 1024], [1024, 8]])
+                launch("void at::native::sbtopk::gatherTopK<float>", 2.0, "aten::topk")
+                for _ in range(rng.randint(2, 8)):  # one launch group per expert that got tokens
+                    launch("ampere_sgemm_expert_nn", 10.0, "aten::mm", [[512, 1024], [1024, 4096]])
+                    launch(gelu, 2.0, "aten::gelu")
+                    launch("ampere_sgemm_expert_tn", 10.0, "aten::mm", [[512, 4096], [4096, 1024]])
+            else:
+                launch("ampere_sgemm_128x128_nn", 50.0, "aten::mm", [[tokens, 1024], [1024, 4096]])
+                launch(gelu, 5.0, "aten::gelu")
+                launch("ampere_sgemm_128x128_tn", 50.0, "aten::mm", [[tokens, 4096], [4096, 1024]])
+            launch(add, 4.0, "aten::add")
+        launch("ampere_sgemm_128x128_lm_tn", 200.0, "aten::mm", [[tokens, 1024], [1024, 32000]])
+        launch("void at::native::cunn_SoftMaxForward<float>", 30.0, "aten::_log_softmax")
+        launch("void at::native::nll_loss_forward_reduce_cuda_kernel_2d<float>", 5.0, "aten::nll_loss_forward")
+        launch("void at::native::nll_loss_backward_reduce_cuda_kernel_2d<float>", 5.0, grad + "NllLossBackward0",
+               thread=2)
+        launch("void at::native::cunn_SoftMaxBackward<float>", 30.0, grad + "LogSoftmaxBackward0", thread=2)
+        launch("ampere_sgemm_128x128_lm_nn", 400.0, grad + "MmBackward0", thread=2)
+        for _ in range(layers):  # the layers' backward, last layer first
+            for _ in range(2):
+                launch("ampere_sgemm_128x128_nt", 100.0, grad + "MmBackward0", thread=2)
+                launch("void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl>", 5.0,
+                       grad + "GeluBackward0", thread=2)
+            launch("flash_bwd_dq_dk_dv_loop_kernel", 60.0, grad + "ScaledDotProductFlashAttentionBackward0", thread=2)
+            launch("ampere_sgemm_128x64_nt", 80.0, grad + "MmBackward0", thread=2)
+            launch("void at::native::layer_norm_grad_input_kernel<float>", 8.0, grad + "NativeLayerNormBackward0",
+                   thread=2)
+        launch("void at::native::embedding_backward_feature_kernel<float>", 20.0, grad + "EmbeddingBackward0", thread=2)
+        step_start = state["t_cpu"]
+        for _ in range(3):
+            launch("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", 40.0, "aten::_fused_adamw_")
+        if optimizer_marks:
+            events.append({"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#AdamW.step", "pid": 1, "tid": 1,
+                           "ts": step_start, "dur": state["t_cpu"] - step_start, "args": {}})
+        for e in events[first_event:]:  # the generator's own truth: which iteration each event belongs to
+            e["args"]["tracegen_iteration"] = it
+        state["t_cpu"] += 100
+        state["t_gpu"] += 50
+    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}], "traceEvents": events}
+
+
 def kineto_order(doc: dict) -> dict:
     """The events in the order Kineto writes them: every CPU-side op and annotation first, then the GPU activities
     and runtime calls by time (so a file cut short keeps the CPU side whole and loses the end of the GPU side)."""

@@ -6,10 +6,11 @@ widest GEMM, N = the vocabulary) and, in a generate loop, sampling (argmax / mul
 one compiled call; training iterations end with an optimizer step. Those are the anchors, in this order of trust
 (`FAMILIES`). Each anchor is a time on the host (the CPU op, or the launch of its kernel), and every GPU activity
 belongs to the forward its launch falls in, so eager MoE layers that launch a different number of kernels every step
-cut nothing. An anchor family is used only when the forwards it cuts agree on their layer count; the others cross-check
-it. A forward at the edge of the capture is partial only when the window cut it: per-layer work before the first
-anchor (a forward the capture began inside), fewer layers or no output head after the last one (the capture ended
-inside it), or launches whose GPU work is not in the trace."""
+cut nothing. An anchor family is used only when the forwards it cuts agree on their layer count, or, where no family's
+do, when another family falls as often (the layer count is then reported uncertain); the others cross-check it. A
+forward at the edge of the capture is partial only when the window cut it: per-layer work before the first anchor (a
+forward the capture began inside), fewer layers or no output head after the last one (the capture ended inside it),
+or launches whose GPU work is not in the trace."""
 
 from __future__ import annotations
 
@@ -178,8 +179,14 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
         if not len(times):
             continue
         found[fid] = group(times, sorted_when, last=family.role == "end")
-    for fid, anchors in found.items():
-        result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names)
+    # Where no family's forwards agree on their layers (unlike layers that a forward's kernels do not tell apart the
+    # same way each time, as a training iteration's MoE layers between dense ones), two families that fall equally
+    # often still mark the same forwards: the most trusted of them cuts, and the layer count is left in doubt.
+    agreeing = Counter(len(a) for a in found.values())
+    tries = [(fid, False) for fid in found] + [(fid, True) for fid, a in found.items() if agreeing[len(a)] >= 2]
+    for fid, doubt in tries:
+        anchors = found[fid]
+        result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names, any_layers=doubt)
         if result is not None:
             others = [f"{len(a)} {FAMILIES[o].words}" for o, a in found.items() if o != fid]
             result.detail = (f"{len(anchors)} {FAMILIES[fid].words} mark the forwards"
@@ -191,6 +198,10 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
             if disagree:
                 result.warnings.append(f"the forwards were cut at {len(anchors)} {FAMILIES[fid].words}, but the trace "
                                        f"holds {', '.join(disagree)}: check the step boundaries (--annotate)")
+            if doubt:
+                result.warnings.append(f"the forwards cut at {len(anchors)} {FAMILIES[fid].words} (as many as another "
+                                       f"kind of anchor) read as different numbers of layers: the layer count is "
+                                       f"uncertain")
             return result
     return None
 
@@ -204,7 +215,7 @@ def _with_closing(times: np.ndarray, sorted_when: np.ndarray, role: str) -> np.n
 
 
 def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Family, seq: np.ndarray,
-            names: list[str]) -> AnchorCut | None:
+            names: list[str], any_layers: bool = False) -> AnchorCut | None:
     # A start anchor opens a forward (its own launches belong to it); an end anchor (an op's end) closes one: a
     # launch at or before it is inside the forward it closes.
     opens = family.role == "start"
@@ -229,12 +240,12 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     if not typical:
         return None
     layers = typical[0][0]
-    if any(f.count != layers for i, f in checked.items() if 0 < i < len(body) - 1):
-        return None  # the anchor does not fall once per forward
+    if not any_layers and any(f.count != layers for i, f in checked.items() if 0 < i < len(body) - 1):
+        return None  # the anchor does not fall once per forward (`any_layers`: another family says it does)
     per_layer = next(set(f.backers) for f in checked.values() if f.count == layers)
     edge = len(body) - 1 if opens else 0  # the forward the window may have cut
     partial = []
-    if len(body) > 1 and checked[edge].count != layers:
+    if len(body) > 1 and checked[edge].count != layers and not any_layers:  # (in doubt, layers tell no edge)
         partial.append(f"the {'last' if opens else 'first'} forward shows {checked[edge].count or 'no'} layers, "
                        f"not {layers}: the capture {'ended' if opens else 'began'} inside it")
         body = body[:-1] if opens else body[1:]
