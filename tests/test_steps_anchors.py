@@ -156,3 +156,20 @@ def test_training_iterations_are_cut_at_their_optimizer_steps_whatever_their_lay
     assert d["layers"] == 6
     uncertain = [w for w in d["warnings"] if "layer count is uncertain" in w]
     assert len(uncertain) == (moe_every == 2)
+
+
+@pytest.mark.parametrize("kept", [1.0, 0.25, 0.5, 0.75, 0.9])
+def test_a_file_cut_inside_a_graph_replay_leaves_that_replay_out(tmp_path, kept):
+    """A file cut short (Kineto writes the host side first, then the GPU side by time) whose last CUDA graph replay
+    kept only its first kernels: that forward is partial and left out, the whole ones before it are the steps."""
+    doc = kineto_order(engine_forwards(forwards=8, layers=8, graph="full", batch=4))
+    events = doc["traceEvents"]
+    host = sum(e.get("cat") in ("cpu_op", "user_annotation") for e in events)
+    events = events[:host + int((len(events) - host) * kept)]
+    in_file = Counter(e["args"]["tracegen_forward"] for e in events if e.get("cat") == "kernel")
+    in_all = Counter(e["args"]["tracegen_forward"] for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    whole = [f for f in sorted(in_all) if in_file[f] == in_all[f]]
+    partial = [f for f in in_file if 0 < in_file[f] < in_all[f]]
+    d = _d(write(doc | {"traceEvents": events}, tmp_path / "cut.json"))
+    assert _counts(d) == {"decode": len(whole)} and d["steps"]["source"] == "graph_launch"
+    assert d["steps"]["dropped_partial"] == len(partial) == (kept < 1)

@@ -9,7 +9,8 @@ Direct evidence first, and the result says which was used (`Steps.source`, a sta
 3. the repeating kernel sequence (`kernel_repetition`): a forward holds the once-per-forward work (embedding, final
    norm, lm_head, sampling) around its layer run; a period without it is a layer, and a trace holding one forward is
    one step. Cuts never split the layer run; idle gaps only break ties.
-A partial step exists only at the edges of the capture; an interior step is never dropped."""
+A partial step exists only at the edges of the capture (a last graph replay that ran only its graph's first kernels
+is one); an interior step is never dropped."""
 
 from __future__ import annotations
 
@@ -367,8 +368,25 @@ def _from_launches_or_repetition(trace: Trace, links: Links, training: bool = Fa
     pieces = [_Piece(int(gpu.ts_ns[lo]), int(end[lo:hi].max()), np.arange(lo, hi))
               for lo, hi in zip(row_bounds[:-1], row_bounds[1:], strict=True) if hi > lo]
     if len(replays):
-        return pieces, "graph_launch", f"{len(replays)} {runtime} graph launches, grouped into forwards by " + what, []
+        detail = f"{len(replays)} {runtime} graph launches, grouped into forwards by " + what
+        partial = _replay_cut_short(pieces, seq_rows, graph_of)
+        if partial:
+            return pieces[:-1], "graph_launch", detail, [partial], 1
+        return pieces, "graph_launch", detail, []
     return pieces, "kernel_repetition", "repeating kernel sequence: " + what, []
+
+
+def _replay_cut_short(pieces: list[_Piece], seq_rows: np.ndarray, graph_of: np.ndarray) -> str:
+    """Why the last forward is partial, or "": a replay of a graph runs all of its kernels, so a last forward whose
+    replayed kernels are fewer than the forward's before it, and the first of those same kernels in the same order,
+    is one the capture (or the file) ended inside."""
+    if len(pieces) < 2:
+        return ""
+    last, before = (p.rows[graph_of[p.rows] >= 0] for p in pieces[-2:][::-1])
+    if 0 < len(last) < len(before) and np.array_equal(seq_rows[last], seq_rows[before[:len(last)]]):
+        return (f"the last graph replay ran {len(last)} of the {len(before)} kernels the one before it did: the "
+                f"capture ended inside it (left out as partial)")
+    return ""
 
 
 def _unit_starts(graph_of: np.ndarray) -> np.ndarray:
