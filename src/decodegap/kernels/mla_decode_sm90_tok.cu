@@ -925,8 +925,8 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
 #pragma unroll
     for (int q = 0; q < kNC; ++q) o[i][q] = 0.f;
   float* xalpha = reinterpret_cast<float*>(smem + L::kX);  // DIMSPLIT: [parity][64 heads]
-  int* xflag = reinterpret_cast<int*>(smem + L::kX + 512);  // [parity][consumer]
-  float* xl = reinterpret_cast<float*>(smem + L::kX + 528);  // [64 heads]
+  int* xflag = reinterpret_cast<int*>(xalpha + 2 * 64);     // [parity][consumer]
+  float* xl = reinterpret_cast<float*>(xflag + 2 * 2);      // [64 heads]
   float m_ref[8], l_run[8];  // heads 8j + 2c + e: [2j + e]
 #pragma unroll
   for (int hh = 0; hh < 8; ++hh) m_ref[hh] = -kInf, l_run[hh] = 0.f;
@@ -1104,6 +1104,45 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
   }
 }
 
+// Host side, both launchers: the arguments the two kernels share.
+Args make_args(const void* q, const void* kv, const void* table, const void* lens, void* part, void* part_lse,
+               long long stride_qb, long long stride_qh, long long stride_page, long long stride_slot,
+               long long stride_tb, int num_heads, int num_splits, int page_size, float qk_scale) {
+  Args a{};
+  a.q = static_cast<const uint16_t*>(q);
+  a.kv = static_cast<const uint8_t*>(kv);
+  a.table = static_cast<const int*>(table);
+  a.lens = static_cast<const int*>(lens);
+  a.part = static_cast<__half*>(part);
+  a.part_lse = static_cast<float*>(part_lse);
+  a.stride_qb = stride_qb;
+  a.stride_qh = stride_qh;
+  a.stride_page = stride_page;
+  a.stride_slot = stride_slot;
+  a.stride_tb = stride_tb;
+  a.num_heads = num_heads;
+  a.num_splits = num_splits;
+  a.page_size = page_size;
+  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
+  a.box_rows = page_size < kBN ? page_size : kBN;
+  a.qk_scale = qk_scale;
+  return a;
+}
+
+// Whether TMA can copy the cache's 64-token tiles (pages of 16, 32 or a multiple of 64 slots, 16-byte aligned rows
+// and strides); with `a`, also encodes its two tensor maps there (false where that fails).
+bool tma_pages(Args* a, const void* kv, int page_size, long long stride_page, long long stride_slot,
+               long long num_pages) {
+  if (!((page_size % kBN == 0 || page_size == 16 || page_size == 32) && reinterpret_cast<uintptr_t>(kv) % 16 == 0 &&
+        stride_slot % 16 == 0 && stride_page % 16 == 0 && encode_fn() != nullptr))
+    return false;
+  if (a == nullptr) return true;
+  return encode_map(&a->tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128,
+                    CU_TENSOR_MAP_SWIZZLE_128B, a->box_rows) &&
+         encode_map(&a->tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64,
+                    CU_TENSOR_MAP_SWIZZLE_64B, a->box_rows);
+}
+
 template <int STAGES, bool TMA, bool CLUSTER>
 int prepare(int* regs, int* per_sm, int* smem_bytes) {
   auto kernel = mla_decode_tok_sm90<STAGES, TMA, CLUSTER>;
@@ -1194,39 +1233,17 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
   if (cluster && (counters != nullptr || num_splits < 1 || num_splits > kMaxClusterSplits))
     return cudaErrorInvalidValue;
   if (variant != 0 && variant != 1) return cudaErrorInvalidValue;
-  Args a{};
-  a.q = static_cast<const uint16_t*>(q);
-  a.kv = static_cast<const uint8_t*>(kv);
-  a.table = static_cast<const int*>(table);
-  a.lens = static_cast<const int*>(lens);
-  a.part = static_cast<__half*>(part);
-  a.part_lse = static_cast<float*>(part_lse);
+  Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
+                     num_heads, num_splits, page_size, qk_scale);
   a.out = static_cast<uint16_t*>(out);
   a.lse = static_cast<float*>(lse);
   a.counters = static_cast<int*>(counters);
-  a.stride_qb = stride_qb;
-  a.stride_qh = stride_qh;
-  a.stride_page = stride_page;
-  a.stride_slot = stride_slot;
-  a.stride_tb = stride_tb;
   a.stride_ob = stride_ob;
   a.stride_oh = stride_oh;
-  a.num_heads = num_heads;
-  a.num_splits = num_splits;
-  a.page_size = page_size;
-  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
-  a.box_rows = page_size < kBN ? page_size : kBN;
   a.span = table_span;
-  a.qk_scale = qk_scale;
   a.out_scale = out_scale;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const bool tma_ok = variant == 0 && (page_size % kBN == 0 || page_size == 16 || page_size == 32) &&
-                      reinterpret_cast<uintptr_t>(kv) % 16 == 0 && stride_slot % 16 == 0 && stride_page % 16 == 0 &&
-                      encode_map(&a.tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, a.box_rows) &&
-                      encode_map(&a.tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64,
-                                 CU_TENSOR_MAP_SWIZZLE_64B, a.box_rows);
-  if (tma_ok) {
+  if (variant == 0 && tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) {
     *used_tma = 1;
     return cluster ? launch_cluster<2, true>(a, batch, st) : launch<2, true>(a, batch, st);
   }
@@ -1249,8 +1266,7 @@ extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* sm
 // Whether the many-head kernel takes this cache: its loads are TMA only (pages of 16, 32 or a multiple of 64 slots,
 // 16-byte aligned rows and strides).
 extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stride_page, long long stride_slot) {
-  return (page_size % kBN == 0 || page_size == 16 || page_size == 32) && reinterpret_cast<uintptr_t>(kv) % 16 == 0 &&
-         stride_slot % 16 == 0 && stride_page % 16 == 0 && encode_fn() != nullptr;
+  return tma_pages(nullptr, kv, page_size, stride_page, stride_slot, 0);
 }
 
 // fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
@@ -1260,31 +1276,10 @@ extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* tab
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
                                   int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
                                   void* stream) {
-  if (num_heads < 1 || num_splits < 1 || !dg_mla_tokw_applies(kv, page_size, stride_page, stride_slot))
-    return cudaErrorInvalidValue;
-  Args a{};
-  a.q = static_cast<const uint16_t*>(q);
-  a.kv = static_cast<const uint8_t*>(kv);
-  a.table = static_cast<const int*>(table);
-  a.lens = static_cast<const int*>(lens);
-  a.part = static_cast<__half*>(part);
-  a.part_lse = static_cast<float*>(part_lse);
-  a.stride_qb = stride_qb;
-  a.stride_qh = stride_qh;
-  a.stride_page = stride_page;
-  a.stride_slot = stride_slot;
-  a.stride_tb = stride_tb;
-  a.num_heads = num_heads;
-  a.num_splits = num_splits;
-  a.page_size = page_size;
-  a.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctz(page_size) : -1;
-  a.box_rows = page_size < kBN ? page_size : kBN;
-  a.qk_scale = qk_scale;
-  if (!encode_map(&a.tm_lat, kv, num_pages, page_size, stride_slot, stride_page, 576, 128, CU_TENSOR_MAP_SWIZZLE_128B,
-                  a.box_rows) ||
-      !encode_map(&a.tm_rope, kv, num_pages, page_size, stride_slot, stride_page, 576, 64, CU_TENSOR_MAP_SWIZZLE_64B,
-                  a.box_rows))
-    return cudaErrorInvalidValue;
+  if (num_heads < 1 || num_splits < 1) return cudaErrorInvalidValue;
+  Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
+                     num_heads, num_splits, page_size, qk_scale);
+  if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (dimsplit)

@@ -47,6 +47,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
+from itertools import combinations
 
 import numpy as np
 
@@ -294,13 +295,11 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
         if len(places) == 1:
             slot[n] = (frozenset(at[inside].tolist()), int(places[0]), runs)
     total, paired = 0, set()
-    for a in sorted(slot):
-        for b in sorted(slot):
-            (held_a, place_a, runs_a), (held_b, place_b, runs_b) = slot[a], slot[b]
-            if (a < b and not paired & {a, b} and place_a == place_b and not held_a & held_b
-                    and len(held_a | held_b) == c):
-                total += runs_a + runs_b
-                paired |= {a, b}
+    for a, b in combinations(sorted(slot), 2):
+        (held_a, place_a, runs_a), (held_b, place_b, runs_b) = slot[a], slot[b]
+        if not paired & {a, b} and place_a == place_b and not held_a & held_b and len(held_a | held_b) == c:
+            total += runs_a + runs_b
+            paired |= {a, b}
     return total
 
 
