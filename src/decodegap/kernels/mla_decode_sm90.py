@@ -177,7 +177,7 @@ def _tok_library(device_index: int):
     lib.dg_mla_tokw_prepare.restype = i
     lib.dg_mla_tokw_applies.argtypes = [p, i, ll, ll]
     lib.dg_mla_tokw_applies.restype = i
-    lib.dg_mla_tokw_launch.argtypes = [p] * 9 + [ll] * 7 + [i] * 4 + [ll, f, f, i, p]
+    lib.dg_mla_tokw_launch.argtypes = [p] * 6 + [ll] * 5 + [i] * 4 + [ll, f, i, p]
     lib.dg_mla_tokw_launch.restype = i
     return lib
 
@@ -340,15 +340,11 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # its 32 heads, all 512 dims); 42 by output dims (each consumer 256 dims of all 64 heads, so it widens half of V;
 # P^T and the moves of the reference max exchanged every tile). Tried beside them and removed: 40, 41 with the
 # consumers running free, 1-2% slower (benchmarks/results/mla_decode_h100_2026-12-06.md).
-# 43 is 42 writing the output itself: one split directly, up to TOKW_INLINE_MAX_SPLITS combined by each head block's
-# last CTA (no merge launch, no partials for one split); more splits write partials for the merge, as 42 does.
-TOKW_VARIANTS = {41: 0, 42: 1, 43: 1}  # -> dg_mla_tokw_launch's dimsplit argument
-TOKW_COMBINE_VARIANTS = (43,)
-TOKW_INLINE_MAX_SPLITS = 4  # the last CTA reads every split's partials of its 64 heads: 64 KB a split
+TOKW_VARIANTS = {41: 0, 42: 1}  # -> dg_mla_tokw_launch's dimsplit argument
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
                   8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  23: torch.bfloat16, 41: torch.float8_e4m3fn, 42: torch.float8_e4m3fn, 43: torch.float8_e4m3fn}
+                  23: torch.bfloat16, 41: torch.float8_e4m3fn, 42: torch.float8_e4m3fn}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second
@@ -457,38 +453,28 @@ def applies_wgmma(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     return _wgmma_library(q.device.index if q.device.index is not None else torch.cuda.current_device()) is not None
 
 
-def tokw_combines(variant: int, num_splits: int) -> bool:
-    """Whether the many-head tokens-major `variant` writes the output itself at this split count (no merge)."""
-    return variant in TOKW_COMBINE_VARIANTS and num_splits <= TOKW_INLINE_MAX_SPLITS
-
-
 def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                  part: torch.Tensor | None, part_lse: torch.Tensor | None, out: torch.Tensor,
                  lse: torch.Tensor | None, q_scale: float, s_scale: float, out_scale: float, num_splits: int,
-                 variant: int | None = None, counters: torch.Tensor | None = None) -> bool:
+                 variant: int | None = None) -> bool:
     """The wgmma kernel on the current stream. num_splits > 1: partials [B, H, S, 512] (fp16 for an FP8 cache,
     fp32 for BF16; sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton merge;
     num_splits == 1: the bf16 output (times out_scale) and, when `lse` is given, the natural-log lse [B, H].
-    Variants 41, 42 always write partials; 43 (tokw_combines) writes the output itself, combining 2 or more splits
-    in the kernel (`counters`: [B x head blocks] int32 zeros). q must be contiguous; the scales are
-    mla_decode_triton's. Returns whether its loads ran through TMA (the TMA variants where the cache allows)."""
+    q must be contiguous; the scales are mla_decode_triton's. Returns whether its loads ran through TMA (the TMA
+    variants where the cache allows)."""
     batch, num_heads, _ = q.shape
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
     variant = default_wgmma_variant(kv_cache.dtype, num_heads) if variant is None else variant
     if WGMMA_VARIANTS.get(variant) != kv_cache.dtype:
         raise ValueError(f"wgmma variant {variant} does not read a {kv_cache.dtype} cache")
-    combines = tokw_combines(variant, num_splits)
-    if (num_splits > 1 or variant in TOKW_VARIANTS) and not (combines and num_splits == 1):
+    if num_splits > 1 or variant in TOKW_VARIANTS:
         want = torch.float16 if fp8 else torch.float32
         if part is None or part_lse is None or part.dtype != want or part_lse.dtype != torch.float32:
             raise TypeError(f"the wgmma kernel writes {want} partials and fp32 lse")
-    if combines and num_splits > 1 and (counters is None or counters.numel() < batch * -(-num_heads // 64)):
-        raise TypeError("variant 43 combines its splits through counters: [B x head blocks] int32 zeros")
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     wgmma_info(device_index, variant)  # shared-memory limit set once, outside any capture
     if variant in TOKW_VARIANTS:
-        return _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse,
-                            (out, lse, counters) if combines else None, q_scale * s_scale, out_scale, num_splits,
+        return _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, q_scale * s_scale, num_splits,
                             TOKW_VARIANTS[variant])
     lib = _wgmma_library(device_index)
     elem = kv_cache.element_size()
@@ -505,21 +491,14 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     return bool(used_tma.value)
 
 
-def _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, output, qk_scale: float, out_scale: float,
-                 num_splits: int, dimsplit: int) -> bool:
-    """Variants 41-43: fp16 partials and their log2-sum-exp for the merge; with `output` = (out, lse, counters),
-    43's output written by the kernel itself."""
+def _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, qk_scale: float, num_splits: int,
+                 dimsplit: int) -> bool:
+    """Variants 41, 42: fp16 partials and their log2-sum-exp for every split count (the merge writes the output)."""
     lib = _tok_library(q.device.index if q.device.index is not None else torch.cuda.current_device())
-    out, lse, counters = output or (None, None, None)
-
-    def ptr(t):
-        return t.data_ptr() if t is not None else None
-
     err = lib.dg_mla_tokw_launch(
-        q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(), ptr(part), ptr(part_lse),
-        ptr(out), ptr(lse), ptr(counters), q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-        block_table.stride(0), out.stride(0) if out is not None else 0, out.stride(1) if out is not None else 0,
-        q.shape[1], num_splits, q.shape[0], kv_cache.shape[1], kv_cache.shape[0], qk_scale, out_scale, dimsplit,
+        q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(), part.data_ptr(),
+        part_lse.data_ptr(), q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+        q.shape[1], num_splits, q.shape[0], kv_cache.shape[1], kv_cache.shape[0], qk_scale, dimsplit,
         torch.cuda.current_stream(q.device).cuda_stream)
     if err != 0:
         raise RuntimeError(f"the tokens-major many-head MLA decode kernel failed to launch: CUDA error {err}")

@@ -714,7 +714,6 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_tok_sm90(const __grid_
 constexpr int kWideThreads = 384;
 constexpr int kWideStages = 3;
 constexpr int kWideHeads = 32;                   // heads per consumer warpgroup
-constexpr int kWideMaxInlineSplits = 64;  // the in-kernel combine's weights [64 heads][S] fit in stage 0
 constexpr int kQ2Chunk = 2 * kWideHeads * 128;   // one 128-dim chunk of Q2 [64 rows][128 B]: 8,192
 constexpr int kQ2Rope = 4 * kQ2Chunk;            // 32,768
 constexpr int kQ2Bytes = kQ2Rope + 2 * kWideHeads * 64;  // 36,864
@@ -732,7 +731,6 @@ struct WideLayout {
   static constexpr int kAlloc = kBar + 16 * kWideStages + 1024;
 };
 static_assert(WideLayout::kAlloc <= 232448, "one CTA per SM");
-static_assert(64 * kWideMaxInlineSplits * 4 <= kStageBytes && 129 * 4 <= 528, "combine_wide's shared memory");
 
 // S^T (+)= K . Q2^T, one k-step of 32 e4m3 over 64 columns: d[4j + f] = (token 16 warp + g + 8 (f >> 1), column
 // 8j + 2c + (f & 1)).
@@ -792,78 +790,6 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
   if (hand_over) named_bar_arrive(hand_over, 256);
   wgmma_wait<0>();
   fence_regs(sc);
-}
-
-// The many-head kernel's in-kernel combine (variant 43): the last of the S CTAs of a (64-head block, sequence) to
-// finish merges their fp16 partials as the Triton merge does, into the bf16 output (times out_scale) and the
-// natural-log lse. Called by the 256 consumer threads after their partials are written; `wts` is free shared memory
-// (stage 0: every tile was consumed) for [64 heads][S] weights, `scratch` 129 floats. Thread (consumer k, warp w,
-// g, c) combines the 8 dims 256k + 64w + 8g .. of its 16 heads 8j + 2c + e, one split's 16 loads in flight a round.
-__device__ __forceinline__ void combine_wide(const Args& a, uint8_t* wts_smem, float* scratch, long long b, int S, int k,
-                                          int ctid, int w, int g, int c) {
-  constexpr float kInf = INFINITY, kLn2 = 0.6931471805599453f;
-  const int H = a.num_heads, h_blk = 64 * blockIdx.x;
-  int* flag = reinterpret_cast<int*>(scratch + 128);
-  __threadfence();  // this CTA's partials are visible device-wide before it counts itself in
-  named_bar_sync(5, 256);
-  if (k == 0 && ctid == 0) *flag = atomicAdd(a.counters + b * gridDim.x + blockIdx.x, 1) == S - 1;
-  named_bar_sync(5, 256);
-  if (!*flag) return;
-  __threadfence();
-  float* wts = reinterpret_cast<float*>(wts_smem);  // [64 heads][S]: exp2(lse_s - max)
-  float* scale = scratch;                             // [64 heads]: out_scale / sum of the weights
-  if (ctid < 32) {  // head 32k + ctid
-    const int n = 32 * k + ctid, head = h_blk + n;
-    float m = -kInf, sum = 0.f;
-    if (head < H) {
-      const float* pl = a.part_lse + (b * H + head) * S;
-      for (int s2 = 0; s2 < S; ++s2) m = fmaxf(m, __ldcg(pl + s2));
-      const float mr = m == -kInf ? 0.f : m;
-      for (int s2 = 0; s2 < S; ++s2) {
-        const float wv = fast_exp2(__ldcg(pl + s2) - mr);  // exp2(-inf) = 0: empty splits weigh nothing
-        wts[n * S + s2] = wv;
-        sum += wv;
-      }
-      if (a.lse != nullptr) a.lse[b * H + head] = sum > 0.f ? (m + log2f(sum)) * kLn2 : -kInf;
-    }
-    scale[n] = sum > 0.f ? a.out_scale / sum : 0.f;
-  }
-  named_bar_sync(5, 256);
-  float acc[16][8];
-#pragma unroll
-  for (int q = 0; q < 16; ++q)
-#pragma unroll
-    for (int d = 0; d < 8; ++d) acc[q][d] = 0.f;
-  const int dim0 = 256 * k + 64 * w + 8 * g;
-  for (int s2 = 0; s2 < S; ++s2) {
-    uint4 v[16];
-#pragma unroll
-    for (int q = 0; q < 16; ++q) {  // q = 2j + e: head 8j + 2c + e
-      const int head = h_blk + 8 * (q >> 1) + 2 * c + (q & 1);
-      v[q] = head < H ? __ldcg(reinterpret_cast<const uint4*>(a.part + ((b * H + head) * S + s2) * 512 + dim0))
-                      : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int q = 0; q < 16; ++q) {
-      const float wv = wts[(8 * (q >> 1) + 2 * c + (q & 1)) * S + s2];
-      const uint32_t vw[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
-#pragma unroll
-      for (int d = 0; d < 4; ++d) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&vw[d]));
-        acc[q][2 * d] = fmaf(wv, f.x, acc[q][2 * d]);
-        acc[q][2 * d + 1] = fmaf(wv, f.y, acc[q][2 * d + 1]);
-      }
-    }
-  }
-#pragma unroll
-  for (int q = 0; q < 16; ++q) {
-    const int n = 8 * (q >> 1) + 2 * c + (q & 1), head = h_blk + n;
-    if (head >= H) continue;
-    const float sc2 = scale[n];
-    *reinterpret_cast<uint4*>(a.out + b * a.stride_ob + head * a.stride_oh + dim0) =
-        make_uint4(pack_bf16x2(acc[q][0] * sc2, acc[q][1] * sc2), pack_bf16x2(acc[q][2] * sc2, acc[q][3] * sc2),
-                   pack_bf16x2(acc[q][4] * sc2, acc[q][5] * sc2), pack_bf16x2(acc[q][6] * sc2, acc[q][7] * sc2));
-  }
 }
 
 // DIMSPLIT (variant 42, the default; 41 without it): each consumer still computes the scores of its 32 heads, but
@@ -1129,10 +1055,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     for (int i = 0; i < kMT; ++i) fence_regs(o[i]);
   }
 
-  // Epilogue: the sums over the tile's 64 rows (lanes g, then the 4 warps), then this warpgroup's partials; with
-  // `out` (DIMSPLIT only), one split writes the output itself and more combine in the last CTA (combine_wide).
-  constexpr float kLn2 = 0.6931471805599453f;
-  const bool direct = DIMSPLIT && S == 1 && a.out != nullptr;
+  // Epilogue: the sums over the tile's 64 rows (lanes g, then the 4 warps), then this warpgroup's partials.
   named_bar_sync(bar_id, 128);  // red free
 #pragma unroll
   for (int hh = 0; hh < 8; ++hh) {
@@ -1151,13 +1074,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     if (DIMSPLIT && w == 0 && g == 0) xl[kWideHeads * k + n] = l;  // for the other consumer's dims
     if (head >= H) continue;
     const long long slot = (b * H + head) * S + split;
-    if (w == 0 && g == 0) {
-      if (direct) {
-        if (a.lse != nullptr) a.lse[b * H + head] = l > 0.f ? (m_ref[hh] + log2f(l)) * kLn2 : -kInf;
-      } else {
-        a.part_lse[slot] = l > 0.f ? m_ref[hh] + log2f(l) : -kInf;
-      }
-    }
+    if (w == 0 && g == 0) a.part_lse[slot] = l > 0.f ? m_ref[hh] + log2f(l) : -kInf;
     if constexpr (!DIMSPLIT) {
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int j = hh >> 1, e = hh & 1;
@@ -1180,21 +1097,10 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
         const float l = xl[n], inv = l > 0.f ? 1.f / l : 0.f;
         uint32_t u[4];
 #pragma unroll
-        if (direct) {
-          const float sc2 = inv * a.out_scale;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) u[i] = pack_bf16x2(o[i][4 * j + e] * sc2, o[i][4 * j + 2 + e] * sc2);
-          *reinterpret_cast<uint4*>(a.out + b * a.stride_ob + head * a.stride_oh + 256 * k + 64 * w + 8 * g) =
-              make_uint4(u[0], u[1], u[2], u[3]);
-          continue;
-        }
-#pragma unroll
         for (int i = 0; i < 4; ++i) u[i] = pack_f16x2(o[i][4 * j + e] * inv, o[i][4 * j + 2 + e] * inv);  // dims 2i, 2i+1
         *reinterpret_cast<uint4*>(a.part + ((b * H + head) * S + split) * 512 + 256 * k + 64 * w + 8 * g) =
             make_uint4(u[0], u[1], u[2], u[3]);
       }
-    if (!direct && a.counters != nullptr)
-      combine_wide(a, smem + L::kStage, reinterpret_cast<float*>(smem + L::kX), b, S, k, ctid, w, g, c);
   }
 }
 
@@ -1364,27 +1270,15 @@ extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stri
 }
 
 // fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
-// merge, also for one split. With `out` (dimsplit only, variant 43): one split writes the bf16 output (times
-// out_scale) and the natural-log lse (when `lse`) itself, and more, with `counters` ([B, head blocks] zeros), are
-// combined by each block's last CTA (at most kWideMaxInlineSplits splits). Returns a cudaError_t
-// (cudaErrorInvalidValue where the cache cannot be read by TMA).
+// merge, also for one split. Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA).
 extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* table, const void* lens, void* part,
-                                  void* part_lse, void* out, void* lse, void* counters, long long stride_qb,
-                                  long long stride_qh, long long stride_page, long long stride_slot,
-                                  long long stride_tb, long long stride_ob, long long stride_oh, int num_heads,
-                                  int num_splits, int batch, int page_size, long long num_pages, float qk_scale,
-                                  float out_scale, int dimsplit, void* stream) {
+                                  void* part_lse, long long stride_qb, long long stride_qh, long long stride_page,
+                                  long long stride_slot, long long stride_tb, int num_heads, int num_splits,
+                                  int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
+                                  void* stream) {
   if (num_heads < 1 || num_splits < 1) return cudaErrorInvalidValue;
-  if (out != nullptr && (!dimsplit || (num_splits > 1 && (counters == nullptr || num_splits > kWideMaxInlineSplits))))
-    return cudaErrorInvalidValue;
   Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
                      num_heads, num_splits, page_size, qk_scale);
-  a.out = static_cast<uint16_t*>(out);
-  a.lse = static_cast<float*>(lse);
-  a.counters = out != nullptr ? static_cast<int*>(counters) : nullptr;
-  a.stride_ob = stride_ob;
-  a.stride_oh = stride_oh;
-  a.out_scale = out_scale;
   if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);

@@ -703,18 +703,12 @@ def _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv
     if num_splits is None:
         num_splits = _wgmma_splits(q, kv_cache, block_table, variant)
     q_scale, s_scale = _score_scales(sm_scale, kv_scale, tl.float16 if fp8 else tl.bfloat16)
-    if num_splits == 1 and (variant not in sm90.TOKW_VARIANTS or sm90.tokw_combines(variant, 1)):
+    if num_splits == 1 and variant not in sm90.TOKW_VARIANTS:  # variant 41 always writes partials
         sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, None, None, out, lse if return_lse else None,
-                          q_scale, s_scale, float(kv_scale), 1, variant)  # 41, 42 always write partials
+                          q_scale, s_scale, float(kv_scale), 1, variant)
         return (out, lse) if return_lse else out
     part, part_lse = _workspace(batch, num_heads, num_splits, q.device, poison_workspace,
                                 _wgmma_partial_dtype(kv_cache))
-    if sm90.tokw_combines(variant, num_splits):  # the last CTA of each head block combines: no merge launch
-        # per call: zeros from the stream-ordered allocator, so concurrent calls and graph replays never share them
-        counters = torch.zeros(batch * triton.cdiv(num_heads, 64), dtype=torch.int32, device=q.device)
-        sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, part, part_lse, out, lse if return_lse else None,
-                          q_scale, s_scale, float(kv_scale), num_splits, variant, counters)
-        return (out, lse) if return_lse else out
     sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, part, part_lse, out, None, q_scale, s_scale,
                       float(kv_scale), num_splits, variant)
     _merge(part, part_lse, out, lse, return_lse, part_scale=float(kv_scale), pdl=merge_pdl(q.device))
