@@ -128,8 +128,78 @@ FAMILIES: dict[str, tuple[str, dict, str]] = {
     "phimoe": ("PhimoeConfig", dict(SMALL, num_local_experts=8, num_experts_per_tok=2),
                "eager MoE with sparsemixer routing, LayerNorm (Phi-3.5-MoE)"),
 }
+M2 = dict(mamba_n_heads=8, mamba_d_head=32, mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=64, mamba_d_conv=4,
+          mamba_expand=2)  # Mamba-2 mixers (torch path)
+# The second holdout's families (`--holdout2`): none of them is in the corpus or the first holdout.
+FAMILIES.update({
+    "granitemoe": ("GraniteMoeConfig", dict(SMALL, num_local_experts=8, num_experts_per_tok=2),
+                   "MoE on grouped GEMMs (torch._grouped_mm: a fixed kernel count per layer), Granite multipliers"),
+    "granitemoehybrid": ("GraniteMoeHybridConfig", dict(SMALL, num_local_experts=8, num_experts_per_tok=2,
+                                                         shared_intermediate_size=256, **M2),
+                         "hybrid: Mamba-2 mixers with attention every 4th layer, grouped-GEMM MoE and a shared MLP "
+                         "in every layer (Granite 4)"),
+    "bamba": ("BambaConfig", dict(SMALL, **M2, use_mamba_kernels=False),
+              "hybrid: Mamba-2 mixers (torch path), attention every 4th layer, dense MLP (Bamba)"),
+    "falcon_h1": ("FalconH1Config", dict(SMALL, head_dim=32, **M2, mamba_d_ssm=256),
+                  "hybrid in every layer: attention and a Mamba-2 mixer side by side, then the MLP (Falcon-H1)"),
+    "deepseek_v2": ("DeepseekV2Config", dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
+                                             num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                                             n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=2,
+                                             kv_lora_rank=64, q_lora_rank=96, qk_rope_head_dim=16,
+                                             qk_nope_head_dim=32, v_head_dim=32, vocab_size=VOCAB,
+                                             max_position_embeddings=512),
+                    "MLA attention; 2 dense layers, then eager MoE layers with a shared expert (DeepSeek-V2)"),
+    "cohere2": ("Cohere2Config", dict(DENSE, head_dim=64, sliding_window=8),
+                "parallel attention + MLP from one LayerNorm, 3 sliding : 1 full attention (Command R7B)"),
+    "smollm3": ("SmolLM3Config", dict(DENSE, pad_token_id=0), "dense GQA, no rotary embedding in every 4th layer "
+                                                                "(SmolLM3)"),
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", dict(SMALL, moe_num_experts=8, moe_k=2, moe_intermediate_size=128,
+                                                moe_layer_start_index=1, moe_num_shared_experts=1),
+                     "a dense first layer, then eager MoE with a shared expert (ERNIE 4.5 MoE)"),
+    "minimax": ("MiniMaxConfig", dict(SMALL, head_dim=32, num_local_experts=8, num_experts_per_tok=2),
+                "hybrid: lightning (linear) attention 3 : 1 softmax attention, eager MoE (MiniMax-01)"),
+    "exaone4": ("Exaone4Config", dict(DENSE, sliding_window=8, sliding_window_pattern=4),
+                "post-norm layers, 3 sliding : 1 full attention (EXAONE 4)"),
+    "nemotron_h": ("NemotronHConfig", dict(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                           num_key_value_heads=2, head_dim=32, mamba_num_heads=8, mamba_head_dim=16,
+                                           n_groups=1, ssm_state_size=16, chunk_size=64, vocab_size=VOCAB),
+                   "hybrid of single-mixer blocks: Mamba-2, MLP-only and attention blocks each a layer (Nemotron-H)"),
+    "zamba2": ("Zamba2Config", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=4, mamba_d_state=16,
+                                    n_mamba_heads=8, mamba_headdim=32, intermediate_size=256, vocab_size=VOCAB,
+                                    max_position_embeddings=512, use_mem_rope=False),
+               "hybrid: Mamba-2 layers, every 3rd also runs a shared attention + MLP block (Zamba2)"),
+    "mamba2": ("Mamba2Config", dict(hidden_size=128, num_heads=8, head_dim=32, n_groups=1, state_size=16,
+                                    chunk_size=64, vocab_size=VOCAB),
+               "attention-free: Mamba-2 layers only (torch path)"),
+    "recurrent_gemma": ("RecurrentGemmaConfig", dict(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                                     num_key_value_heads=1, lru_width=128, attention_window_size=16,
+                                                     vocab_size=VOCAB),
+                        "Griffin: two RG-LRU recurrent blocks : one local attention block (RecurrentGemma)"),
+    "jetmoe": ("JetMoeConfig", dict(hidden_size=128, num_local_experts=4, num_experts_per_tok=2, kv_channels=32,
+                                    intermediate_size=256, num_key_value_heads=4, vocab_size=VOCAB),
+               "mixture of attention heads and of MLP experts (JetMoE)"),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", dict(SMALL, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                                                 moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                                                 linear_num_value_heads=4, linear_num_key_heads=2,
+                                                 linear_key_head_dim=32, linear_value_head_dim=32),
+                    "hybrid: gated-delta-net 3 : 1 full attention, grouped-GEMM MoE (Qwen3.5-MoE)"),
+    "olmo3": ("Olmo3Config", dict(DENSE, sliding_window=8), "3 sliding : 1 full attention, post-norms (OLMo 3)"),
+    "dots1": ("Dots1Config", dict(SMALL, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+                                  first_k_dense_replace=1, n_shared_experts=1),
+              "a dense first layer, then grouped-GEMM MoE with a shared expert (dots.llm1)"),
+    "hunyuan_moe": ("HunYuanMoEV1Config", dict(SMALL, head_dim=32, num_experts=8, moe_topk=2,
+                                               moe_intermediate_size=128),
+                    "eager MoE in every layer (Hunyuan-A13B)"),
+    "lfm2_moe": ("Lfm2MoeConfig", dict(SMALL, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                                       num_dense_layers=2),
+                 "hybrid: conv and attention layers in turn, 2 dense then grouped-GEMM MoE (LFM2-MoE)"),
+})
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "qwen3_next", "jamba", "glm4_moe",
-       "phimoe"}
+       "phimoe", "granitemoe", "granitemoehybrid", "deepseek_v2", "ernie4_5_moe", "minimax", "jetmoe", "qwen3_5_moe",
+       "dots1", "hunyuan_moe", "lfm2_moe"}
+# MoE families that run their experts on grouped GEMMs unless a spec says otherwise (the others: the eager loop)
+GROUPED_EXPERTS = {"granitemoe", "granitemoehybrid", "qwen3_5_moe", "dots1", "lfm2_moe"}
+NO_ATTENTION = {"mamba2"}  # no attention implementation to choose
 EAGER_ATTENTION = {"gpt_oss"}  # no SDPA path in transformers 5.17
 
 
@@ -142,22 +212,32 @@ def family_config(family: str, layers: int):
         kw["n_layer"] = layers
     else:
         kw["num_hidden_layers"] = layers
-    if family == "lfm2":  # attention at every other layer, the conv layers between
+    if family in ("lfm2", "lfm2_moe"):  # attention at every other layer, the conv layers between
         kw["layer_types"] = ["conv" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    if family == "qwen3_next":
+    if family in ("qwen3_next", "qwen3_5_moe", "minimax"):
         kw["layer_types"] = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+    if family == "granitemoehybrid":
+        kw["layer_types"] = ["attention" if i % 4 == 2 else "mamba" for i in range(layers)]
+    if family == "bamba":
+        kw["attn_layer_indices"] = [i for i in range(layers) if i % 4 == 3]
+    if family == "zamba2":
+        kw["layers_block_type"] = ["hybrid" if i % 3 == 2 else "mamba" for i in range(layers)]
+    if family == "nemotron_h":  # M: Mamba-2, -: MLP, *: attention; one block a layer
+        kw["hybrid_override_pattern"] = ("M-M*-" * layers)[:layers]
     return getattr(transformers, cname)(**kw)
 
 
-def build(family: str, layers: int, device: str, experts: str = "eager"):
+def build(family: str, layers: int, device: str, experts: str | None = None):
     """Random weights from a tiny config (no downloads); bf16 on CUDA; SDPA (eager attention for GPT-OSS); MoE
-    experts on transformers' eager path (a Python loop over the experts that got tokens) unless `experts` says."""
+    experts on transformers' eager path (a Python loop over the experts that got tokens), or grouped GEMMs for
+    GROUPED_EXPERTS, unless `experts` says."""
     torch.backends.cuda.enable_cudnn_sdp(False)  # cuDNN SDPA re-plans on every new KV length (~50 ms GPU idle)
     from transformers import AutoModelForCausalLM
 
     config = family_config(family, layers)
     torch.manual_seed(0)
-    kw = {"attn_implementation": "eager" if family in EAGER_ATTENTION else "sdpa"}
+    experts = experts or ("grouped_mm" if family in GROUPED_EXPERTS else "eager")
+    kw = {} if family in NO_ATTENTION else {"attn_implementation": "eager" if family in EAGER_ATTENTION else "sdpa"}
     if family in MOE:
         kw["experts_implementation"] = experts
     model = AutoModelForCausalLM.from_config(config, **kw)
@@ -501,6 +581,35 @@ def loop_eager_generate(ctx: Ctx, spec: Spec) -> None:
         return prof, log, base_truth(
             spec, info, f"greedy model.generate(max_new_tokens={n}) at batch {spec.batch}, prompt {PROMPT} tokens, "
                         "DynamicCache; no step markers",
+            "profile(activities=[CPU, CUDA]) around one generate(); a warm-up generate ran before"), None
+
+    fit(ctx, spec, capture)
+
+
+def loop_beam_generate(ctx: Ctx, spec: Spec) -> None:
+    """Beam search: generate(num_beams=opts beams, default 3) on batch x beams rows; the cache is reordered by the
+    surviving beams after every step (an index_select per layer's keys and values, between the forwards)."""
+    beams = spec.opts.get("beams", 3)
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    ids = prompt(spec.batch, ctx.device)
+    kw = lambda n: dict(gen_kwargs(n), num_beams=beams, early_stopping=False, length_penalty=0.0)  # noqa: E731
+    with torch.no_grad():
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw(3))  # warm-up
+    sync(ctx.device)
+
+    def capture(n):
+        log.clear()
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw(n))
+            sync(ctx.device)
+            log.set_rec(False)
+        return prof, log, base_truth(
+            spec, info, f"beam search model.generate(num_beams={beams}, max_new_tokens={n}) at batch {spec.batch} "
+                        f"({spec.batch * beams} rows), prompt {PROMPT} tokens, DynamicCache reordered by beam every "
+                        "step; no step markers",
             "profile(activities=[CPU, CUDA]) around one generate(); a warm-up generate ran before"), None
 
     fit(ctx, spec, capture)
@@ -900,22 +1009,28 @@ def loop_profstep_wraps_generate(ctx: Ctx, spec: Spec) -> None:
     fit(ctx, spec, capture)
 
 
-def train_iteration(model, opt, data, log: ForwardLog, batch: int, seq: int, it: int) -> None:
+def train_iteration(model, opt, data, log: ForwardLog, batch: int, seq: int, it: int, micro: int = 1) -> None:
+    """One optimizer step; `micro` > 1: gradient accumulation over that many micro-batches (forward + backward
+    each) before it."""
     t0, r0, e0 = time.time_ns(), log.rec, log.epoch
     n = len(log.forwards)
-    loss = model(input_ids=data, labels=data).loss
-    fwd_end = time.time_ns()
-    loss.backward()
+    for _ in range(micro):
+        loss = model(input_ids=data, labels=data).loss
+        fwd_end = time.time_ns() if _ == 0 else fwd_end
+        (loss / micro).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     del log.forwards[n:]  # the hooks saw the forward; the iteration is logged instead
-    log.add(batch, seq, 0, "training", t0, time.time_ns(), r0, e0, iteration=it, forward_end_ns_abs=fwd_end)
+    log.add(batch, seq, 0, "training", t0, time.time_ns(), r0, e0, iteration=it, forward_end_ns_abs=fwd_end,
+            micro_batches=micro)
 
 
 def loop_train(ctx: Ctx, spec: Spec) -> None:
-    """Training iterations (forward with labels, backward, AdamW, zero_grad); opts markers: profstep | none."""
+    """Training iterations (forward with labels, backward, AdamW, zero_grad); opts markers: profstep | none;
+    micro: micro-batches per optimizer step (gradient accumulation)."""
     batch, seq = 2, 64
     markers = spec.opts.get("markers", "profstep")
+    micro = spec.opts.get("micro", 1)
     model = build(spec.family, spec.layers, ctx.device).train()
     info = layer_info(model, ctx.device)
     log = ForwardLog(model, training=True)
@@ -932,7 +1047,7 @@ def loop_train(ctx: Ctx, spec: Spec) -> None:
                          schedule=schedule(wait=wait, warmup=warmup, active=n, repeat=1)) as prof:
                 log.set_rec(prof.current_action in RECORDING)
                 for it in range(wait + warmup + n):
-                    train_iteration(model, opt, data, log, batch, seq, it)
+                    train_iteration(model, opt, data, log, batch, seq, it, micro)
                     prof.step()
                     log.set_rec(prof.current_action in RECORDING)
                 sync(ctx.device)
@@ -941,12 +1056,13 @@ def loop_train(ctx: Ctx, spec: Spec) -> None:
             with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
                 log.set_rec(True)
                 for it in range(n):
-                    train_iteration(model, opt, data, log, batch, seq, it)
+                    train_iteration(model, opt, data, log, batch, seq, it, micro)
                 sync(ctx.device)
                 log.set_rec(False)
             how = "plain profile() around the iterations: no ProfilerStep, no marker"
+        accum = f"{micro} micro-batches (forward, backward) per optimizer step; " if micro > 1 else ""
         t = base_truth(spec, info, f"training: forward with labels (cross-entropy), loss.backward(), AdamW step, "
-                                   f"zero_grad; batch {batch} x {seq} tokens; {n} iterations in the window",
+                                   f"zero_grad; {accum}batch {batch} x {seq} tokens; {n} iterations in the window",
                        how + "; one unprofiled iteration ran first", workload="training")
         t["iterations_note"] = "steps.training counts whole iterations; each_forward spans whole iterations"
         return prof, log, t, None
@@ -1103,7 +1219,7 @@ LOOPS = {"eager_generate": loop_eager_generate, "sample_padded": loop_sample_pad
          "profstep_hand": loop_profstep_hand, "hand_extend": loop_hand_extend,
          "profstep_generate_hook": loop_profstep_generate_hook,
          "profstep_wraps_generate": loop_profstep_wraps_generate, "train": loop_train, "midstep": loop_midstep,
-         "record": loop_record}
+         "record": loop_record, "beam_generate": loop_beam_generate}
 
 
 def S(name, family, loop, **kw) -> Spec:
@@ -1210,6 +1326,38 @@ HOLDOUT = [
     S("granite16_deep_nomarkers", "granite", "deep_nomarkers", layers=16, rs=False, steps=[5, 4]),
     S("gpt_oss6_hand", "gpt_oss", "hand", layers=6, batch=2, rs=False, steps=[6, 5]),
 ]
+# A second holdout (`--holdout2`): families none of the above has (Mamba-2 hybrids of three designs, an
+# attention-free stack, Griffin, MLA with two dense layers, grouped-GEMM MoE, mixture of attention heads, parallel
+# attention + MLP, post-norm and NoPE stacks) and two loops the corpus lacks (beam search, gradient accumulation);
+# never committed as fixtures.
+HOLDOUT2 = [
+    S("granitemoe6_eager_generate", "granitemoe", "eager_generate", layers=6, batch=2, steps=[8, 6]),
+    S("granitemoehybrid8_hand", "granitemoehybrid", "hand", layers=8, batch=2, rs=False, steps=[6, 5], cost=8),
+    S("bamba8_eager_generate", "bamba", "eager_generate", layers=8, batch=2, rs=False, steps=[6, 5], cost=8),
+    S("falcon_h1_6_sample_padded", "falcon_h1", "sample_padded", layers=6, batch=3, rs=False, steps=[6, 5], cost=8),
+    S("deepseek_v2_6_hand", "deepseek_v2", "hand", layers=6, batch=2, rs=False, steps=[8, 6]),
+    S("cohere2_8_eager_generate", "cohere2", "eager_generate", layers=8, steps=[10, 8]),
+    S("smollm3_8_cudagraph", "smollm3", "cudagraph", layers=8, steps=[10, 8]),
+    S("ernie4_5_moe5_profstep_hand", "ernie4_5_moe", "profstep_hand", layers=5, batch=2, steps=[6, 5]),
+    S("minimax8_eager_generate", "minimax", "eager_generate", layers=8, batch=2, rs=False, steps=[6, 5], cost=8),
+    S("exaone4_8_hand", "exaone4", "hand", layers=8, rs=False, steps=[10, 8]),
+    S("nemotron_h10_eager_generate", "nemotron_h", "eager_generate", layers=10, batch=2, rs=False, steps=[6, 5],
+      cost=8),
+    S("zamba2_6_hand", "zamba2", "hand", layers=6, batch=2, rs=False, steps=[6, 5], cost=8),
+    S("mamba2_6_eager_generate", "mamba2", "eager_generate", layers=6, batch=2, rs=False, steps=[8, 6], cost=8),
+    S("recurrent_gemma6_eager_generate", "recurrent_gemma", "eager_generate", layers=6, steps=[8, 6]),
+    S("jetmoe4_sample_padded", "jetmoe", "sample_padded", layers=4, batch=3, rs=False, steps=[8, 6]),
+    S("qwen3_5_moe8_hand", "qwen3_5_moe", "hand", layers=8, rs=False, steps=[6, 5], cost=10),
+    S("olmo3_8_beam", "olmo3", "beam_generate", layers=8, batch=2, steps=[8, 6]),
+    S("dots1_4_beam", "dots1", "beam_generate", layers=4, batch=1, rs=False, steps=[8, 6]),
+    S("hunyuan_moe4_eager_generate", "hunyuan_moe", "eager_generate", layers=4, batch=2, steps=[8, 6]),
+    S("lfm2_moe6_compiled_generate", "lfm2_moe", "compiled_generate", layers=6, steps=[10, 8],
+      opts={"experts": "grouped_mm"}, cost=COMPILE_COST + 10),
+    S("llama4_train_accum_nomarkers", "llama", "train", layers=4, steps=[3, 2], opts={"markers": "none", "micro": 2},
+      cost=8),
+    S("qwen3_moe4_train_accum_profstep", "qwen3_moe", "train", layers=4, rs=False, steps=[2],
+      opts={"markers": "profstep", "micro": 3}, cost=10),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
@@ -1309,7 +1457,7 @@ def make_cut(out_dir: str, name: str, source: str, keep_forwards: int | None) ->
 
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -1340,7 +1488,7 @@ def corpus_bytes(out_dir: str) -> int:
 def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
-    by_name = {s.name: s for s in SPECS + HOLDOUT}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -1416,7 +1564,7 @@ def table_rows(folder: str) -> str:
 
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -1437,6 +1585,7 @@ def main() -> None:
     parser.add_argument("--table", metavar="DIR", help="print the README table rows of a corpus folder")
     parser.add_argument("--no-cuts", action="store_true")
     parser.add_argument("--holdout", action="store_true", help="make the HOLDOUT traces instead (no cuts)")
+    parser.add_argument("--holdout2", action="store_true", help="make the HOLDOUT2 traces instead (no cuts)")
     parser.add_argument("--seconds", type=float, help="start no new trace after this many seconds")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1451,8 +1600,8 @@ def main() -> None:
             print(f"{s.name:36s} {s.family:12s} {s.loop:24s} layers {s.layers:2d} batch {s.batch} rs {s.rs} {s.opts}")
         return
     os.makedirs(args.out_dir, exist_ok=True)
-    names = args.only or [s.name for s in (HOLDOUT if args.holdout else SPECS)]
-    unknown = set(names) - {s.name for s in SPECS + HOLDOUT}
+    names = args.only or [s.name for s in (HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)]
+    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
@@ -1477,7 +1626,7 @@ def main() -> None:
             if p.returncode not in (0, 1):
                 failed.append(f"worker {i} died (rc {p.returncode})")
             os.remove(logf.name)
-    if not args.worker and not args.only and not args.holdout:
+    if not args.worker and not args.only and not args.holdout and not args.holdout2:
         failed += shrink_to_budget(args.out_dir, args.device, TOTAL_LIMIT - 1_500_000)  # room for cuts + README
     if not args.worker:
         try:
