@@ -1014,9 +1014,10 @@ def train_iteration(model, opt, data, log: ForwardLog, batch: int, seq: int, it:
     each) before it."""
     t0, r0, e0 = time.time_ns(), log.rec, log.epoch
     n = len(log.forwards)
-    for _ in range(micro):
+    fwd_end = 0
+    for m in range(micro):
         loss = model(input_ids=data, labels=data).loss
-        fwd_end = time.time_ns() if _ == 0 else fwd_end
+        fwd_end = fwd_end or time.time_ns()  # the first micro-batch's forward
         (loss / micro).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
