@@ -1015,7 +1015,7 @@ def train_iteration(model, opt, data, log: ForwardLog, batch: int, seq: int, it:
     t0, r0, e0 = time.time_ns(), log.rec, log.epoch
     n = len(log.forwards)
     fwd_end = 0
-    for m in range(micro):
+    for _ in range(micro):
         loss = model(input_ids=data, labels=data).loss
         fwd_end = fwd_end or time.time_ns()  # the first micro-batch's forward
         (loss / micro).backward()
