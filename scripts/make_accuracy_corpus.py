@@ -350,6 +350,10 @@ class ForwardLog:
             if isinstance(cached, torch.Tensor):
                 raise RuntimeError("cache length on the device: would sync; set cached_override")
         cached, tokens = int(cached), int(ids.shape[1])
+        if cached == 0 and tokens == 1 and self.forwards and self.cached_override is None:
+            # A cache that keeps no KV length (Mamba-2's state; a first layer of linear attention, whose cache
+            # reports 0): one new token right after a forward of this log continues that forward's sequences.
+            cached = self.forwards[-1].cached_before + self.forwards[-1].tokens
         if self.training:
             phase = "training"
         else:
