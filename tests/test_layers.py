@@ -441,14 +441,23 @@ def test_a_hybrid_stacks_layers_each_run_one_mixer_of_their_kind(stack):
     experts = [[2 + (i * 3 + s) % 4 for i in range(len(stack))] for s in range(2)]
     for e in experts:
         e[-1] = 7
+    _assert_jamba_read_right(stack, experts)
+
+
+def _assert_jamba_read_right(stack: list[str], experts: list[list[int]]) -> None:
+    """One forward per expert-count list (each layer's loop runs that many experts), all read together: each reads
+    exactly the stack's layers, where each begins and where the last ends (the final norm), and one kind per
+    (mixer, MLP or MoE) kind of the stack."""
     forwards = [PROLOGUE + [k for kind, n in zip(stack, e, strict=True) for k in _jamba_layer(kind, n)] + JAMBA_TAIL
                 for e in experts]
     names = sorted({n for f in forwards for n in f})
     mapping, canonical = name_classes(names)
-    seqs = [np.array([int(mapping[names.index(n)]) for n in f]) for f in forwards]
-    kinds = {kind: i for i, kind in enumerate(dict.fromkeys(stack))}
+    index = {n: int(mapping[i]) for i, n in enumerate(names)}
+    seqs = [np.array([index[n] for n in f]) for f in forwards]
+    stable = data_independent(seqs)
+    kinds = list(dict.fromkeys(stack))
     for e, seq in zip(experts, seqs, strict=True):
-        found = count_layers(seq, canonical, data_independent(seqs))
+        found = count_layers(seq, canonical, stable)
         lengths = [len(_jamba_layer(kind, n)) for kind, n in zip(stack, e, strict=True)]
         assert found.count == len(stack)
         assert found.starts == tuple(len(PROLOGUE) + sum(lengths[:i]) for i in range(len(stack)))
