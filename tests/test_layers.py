@@ -6,6 +6,7 @@ tracegen's dense + eager MoE forwards."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import numpy as np
@@ -441,17 +442,50 @@ def test_a_hybrid_stacks_layers_each_run_one_mixer_of_their_kind(stack):
     experts = [[2 + (i * 3 + s) % 4 for i in range(len(stack))] for s in range(2)]
     for e in experts:
         e[-1] = 7
+    _assert_jamba_read_right(stack, experts)
+
+
+def _assert_jamba_read_right(stack: list[str], experts: list[list[int]]) -> None:
+    """One forward per expert-count list (each layer's loop runs that many experts), all read together: each reads
+    exactly the stack's layers, where each begins and where the last ends (the final norm), and one kind per
+    (mixer, MLP or MoE) kind of the stack."""
     forwards = [PROLOGUE + [k for kind, n in zip(stack, e, strict=True) for k in _jamba_layer(kind, n)] + JAMBA_TAIL
                 for e in experts]
     names = sorted({n for f in forwards for n in f})
     mapping, canonical = name_classes(names)
-    seqs = [np.array([int(mapping[names.index(n)]) for n in f]) for f in forwards]
-    kinds = {kind: i for i, kind in enumerate(dict.fromkeys(stack))}
+    index = {n: int(mapping[i]) for i, n in enumerate(names)}
+    seqs = [np.array([index[n] for n in f]) for f in forwards]
+    stable = data_independent(seqs)
+    kinds = list(dict.fromkeys(stack))
     for e, seq in zip(experts, seqs, strict=True):
-        found = count_layers(seq, canonical, data_independent(seqs))
+        found = count_layers(seq, canonical, stable)
         lengths = [len(_jamba_layer(kind, n)) for kind, n in zip(stack, e, strict=True)]
         assert found.count == len(stack)
         assert found.starts == tuple(len(PROLOGUE) + sum(lengths[:i]) for i in range(len(stack)))
         assert found.end == len(PROLOGUE) + sum(lengths)
         first = {k: found.kind_of[stack.index(k)] for k in kinds}
         assert found.kind_of == tuple(first[k] for k in stack) and len(set(first.values())) == len(kinds)
+
+
+def _lone_attention_stacks():
+    for attention in range(8):
+        for moe_on in (0, 1):
+            for seed in range(6):
+                for last in ("more", "fewer"):
+                    moe = "odd" if moe_on else "even"
+                    yield pytest.param(attention, moe_on, seed, last,
+                                       id=f"attention{attention}-moe_on_{moe}-seed{seed}-{last}")
+
+
+@pytest.mark.parametrize("attention, moe_on, seed, last", list(_lone_attention_stacks()))
+def test_a_lone_attention_layer_anywhere_in_a_hybrid_stack_is_read_right(attention, moe_on, seed, last):
+    # 8 Jamba layers: Mamba mixers and one attention layer at each place (first and last too), an MoE every other
+    # layer (from layer 0 or 1), the others an MLP; each loop's expert count drawn per layer and forward, the last
+    # MoE layer's more than any other's or fewer. Two or three forwards routed apart. An attention layer at either
+    # end lies outside the Mamba kernels' blocks; a last one runs no Mamba kernel and is its own kind.
+    rng = random.Random(seed * 100 + attention * 2 + moe_on)
+    stack = [("attention" if i == attention else "mamba") + (" moe" if i % 2 == moe_on else " mlp") for i in range(8)]
+    experts = [[rng.randint(2, 6) for _ in stack] for _ in range(2 + seed % 2)]
+    for f, e in enumerate(experts):
+        e[6 + moe_on] = 8 + f if last == "more" else 1
+    _assert_jamba_read_right(stack, experts)

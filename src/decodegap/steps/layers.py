@@ -25,7 +25,9 @@ So layers are read from counts, not from a repeating sequence:
   block);
 - a hybrid stack's layers each run one mixer of two kinds (Mamba layers with attention layers among them): the
   names that run in some blocks of a partition and nowhere else split those blocks at each run where each part runs
-  an MLP activation and a matrix product (_mixed);
+  an MLP activation and a matrix product, and add a block where they run after a layer's head before the first
+  block or after the last (a lone attention layer first or last); the last block runs on to the final norm, since
+  a last layer of the other kind may run a longer expert loop than any (_mixed);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
@@ -36,7 +38,8 @@ So layers are read from counts, not from a repeating sequence:
   with layers of several kinds, at the last run of what every layer begins with before its first projection;
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
   the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
-  layers: a lone full-attention layer's own cache copy) are one kind; one line per kind.
+  layers: a lone full-attention layer's own cache copy) are one kind; one line per kind. A last layer shorter than
+  every other is taken as cut off (of a kind that runs all it runs) only where no final norm ended it.
   Which GEMM tile ran tells no kind (cuBLAS picks it by shape), nor do the kernels a compiler fused into an edge
   layer with the once-per-forward work.
 The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
@@ -175,11 +178,17 @@ def _partition(backers: list[int], positions: dict[int, np.ndarray], length: int
 
 
 def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
-               gemm_at: np.ndarray, mixers: tuple[int, ...] = ()) -> _Blocks:
+               gemm_at: np.ndarray, mixers: tuple[int, ...] = (),
+               per_layer: tuple[np.ndarray, np.ndarray] | None = None) -> _Blocks:
     c = len(cuts)
     # The last block runs as long as a typical one (what follows it is the forward's tail).
     typical = int(np.median(np.diff(cuts))) if c > 1 else length - int(cuts[0])
-    bounds = np.append(cuts, int(cuts[-1]) + typical)
+    end = int(cuts[-1]) + typical
+    if per_layer is not None:
+        # A mixer split's last block runs on to the final norm (_final_head): its last layer may be of the other kind
+        # and run a longer expert loop than any (a lone attention layer after Mamba ones).
+        end = max(end, _final_head(cuts, *per_layer))
+    bounds = np.append(cuts, end)
     periodic = _periodic(positions, bounds)
     fixed = {n: (k, r) for n, (k, _, _, r) in periodic.items() if k}
     outside = sum(len(positions[n]) - r >= k for n, (k, r) in fixed.items())
@@ -307,7 +316,8 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
            lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
     """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with attention layers among
     them): the names that count one kind's layers hold layers of the other kind inside some of their blocks. Names
-    that run in some blocks of a partition and nowhere else (the attention kernels) cut those blocks at each run; the
+    that run in some blocks of a partition and nowhere else (the attention kernels; also before its first block or
+    after its last, where a lone layer of the other kind begins or ends the stack) cut those blocks at each run; the
     parts are layers when each runs an MLP activation and a matrix product (each part then holds one layer's mixer
     and its MLP or experts; a split inside one layer leaves a part with neither) and most of the parts' work runs in
     every part. Of such splits, the one whose parts run the most work in common wins over `best` when it cuts more
@@ -315,11 +325,12 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     `lone`: where the names that run once in the forward run."""
     runs = positions | lone
     whole = _share_running(best.bounds, act_at) == 1  # else `best` cuts halves (an attention part runs no MLP)
+    per_layer = _per_layer_runs(ids, positions)
     splits = []
     for coarse in candidates:
-        for mixers, extra in _inside_some_blocks(coarse, runs, gemm):
+        for mixers, extra in _inside_some_blocks(coarse, runs, gemm, *per_layer):
             cuts = np.sort(np.concatenate((coarse.cuts, extra)))
-            split = _blocks_at(cuts, coarse.backers, positions, len(ids), gemm, gemm_at, mixers)
+            split = _blocks_at(cuts, coarse.backers, positions, len(ids), gemm, gemm_at, mixers, per_layer)
             if ((split.count > best.count or not whole) and split.valid and _share_running(split.bounds, act_at) == 1
                     and split.common >= FINER_COMMON * split.beside_gemm):
                 splits.append(split)
@@ -327,21 +338,48 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     return max(splits, key=lambda b: (b.common, b.count), default=best)
 
 
-def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray],
-                        gemm: set[int]) -> list[tuple[tuple[int, ...], np.ndarray]]:
+def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray], gemm: set[int], at: np.ndarray,
+                        seq: np.ndarray) -> list[tuple[tuple[int, ...], np.ndarray]]:
     """Groups of names (GEMM tiles aside: the tile tells no layer) that run alike (as often in the same blocks) in a
-    proper subset of the blocks and nowhere else; per group its names and where each of its runs begins."""
+    proper subset of the blocks and nowhere else; per group its names and where each of its runs begins. A run
+    before the first block or after the last (a lone layer of the other kind at either end of the stack) counts
+    where it follows a layer's head (_after_head); runs there are alike when no per-layer kernel runs between them.
+    `at`, `seq`: where the per-layer names run, and which (_per_layer_runs)."""
     c = blocks.count
     groups: dict[tuple[int, ...], list[int]] = {}
     for n, p in sorted(runs.items()):
         if n in gemm:
             continue
-        if p[0] < blocks.bounds[0] or p[-1] >= blocks.bounds[-1]:
-            continue
         held = np.searchsorted(blocks.bounds, p, side="right") - 1
-        if len(unique(held)) < c:
-            groups.setdefault(tuple(held.tolist()), []).append(n)
+        edge = (held < 0) | (held >= c)
+        if len(unique(held[~edge])) == c or (edge.any() and not _after_head(p[edge], blocks, at, seq)):
+            continue
+        held[edge] = c + np.searchsorted(at, p[edge])  # an edge run's place: the per-layer kernels before it
+        groups.setdefault(tuple(held.tolist()), []).append(n)
     return [(tuple(group), np.array([runs[n] for n in group]).min(axis=0)) for group in groups.values()]
+
+
+def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray) -> int:
+    """Where the last run, after the last cut, of the head that comes before every cut ends (each block ends with
+    the next layer's head, its input norm; the final norm runs its kernels once more): 0 where none runs."""
+    i = np.searchsorted(at, cuts).tolist()
+    head = min(_common_suffix(seq[:i[0]], seq[:j]) for j in i)
+    if not head:
+        return 0
+    pattern, n = seq[i[0] - head:i[0]], len(seq) - head + 1
+    runs = np.ones(max(n, 0), dtype=bool)
+    for t, name in enumerate(pattern.tolist()):
+        runs &= seq[t:t + n] == name
+    after = np.flatnonzero(runs[i[-1] + 1:])
+    return int(at[i[-1] + after[-1] + head]) + 1 if len(after) else 0
+
+
+def _after_head(xs: np.ndarray, blocks: _Blocks, at: np.ndarray, seq: np.ndarray) -> bool:
+    """Whether the per-layer kernel last before each of the positions `xs` is the one last before every cut (the
+    end of a layer's head, its input norm, which comes before its mixer); the glue before the layers (the embedding)
+    follows no such head."""
+    before = np.searchsorted(at, np.concatenate((blocks.cuts, xs))) - 1
+    return bool((before >= 0).all() and (seq[before] == seq[before[0]]).all())
 
 
 def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int],
@@ -411,9 +449,10 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     end = min(max(last + 1, int(starts[-1]) + typical), len(ids))
     tail = _tail_start(blocks, positions, int(starts[-1]))
     # Layers of several kinds leave no name that tells: the final norm does, however long the last layer's loop ran.
-    end = min(end, tail) if tail else _final_norm(ids, starts, positions, last, names) or end
+    final = (tail if tail < end else 0) if tail else _final_norm(ids, starts, positions, last, names)
+    end = final or end
     ends = np.append(starts[1:], max(end, last + 1))
-    kinds, kind_of = _kinds(ids, starts, ends, positions, names)
+    kinds, kind_of = _kinds(ids, starts, ends, positions, names, whole_last=bool(final))
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
     if blocks.mixers:
         other = int(isin(ids, np.array(blocks.mixers)).sum()) // len(blocks.mixers)
@@ -548,7 +587,7 @@ def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[lis
 
 
 def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dict[int, np.ndarray],
-           names: list[str] | None) -> tuple[list[LayerKind], list[int]]:
+           names: list[str] | None, whole_last: bool = False) -> tuple[list[LayerKind], list[int]]:
     n_layers = len(starts)
     # The GEMM library picks its tile by the shape it gets (an expert's token count), so which GEMM kernel a layer's
     # loop ran tells no layer kind from another: the GEMMs a layer runs more than once count as one name here (a dense
@@ -583,9 +622,12 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
             signatures[edge] = closest
     # The last layer's block runs into the once-per-forward tail; when it is shorter than every other layer it was
     # cut off there (the cuts sit inside the layers) and shows only part of its kind: a kind that runs all it runs.
+    # Not where it ends at the final norm (`whole_last`): it is whole, of a lighter kind (a lone attention layer
+    # after Mamba ones).
     lengths = ends - starts
     wider = [sig for sig in signatures[:-1] if sig > signatures[-1]]
-    if n_layers >= 3 and lengths[-1] < CUT_OFF * lengths[:-1].min() and signatures.count(signatures[-1]) == 1 and wider:
+    if (not whole_last and n_layers >= 3 and lengths[-1] < CUT_OFF * lengths[:-1].min()
+            and signatures.count(signatures[-1]) == 1 and wider):
         signatures[-1] = min(wider, key=len)
     index: dict[frozenset, int] = {}
     kind_of = [index.setdefault(sig, len(index)) for sig in signatures]
