@@ -7,7 +7,8 @@ For every `<name>.truth.json` in tests/fixtures/traces/corpus (or the folders gi
   forwards (0 where it has none); training = its training iterations (all four must be equal);
 - layers (skipped where a training truth has no layer count);
 - layer kinds: the sorted counts of the distinct decoder layers: by module structure (dense / MoE / mamba / linear
-  attention) and, where the config names them, by attention type (`layer_types`: sliding / full), as the issue asks
+  attention) and, where the config names them, by attention type (`layer_types`: sliding / full) or rotary
+  embedding (`no_rope_layers`), as the issue asks
   of unlike layers (decodegap's empty `layer_kinds`
   means one kind of `layers` layers);
 - workload (inference | training).
@@ -55,17 +56,19 @@ class Row:
     seconds: float = 0.0
 
 
+PER_LAYER_CONFIG = ("layer_types", "no_rope_layers")  # config lists that tell layers apart (attention type; NoPE)
+
+
 def want_kinds(truth: dict) -> list:
-    """Kinds from the generator's truth: the structural kinds, split further by the config's layer types."""
+    """Kinds from the generator's truth: the structural kinds, split further by the config's per-layer lists (layer
+    types; SmolLM3's layers without rotary embedding)."""
     detail = truth.get("layer_kind_detail") or []
-    types = (truth.get("config_info") or {}).get("layer_types")
     if not detail:
         return sorted(truth.get("layer_kinds") or [])
     kind_of = {i: k for k, d in enumerate(detail) for i in d["layers"]}
-    if types and len(types) == len(kind_of):
-        keys = [(kind_of[i], types[i]) for i in sorted(kind_of)]
-    else:
-        keys = [kind_of[i] for i in sorted(kind_of)]
+    config = truth.get("config_info") or {}
+    lists = [config[k] for k in PER_LAYER_CONFIG if isinstance(config.get(k), list) and len(config[k]) == len(kind_of)]
+    keys = [(kind_of[i], *(v[i] for v in lists)) for i in sorted(kind_of)]
     return sorted(keys.count(k) for k in set(keys))
 
 

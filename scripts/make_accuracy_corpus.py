@@ -278,7 +278,7 @@ def layer_info(model, device: str) -> dict:
     cfg = model.config
     info = {k: getattr(cfg, k) for k in ("layer_types", "first_k_dense_replace", "sliding_window", "num_experts",
                                          "n_routed_experts", "num_local_experts", "num_experts_per_tok",
-                                         "decoder_sparse_step", "mlp_only_layers")
+                                         "decoder_sparse_step", "mlp_only_layers", "no_rope_layers")
             if getattr(cfg, k, None) is not None}
     return {"layers": len(calls), "layer_kinds": sorted(len(v) for v in groups.values()),
             "layer_kind_detail": detail, "config_info": info, "model_class": type(model).__name__,

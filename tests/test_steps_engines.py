@@ -135,6 +135,21 @@ def test_engine_patterns(tmp_path, case):
     assert d["steps"]["dropped_partial"] == 0
 
 
+@pytest.mark.parametrize("layers, nope_every", [(8, 4), (12, 3), (8, None)])
+def test_replays_of_one_graph_with_alike_work_between_are_one_forward_each(tmp_path, layers, nope_every):
+    """A hand-written loop that captures its whole decode step (the argmax too) in one CUDA graph: no host op marks a
+    forward, and layers that skip an op (NoPE every few layers) differ in length. Each replay is one step holding
+    exactly its forward's GPU work (the generator's tags), the next forward's input updates included."""
+    doc = engine_forwards(forwards=6, layers=layers, graph="full", sampling_in_graph=True, nope_every=nope_every)
+    busy = [0.0] * 6
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            busy[e["args"]["tracegen_forward"]] += e["dur"] / 1e3
+    d = _d(write(doc, tmp_path / "t.json"))
+    assert d["steps"]["source"] == "graph_launch" and {p: c for p, c in _counts(d).items() if c} == {"decode": 6}
+    assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx(busy, abs=1e-4)
+
+
 def test_prefill_shaped_forward_is_not_decode(tmp_path):
     d = _d(write(engine_forwards(layers=6, phases=("prefill",), forwards=1), tmp_path / "t.json"))
     # one forward, no marks: its projections see 16,384 rows, its lm_head 32 (each sequence's last token)

@@ -130,7 +130,8 @@ def write_kineto_layout(doc, path: Path) -> Path:
 def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None = None, graph: str | None = None,
                     phases: tuple = ("decode",), batch: int = 32, alternate: bool = False, inductor: bool = False,
                     hip: bool = False, prompt: int = 512, moe_from: int | None = None, experts: int = 8,
-                    top_k: int = 2, seed: int = 0) -> dict:
+                    top_k: int = 2, seed: int = 0, nope_every: int | None = None,
+                    sampling_in_graph: bool = False) -> dict:
     """Forwards as engines run them: `forwards` passes of `layers` layers, each wrapped in the engine's annotation
     (`sglang`: step[DECODE bs=N], `vllm`: execute_..._context_..._generation_...), replayed from one graph per
     forward (`graph="full"`) or one graph per layer piece with eager attention between (`"piecewise"`), or eager.
@@ -138,7 +139,10 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
     numbered as Inductor does per graph position; `phases` cycles over the forwards (decode, prefill, mixed).
     `moe_from`: layers from this index on are eager MoE layers (router, top-k, then a launch group per expert that got
     tokens: 1 to `top_k` x batch experts, drawn per layer and forward from `seed`), the first ones dense, as
-    DeepSeek-V3 stacks are; every forward then launches a different number of kernels."""
+    DeepSeek-V3 stacks are; every forward then launches a different number of kernels. `nope_every`: every that-many-th
+    layer (the 4th, 8th, ... for 4) runs no rotary embedding, the others run it as five kernels (SmolLM3's NoPE
+    layers), so layers differ in length. `sampling_in_graph`: the full graph also replays the argmax (a hand-written
+    loop that captures the whole step), so no host op marks a forward."""
     import random
 
     rng = random.Random(seed)
@@ -191,9 +195,16 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
         attn = "kernel_unified_attention_3d" if alternate and i % 2 else "kernel_unified_attention_2d"
         if phase != "decode":
             attn = "flash_fwd_kernel_prefill"
+        rope = [(name("poi_fused_rotary_cat"), 2.0, "aten::add", None)]
+        if nope_every:
+            rope = [] if (i + 1) % nope_every == 0 else [
+                ("void at::native::mul_kernel", 1.0, "aten::mul", None), ("void at::native::neg_kernel", 1.0,
+                                                                          "aten::neg", None),
+                ("void at::native::CatArrayBatchedCopy", 1.0, "aten::cat", None),
+                ("void at::native::mul_kernel", 1.0, "aten::mul", None),
+                ("void at::native::CUDAFunctor_add", 1.0, "aten::add", None)]
         pre = [(name("red_fused_add_mean_mul_pow_rsqrt"), 3.0, "aten::rms_norm", None),
-               ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", 12.0, "aten::mm", [[tokens, 4096], [4096, 6144]]),
-               (name("poi_fused_rotary_cat"), 2.0, "aten::add", None)]
+               ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", 12.0, "aten::mm", [[tokens, 4096], [4096, 6144]])] + rope
         attention = [(attn, 20.0, "vllm::unified_attention", None)]
         if alternate and i % 2 and phase == "decode":
             attention.append(("reduce_segments", 3.0, "vllm::unified_attention", None))
@@ -248,9 +259,11 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
         launch("void vllm::rms_norm_kernel<c10::BFloat16>", 3.0, "aten::rms_norm")
         lm_rows = batch
         launch("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT", 60.0, "aten::mm", [[lm_rows, 4096], [4096, vocab]])
-        end_graph()
+        if not sampling_in_graph:
+            end_graph()
         launch("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
                8.0, "aten::argmax")
+        end_graph()
         mark_end = state["t_cpu"] + 1
         if annotation == "sglang":
             mode = {"decode": "DECODE", "prefill": "EXTEND", "mixed": "MIXED"}[phase]

@@ -511,21 +511,38 @@ def _cut_by_repetition(seq: np.ndarray, gaps: np.ndarray, row_seq: np.ndarray, u
                         "each a run of layers between the once-per-forward work", False)
 
 
+def _one_graph_between_alike(tokens: np.ndarray, replay_units: np.ndarray) -> bool:
+    """Every replay (but a last one, which a cut file may hold in part) replays one graph, and the eager work
+    between every two replays is the same (a loop's input updates, or nothing): each replay is a forward. Piecewise
+    graphs replay at least two graphs a forward (the first piece holds the embedding, the last the output head), and
+    graphs of single layers have the forward's eager glue between only some of them."""
+    if len(replay_units) < 2:
+        return False
+    whole = tokens[replay_units[:-1]] if len(replay_units) > 2 else tokens[replay_units]
+    if len(np.unique(whole)) != 1:
+        return False
+    between = [Counter(tokens[a + 1:b].tolist()) for a, b in zip(replay_units[:-1], replay_units[1:], strict=True)]
+    return all(x == between[0] for x in between[1:])
+
+
 def _one_forward_per_replay(tokens, gaps, row_seq, unit_start, graph_of) -> _Cut | None:
-    """Replays that each hold a whole forward (layers and their glue): one step each, cut between two replays
-    where the GPU idles longest. Replays that hold only layers are pieces of one forward: None."""
+    """Replays that each hold a whole forward (layers and their glue, or one graph replayed with the same eager work
+    between every two): one step each, cut between two replays where the GPU idles longest. Replays that hold only
+    layers are pieces of one forward: None."""
     replay_units = np.flatnonzero(graph_of[unit_start] >= 0)
     ends = np.append(unit_start[1:], len(row_seq))
     u = int(replay_units[0])
-    inner = find_layers(row_seq[unit_start[u]:ends[u]], min_coverage=0.3)
-    if not _holds_layers(inner, row_seq[unit_start[u]:ends[u]]):
+    block = row_seq[unit_start[u]:ends[u]]
+    inner = find_layers(block, min_coverage=0.3)
+    if not (_holds_layers(inner, block) or _one_graph_between_alike(tokens, replay_units)):
         return None
     cuts = []
     for a, b in zip(replay_units[:-1], replay_units[1:], strict=True):
         between = np.arange(a + 1, b + 1)  # the eager units after replay a, and replay b itself
         cuts.append(int(between[np.argmax(gaps[between])]))
     bounds = np.concatenate(([0], cuts, [len(tokens)])).astype(np.int64)
-    return _Cut(np.unique(bounds), f"one forward per graph replay ({inner.count} layers each)", True)
+    layers = f" ({inner.count} layers each)" if inner.count else ""
+    return _Cut(np.unique(bounds), f"one forward per graph replay{layers}", True)
 
 
 def _forward_boundaries(seq: np.ndarray, gaps: np.ndarray, anchor: Anchor) -> np.ndarray:
