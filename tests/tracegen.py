@@ -162,6 +162,7 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
             events.append({"ph": "X", "cat": "cuda_runtime", "name": launch_name, "pid": 1, "tid": 1, "ts": cpu + 1,
                            "dur": 3.0, "args": {"correlation": corr, "External id": corr}})
             state["t_cpu"] += 6.0
+            state["t_gpu"] = max(state["t_gpu"], cpu + 5)  # a kernel starts after its launch (an idle GPU waits)
         else:
             corr = state["graph_corr"]
         events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": round(state["t_gpu"], 3),
