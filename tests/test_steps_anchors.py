@@ -16,6 +16,9 @@ import pytest
 from decodegap.errors import UserError
 from decodegap.pipeline import analyze_path
 from decodegap.report.json import report_dict
+from decodegap.steps.steps import find_steps
+from decodegap.trace.link import link
+from decodegap.trace.load import load_trace
 from tracegen import engine_forwards, kineto_order, training_loop, write
 
 H200 = Path(__file__).parent / "fixtures" / "traces" / "gpu_h200"
@@ -173,3 +176,31 @@ def test_a_file_cut_inside_a_graph_replay_leaves_that_replay_out(tmp_path, kept)
     d = _d(write(doc | {"traceEvents": events}, tmp_path / "cut.json"))
     assert _counts(d) == {"decode": len(whole)} and d["steps"]["source"] == "graph_launch"
     assert d["steps"]["dropped_partial"] == len(partial) == (kept < 1)
+
+
+def _steps_of(path):
+    """The steps as the steps stage finds them, each as the correlation ids of its GPU activities."""
+    trace = load_trace(path)
+    steps = find_steps(trace, link(trace))
+    return steps, [sorted(trace.gpu.correlation[s.rows].tolist()) for s in steps.steps]
+
+
+def _forward_kernels(events: list[dict]) -> dict[int, list[int]]:
+    """The generator's truth: the correlation ids of each forward's kernels among `events`."""
+    out: dict[int, list[int]] = {}
+    for e in events:
+        if e.get("cat") in GPU_CATS:
+            out.setdefault(e["args"]["tracegen_forward"], []).append(e["args"]["correlation"])
+    return {f: sorted(c) for f, c in out.items()}
+
+
+def test_every_forward_begins_with_its_input_preparation(tmp_path):
+    """Cut at the embedding lookups, a forward still begins with the kernels its host launched after the forward
+    before it sampled (its inputs' preparation), as an engine's step does: the generator's forwards, kernel for
+    kernel, in one graph-less eager stack and one whose sampling the host waits for."""
+    for item in (False, True):
+        doc = engine_forwards(forwards=6, layers=6, moe_from=2, batch=2, seed=5, item=item)
+        steps, kernels = _steps_of(write(doc, tmp_path / "eager.json"))
+        assert steps.source == "anchor_embedding"
+        truth = _forward_kernels(doc["traceEvents"])
+        assert kernels == [truth[f] for f in sorted(truth)]

@@ -130,7 +130,7 @@ def write_kineto_layout(doc, path: Path) -> Path:
 def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None = None, graph: str | None = None,
                     phases: tuple = ("decode",), batch: int = 32, alternate: bool = False, inductor: bool = False,
                     hip: bool = False, prompt: int = 512, moe_from: int | None = None, experts: int = 8,
-                    top_k: int = 2, seed: int = 0) -> dict:
+                    top_k: int = 2, seed: int = 0, item: bool = False) -> dict:
     """Forwards as engines run them: `forwards` passes of `layers` layers, each wrapped in the engine's annotation
     (`sglang`: step[DECODE bs=N], `vllm`: execute_..._context_..._generation_...), replayed from one graph per
     forward (`graph="full"`) or one graph per layer piece with eager attention between (`"piecewise"`), or eager.
@@ -138,7 +138,8 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
     numbered as Inductor does per graph position; `phases` cycles over the forwards (decode, prefill, mixed).
     `moe_from`: layers from this index on are eager MoE layers (router, top-k, then a launch group per expert that got
     tokens: 1 to `top_k` x batch experts, drawn per layer and forward from `seed`), the first ones dense, as
-    DeepSeek-V3 stacks are; every forward then launches a different number of kernels."""
+    DeepSeek-V3 stacks are; every forward then launches a different number of kernels. `item`: after sampling, the
+    host checks for a stop token, copies the token back and waits for it (`.item()`, as a generate loop does)."""
     import random
 
     rng = random.Random(seed)
@@ -148,7 +149,7 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
     state = {"t_gpu": 1000.0, "t_cpu": 500.0, "corr": 10, "graph_corr": None}
     vocab = 151936
 
-    def launch(name: str, dur: float, op: str | None = None, dims=None) -> None:
+    def launch(name: str, dur: float, op: str | None = None, dims=None, copy: bool = False) -> None:
         state["corr"] += 1
         corr = state["corr"]
         if state["graph_corr"] is None:
@@ -159,15 +160,17 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
                     args |= {"Input Dims": dims, "Input type": ["c10::BFloat16"] * len(dims)}
                 events.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": 1, "ts": cpu, "dur": 4.0,
                                "args": args})
-            events.append({"ph": "X", "cat": "cuda_runtime", "name": launch_name, "pid": 1, "tid": 1, "ts": cpu + 1,
+            api = ("hipMemcpyAsync" if hip else "cudaMemcpyAsync") if copy else launch_name
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": api, "pid": 1, "tid": 1, "ts": cpu + 1,
                            "dur": 3.0, "args": {"correlation": corr, "External id": corr}})
             state["t_cpu"] += 6.0
             state["t_gpu"] = max(state["t_gpu"], cpu + 5)  # a kernel starts after its launch (an idle GPU waits)
         else:
             corr = state["graph_corr"]
-        events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": round(state["t_gpu"], 3),
-                       "dur": dur, "args": {"device": 0, "stream": 7, "correlation": corr,
-                                            "grid": [64, 1, 1], "block": [128, 1, 1]}})
+        shape = {"bytes": 8} if copy else {"grid": [64, 1, 1], "block": [128, 1, 1]}
+        events.append({"ph": "X", "cat": "gpu_memcpy" if copy else "kernel", "name": name, "pid": 0, "tid": 7,
+                       "ts": round(state["t_gpu"], 3), "dur": dur,
+                       "args": {"device": 0, "stream": 7, "correlation": corr} | shape})
         state["t_gpu"] += dur + 0.5
 
     def start_graph() -> None:
@@ -252,6 +255,16 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
         end_graph()
         launch("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
                8.0, "aten::argmax")
+        if item:  # a stop-token check, the token copied to the host, and the host waiting for it
+            launch("void at::native::vectorized_elementwise_kernel<4, at::native::CompareEqFunctor<long>>", 2.0,
+                   "aten::eq")
+            launch("Memcpy DtoH (Device -> Pinned)", 1.5, "aten::_local_scalar_dense", copy=True)
+            cpu, done = state["t_cpu"], state["t_gpu"]
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "hipStreamSynchronize" if hip else
+                           "cudaStreamSynchronize", "pid": 1, "tid": 1, "ts": cpu, "dur": max(done - cpu, 1.0),
+                           "args": {"correlation": state["corr"] + 1, "External id": state["corr"]}})
+            state["corr"] += 1
+            state["t_cpu"] = max(cpu, done) + 2.0
         mark_end = state["t_cpu"] + 1
         if annotation == "sglang":
             mode = {"decode": "DECODE", "prefill": "EXTEND", "mixed": "MIXED"}[phase]

@@ -6,11 +6,12 @@ widest GEMM, N = the vocabulary) and, in a generate loop, sampling (argmax / mul
 one compiled call; training iterations end with an optimizer step. Those are the anchors, in this order of trust
 (`FAMILIES`). Each anchor is a time on the host (the CPU op, or the launch of its kernel), and every GPU activity
 belongs to the forward its launch falls in, so eager MoE layers that launch a different number of kernels every step
-cut nothing. An anchor family is used only when the forwards it cuts agree on their layer count, or, where no family's
-do, when another family falls as often (the layer count is then reported uncertain); the others cross-check it. A
-forward at the edge of the capture is partial only when the window cut it: per-layer work before the first anchor (a
-forward the capture began inside), fewer layers or no output head after the last one (the capture ended inside it),
-or launches whose GPU work is not in the trace."""
+cut nothing; a forward that samples ends at the host's first wait for the GPU after its sampling, else at the
+sampling's end (what follows is the next forward's input preparation). An anchor family is used only when the
+forwards it cuts agree on their layer count, or, where no family's do, when another family falls as often (the layer
+count is then reported uncertain); the others cross-check it. A forward at the edge of the capture is partial only
+when the window cut it: per-layer work before the first anchor (a forward the capture began inside), fewer layers or
+no output head after the last one (the capture ended inside it), or launches whose GPU work is not in the trace."""
 
 from __future__ import annotations
 
@@ -116,6 +117,15 @@ def lost_launches(trace: Trace) -> np.ndarray:
     return np.sort(rt.ts_ns[lost])
 
 
+def host_waits(trace: Trace) -> np.ndarray:
+    """End times of the runtime calls in which the host waits for the GPU (stream, device or event synchronize: a
+    `.item()` reading a sampled token), sorted."""
+    rt = trace.runtime
+    ids = [i for i, n in enumerate(trace.names) if "Synchronize" in n and n.startswith(("cuda", "hip", "cu"))]
+    hit = isin(rt.name_id, np.array(ids, dtype=np.int64))
+    return np.sort(rt.ts_ns[hit] + rt.dur_ns[hit])
+
+
 def _launches_of(trace: Trace, links: Links, rows: np.ndarray) -> np.ndarray:
     rt = links.runtime_idx[rows]
     rt = rt[rt >= 0]
@@ -142,6 +152,7 @@ class TraceAnchors:
 
     when: np.ndarray | None  # launch_times
     times: dict[str, np.ndarray]
+    waits: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # ends of the host's waits (host_waits)
 
     @classmethod
     def of(cls, trace: Trace, links: Links, training: bool) -> TraceAnchors:
@@ -149,7 +160,7 @@ class TraceAnchors:
         rows = np.arange(len(trace.gpu))
         order = TRAINING_ORDER if training else INFERENCE_ORDER
         times = {fid: occurrences(trace, links, fid, rows) for fid in order} if when is not None else {}
-        return cls(when, {fid: t for fid, t in times.items() if len(t)})
+        return cls(when, {fid: t for fid, t in times.items() if len(t)}, host_waits(trace))
 
     def count_in(self, lo: int, hi: int) -> int:
         """The most occurrences any family has in [lo, hi]: a span with fewer than two holds one forward at most."""
@@ -184,9 +195,15 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
     # often still mark the same forwards: the most trusted of them cuts, and the layer count is left in doubt.
     agreeing = Counter(len(a) for a in found.values())
     tries = [(fid, False) for fid in found] + [(fid, True) for fid, a in found.items() if agreeing[len(a)] >= 2]
+    # A forward ends with its sampling: what the host launches after it, before the next forward's anchor, is the
+    # next forward's input preparation, as an engine's step holds it.
+    closes = anchors_of.times.get("sampling")
+    if closes is not None and window is not None:
+        closes = closes[(closes >= window[0]) & (closes <= window[1])]
     for fid, doubt in tries:
         anchors = found[fid]
-        result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names, any_layers=doubt)
+        result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names, any_layers=doubt,
+                         closes=closes if fid != "sampling" else None, waits=anchors_of.waits)
         if result is not None:
             others = [f"{len(a)} {FAMILIES[o].words}" for o, a in found.items() if o != fid]
             result.detail = (f"{len(anchors)} {FAMILIES[fid].words} mark the forwards"
@@ -215,16 +232,27 @@ def _with_closing(times: np.ndarray, sorted_when: np.ndarray, role: str) -> np.n
 
 
 def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Family, seq: np.ndarray,
-            names: list[str], any_layers: bool = False) -> AnchorCut | None:
-    # A start anchor opens a forward (its own launches belong to it); an end anchor (an op's end) closes one: a
-    # launch at or before it is inside the forward it closes.
+            names: list[str], any_layers: bool = False, closes: np.ndarray | None = None,
+            waits: np.ndarray | None = None) -> AnchorCut | None:
+    # Each boundary is the first host instant of the forward after it (a launch at t is in that forward iff t is at
+    # or after it). A start anchor opens a forward (its own launches belong to it); an end anchor (an op's end, a
+    # launch) closes one: a launch at or before it is inside the forward it closes.
     opens = family.role == "start"
-    index = np.searchsorted(anchors, when, side="right" if opens else "left")
+    edges_in = anchors if opens else anchors + 1
+    waits = np.empty(0, np.int64) if waits is None else waits
+    if closes is not None and len(closes):
+        edges_in = _after_sampling(edges_in, closes + 1, opens, waits)
+    index = np.searchsorted(edges_in, when, side="right")
     order = np.argsort(index, kind="stable")  # launch order may differ from GPU order across streams
     bounds = np.searchsorted(index[order], np.arange(len(anchors) + 2), side="left")
     pieces = [np.sort(rows[order[bounds[i]:bounds[i + 1]]]) for i in range(len(anchors) + 1)]
-    edges = np.concatenate(([NEVER_BEFORE], anchors, [NEVER_AFTER]))
-    spans = [(int(edges[i]), int(edges[i + 1])) for i in range(len(pieces))]  # host time each piece covers
+    # the host time each piece covers, [lo, hi): the last forward of start anchors runs to the capture's end, or to
+    # the end of its sampling
+    last_end = NEVER_AFTER
+    if opens and closes is not None and len(closes) and closes[-1] >= edges_in[-1]:
+        last_end = _first_wait(closes[-1:] + 1, np.array([NEVER_AFTER]), waits)[0]
+    edges = np.concatenate(([NEVER_BEFORE], edges_in, [last_end]))
+    spans = [(int(edges[i]), int(edges[i + 1])) for i in range(len(pieces))]
     # Start anchors: the piece before the first is outside every forward; the last forward runs to the capture's end.
     # End anchors: the piece after the last is outside; the first forward runs from the capture's start.
     inner = range(1, len(pieces)) if opens else range(len(pieces) - 1)
@@ -265,6 +293,32 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     if not body:
         return None
     return AnchorCut([r for r, _ in body], family, "", partial, spans=[span for _, span in body])
+
+
+def _after_sampling(edges: np.ndarray, ends: np.ndarray, opens: bool, waits: np.ndarray) -> np.ndarray:
+    """Boundaries moved to where the forward before them ends, when it samples (`ends`: just after each sampling
+    op): at the host's first wait for the GPU after its sampling (reading the token), else at the sampling's end. A
+    start anchor's forward then begins with its own input preparation, and an output head's forward keeps the
+    sampling after it (not a wait: an eager MoE layer of the next forward may wait too)."""
+    if opens:  # the last sampling at or before each start, after the start before it
+        j = np.searchsorted(ends, edges, side="right") - 1
+        prev = np.concatenate(([NEVER_BEFORE], edges[:-1]))
+        ok = (j >= 0) & (ends[np.maximum(j, 0)] > prev)
+        at = _first_wait(ends[np.maximum(j, 0)], edges, waits)
+    else:  # the first sampling after each end, before the next end
+        nxt = np.concatenate((edges[1:], [NEVER_AFTER]))
+        j = np.minimum(np.searchsorted(ends, edges, side="left"), len(ends) - 1)
+        ok = (ends[j] >= edges) & (ends[j] < nxt)
+        at = ends[j]
+    return np.where(ok, at, edges)
+
+
+def _first_wait(after: np.ndarray, before: np.ndarray, waits: np.ndarray) -> np.ndarray:
+    """The end of the host's first wait in [after, before), else `after`."""
+    k = np.minimum(np.searchsorted(waits, after, side="left"), max(len(waits) - 1, 0))
+    if not len(waits):
+        return after
+    return np.where((waits[k] >= after) & (waits[k] < before), waits[k], after)
 
 
 def _spread(n: int) -> list[int]:

@@ -612,8 +612,8 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
 
 def _drop_incomplete(trace: Trace, links: Links, pieces: list[_Piece], tokens: list, evidence: list):
     """Steps some of whose launches have no GPU work in the trace (the capture or the file ended before it was
-    written) are partial: left out, with what is missing. A step's launches are those in its annotation's span, or
-    from its first launch to the next step's."""
+    written) are partial: left out, with what is missing. A step's launches are those in its annotation's span, the
+    host time between its anchors, or from its first launch to the next step's."""
     lost = lost_launches(trace)
     known_until = trace.known_until_ns
     if not len(lost) and known_until is None:
@@ -622,13 +622,13 @@ def _drop_incomplete(trace: Trace, links: Links, pieces: list[_Piece], tokens: l
     firsts = [int(when[p.rows].min()) if when is not None and len(p.rows) else p.start_ns for p in pieces]
     lasts = [int(when[p.rows].max()) if when is not None and len(p.rows) else p.end_ns for p in pieces]
     keep, incomplete = [], []
-    for i, p in enumerate(pieces):
-        lo, hi = p.host_span or ((p.mark.ts_ns, p.mark.end_ns) if p.mark else (
-            firsts[i], firsts[i + 1] - 1 if i + 1 < len(pieces) else forward_anchors.NEVER_AFTER))
+    for i, p in enumerate(pieces):  # the host time [lo, hi) of its CPU side
+        lo, hi = p.host_span or ((p.mark.ts_ns, p.mark.end_ns + 1) if p.mark else (
+            firsts[i], firsts[i + 1] if i + 1 < len(pieces) else forward_anchors.NEVER_AFTER))
         if hi == forward_anchors.NEVER_AFTER:  # nothing closes the last step: it ends with its last launch
-            hi = lasts[i]
-        missing = int(np.searchsorted(lost, hi, side="right") - np.searchsorted(lost, lo, side="left"))
-        beyond = known_until is not None and hi > known_until  # the file ends before its launches do
+            hi = lasts[i] + 1
+        missing = int(np.searchsorted(lost, hi, side="left") - np.searchsorted(lost, lo, side="left"))
+        beyond = known_until is not None and hi - 1 > known_until  # the file ends before its launches do
         (incomplete.append((p, missing, beyond)) if missing or beyond else keep.append(i))
     return ([pieces[i] for i in keep], [tokens[i] for i in keep], [evidence[i] for i in keep], incomplete)
 
