@@ -194,6 +194,36 @@ def _forward_kernels(events: list[dict]) -> dict[int, list[int]]:
     return {f: sorted(c) for f, c in out.items()}
 
 
+@pytest.mark.parametrize("form", ["text", "events"])
+@pytest.mark.parametrize("seed,moe_from,item", [(0, 1, False), (1, 1, True), (2, 3, False)])
+@pytest.mark.parametrize("kept", [0.25, 0.6, 0.9, 1.0])
+def test_a_file_cut_short_with_eager_moe_keeps_exactly_its_whole_forwards(tmp_path, kept, seed, moe_from, item,
+                                                                           form):
+    """Eager MoE forwards (a different number of kernels each) in Kineto's order, the file ending after `kept` of its
+    GPU-side events: its JSON text cut inside the next event (`text`), or its events ending early (`events`). Every
+    forward whose kernels are all in the file is a step with exactly those kernels, and no other: the one the cut
+    falls in is left out as partial with a warning, and nothing after it is a step."""
+    doc = kineto_order(engine_forwards(forwards=8, layers=8, moe_from=moe_from, batch=4, seed=seed, item=item))
+    events = doc["traceEvents"]
+    host = sum(e.get("cat") in ("cpu_op", "user_annotation") for e in events)
+    keep = int((len(events) - host) * kept)
+    if form == "text" and kept < 1:
+        path = tmp_path / "cut.json"
+        path.write_bytes(_cut_text(doc, keep))
+    else:
+        path = write(doc | {"traceEvents": events[:host + keep]}, tmp_path / "cut.json")
+    everything, in_file = _forward_kernels(events), _forward_kernels(events[:host + keep])
+    whole = [everything[f] for f in sorted(everything) if in_file.get(f) == everything[f]]
+    partial = [f for f in in_file if in_file[f] != everything[f]]
+    assert whole and len(partial) == (kept < 1)  # the cut falls inside a forward
+    steps, kernels = _steps_of(path)
+    assert kernels == whole  # the whole forwards, each with exactly its kernels, in order
+    assert steps.dropped_partial == len(partial)
+    d = _d(path)
+    assert _counts(d) == {"decode": len(whole)} and d["layers"] == 8
+    assert any("left out as partial" in w for w in d["warnings"]) == bool(partial)
+
+
 def test_every_forward_begins_with_its_input_preparation(tmp_path):
     """Cut at the embedding lookups, a forward still begins with the kernels its host launched after the forward
     before it sampled (its inputs' preparation), as an engine's step does: the generator's forwards, kernel for

@@ -11,7 +11,8 @@ sampling's end (what follows is the next forward's input preparation). An anchor
 forwards it cuts agree on their layer count, or, where no family's do, when another family falls as often (the layer
 count is then reported uncertain); the others cross-check it. A forward at the edge of the capture is partial only
 when the window cut it: per-layer work before the first anchor (a forward the capture began inside), fewer layers or
-no output head after the last one (the capture ended inside it), or launches whose GPU work is not in the trace."""
+no output head after the last one (the capture ended inside it), or launches whose GPU work is not in the trace
+(lost_launches, unlaunched_ops): such a forward tells nothing of the layers."""
 
 from __future__ import annotations
 
@@ -117,6 +118,32 @@ def lost_launches(trace: Trace) -> np.ndarray:
     return np.sort(rt.ts_ns[lost])
 
 
+def unlaunched_ops(trace: Trace) -> np.ndarray | None:
+    """Host times of the CPU ops whose launches the file lost: calls, after the last launch record, of an op whose
+    every call before it launched GPU work (by External id). A file cut short keeps its CPU ops (Kineto writes them
+    first) and loses the launch records with the GPU events; an op that launches only sometimes (a copy on the host)
+    is no evidence, nor is one before the last record (profilers drop a few records inside the window). None when no
+    CPU op is tied to a launch (no External ids): the ops then tell nothing."""
+    rt, gpu, ops = trace.runtime, trace.gpu, trace.cpu_ops
+    if not len(ops.ts_ns) or not len(rt.ts_ns) or not len(gpu):
+        return None
+    has_gpu = isin(rt.correlation, gpu.correlation) & (rt.correlation >= 0)
+    if not has_gpu.any():
+        return None
+    launching = isin(rt.name_id, rt.name_id[has_gpu])
+    last = int(rt.ts_ns[launching].max())
+    ids = np.concatenate((rt.external_id[launching], gpu.external_id))
+    launched = isin(ops.external_id, ids[ids >= 0]) & (ops.external_id >= 0)
+    before = ops.ts_ns <= last
+    n = int(ops.name_id.max()) + 1
+    calls = np.bincount(ops.name_id[before], minlength=n)
+    hits = np.bincount(ops.name_id[before & launched], minlength=n)
+    if not hits.any():
+        return None
+    always = (calls > 0) & (hits == calls)
+    return np.sort(ops.ts_ns[~before & always[ops.name_id] & ~launched])
+
+
 def host_waits(trace: Trace) -> np.ndarray:
     """End times of the runtime calls in which the host waits for the GPU (stream, device or event synchronize: a
     `.item()` reading a sampled token), sorted."""
@@ -152,6 +179,9 @@ class TraceAnchors:
 
     when: np.ndarray | None  # launch_times
     times: dict[str, np.ndarray]
+    # host times of launches whose GPU work the trace lacks (lost_launches, unlaunched_ops): a forward holding one is
+    # partial, and tells nothing of the layers
+    unknown: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     waits: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # ends of the host's waits (host_waits)
 
     @classmethod
@@ -160,7 +190,9 @@ class TraceAnchors:
         rows = np.arange(len(trace.gpu))
         order = TRAINING_ORDER if training else INFERENCE_ORDER
         times = {fid: occurrences(trace, links, fid, rows) for fid in order} if when is not None else {}
-        return cls(when, {fid: t for fid, t in times.items() if len(t)}, host_waits(trace))
+        unlaunched = unlaunched_ops(trace)
+        unknown = np.sort(np.concatenate((lost_launches(trace), [] if unlaunched is None else unlaunched)))
+        return cls(when, {fid: t for fid, t in times.items() if len(t)}, unknown, host_waits(trace))
 
     def count_in(self, lo: int, hi: int) -> int:
         """The most occurrences any family has in [lo, hi]: a span with fewer than two holds one forward at most."""
@@ -203,7 +235,8 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
     for fid, doubt in tries:
         anchors = found[fid]
         result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names, any_layers=doubt,
-                         closes=closes if fid != "sampling" else None, waits=anchors_of.waits)
+                         closes=closes if fid != "sampling" else None, unknown=anchors_of.unknown,
+                         waits=anchors_of.waits)
         if result is not None:
             others = [f"{len(a)} {FAMILIES[o].words}" for o, a in found.items() if o != fid]
             result.detail = (f"{len(anchors)} {FAMILIES[fid].words} mark the forwards"
@@ -233,7 +266,7 @@ def _with_closing(times: np.ndarray, sorted_when: np.ndarray, role: str) -> np.n
 
 def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Family, seq: np.ndarray,
             names: list[str], any_layers: bool = False, closes: np.ndarray | None = None,
-            waits: np.ndarray | None = None) -> AnchorCut | None:
+            unknown: np.ndarray | None = None, waits: np.ndarray | None = None) -> AnchorCut | None:
     # Each boundary is the first host instant of the forward after it (a launch at t is in that forward iff t is at
     # or after it). A start anchor opens a forward (its own launches belong to it); an end anchor (an op's end, a
     # launch) closes one: a launch at or before it is inside the forward it closes.
@@ -246,6 +279,7 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     order = np.argsort(index, kind="stable")  # launch order may differ from GPU order across streams
     bounds = np.searchsorted(index[order], np.arange(len(anchors) + 2), side="left")
     pieces = [np.sort(rows[order[bounds[i]:bounds[i + 1]]]) for i in range(len(anchors) + 1)]
+    last_launch = [int(when[order[bounds[i]:bounds[i + 1]]].max(initial=NEVER_BEFORE)) for i in range(len(pieces))]
     # the host time each piece covers, [lo, hi): the last forward of start anchors runs to the capture's end, or to
     # the end of its sampling
     last_end = NEVER_AFTER
@@ -260,7 +294,18 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     body = [(pieces[i], spans[i]) for i in inner if len(pieces[i])]
     if not body:
         return None
-    picks = _spread(len(body))
+    # A forward some of whose launches lack their GPU work (the file ends inside it) is partial whatever it shows:
+    # it is left to the steps stage, and only the others say what a forward's layers are.
+    unknown = np.empty(0, np.int64) if unknown is None else unknown
+    known = [i for i, (_, (lo, hi)) in enumerate(body)
+             if np.searchsorted(unknown, hi, side="left") == np.searchsorted(unknown, lo, side="left")]
+    if not known:  # every forward is partial: nothing to check, and no other family's cut is more trusted
+        outside = pieces[out_i]
+        if len(outside):
+            i = 0 if opens else len(body) - 1
+            body[i] = (np.sort(np.concatenate([outside, body[i][0]])), body[i][1])
+        return AnchorCut([r for r, _ in body], family, "", spans=[span for _, span in body])
+    picks = [known[k] for k in _spread(len(known))]
     interior = [i for i in picks if 0 < i < len(body) - 1]
     varying = data_dependent([seq[body[i][0]] for i in (interior if len(interior) >= 2 else picks)])
     checked = {i: count_layers(seq[body[i][0]], names, varying=varying) for i in picks}
@@ -273,7 +318,8 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     per_layer = next(set(f.backers) for f in checked.values() if f.count == layers)
     edge = len(body) - 1 if opens else 0  # the forward the window may have cut
     partial = []
-    if len(body) > 1 and checked[edge].count != layers and not any_layers:  # (in doubt, layers tell no edge)
+    if len(body) > 1 and edge in checked and checked[edge].count != layers and not any_layers:  # (in doubt,
+        # layers tell no edge)
         partial.append(f"the {'last' if opens else 'first'} forward shows {checked[edge].count or 'no'} layers, "
                        f"not {layers}: the capture {'ended' if opens else 'began'} inside it")
         body = body[:-1] if opens else body[1:]
@@ -287,9 +333,9 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
         elif opens:  # the first forward's preparation
             (r, (lo, hi)) = body[0]
             body[0] = (np.concatenate([outside, r]), (spans[out_i][0], hi))
-        else:  # bookkeeping after the last forward's output
+        else:  # bookkeeping after the last forward's output (on the host, up to its last launch)
             (r, (lo, hi)) = body[-1]
-            body[-1] = (np.concatenate([r, outside]), (lo, spans[out_i][1]))
+            body[-1] = (np.concatenate([r, outside]), (lo, last_launch[out_i] + 1))
     if not body:
         return None
     return AnchorCut([r for r, _ in body], family, "", partial, spans=[span for _, span in body])
