@@ -234,3 +234,79 @@ def test_every_forward_begins_with_its_input_preparation(tmp_path):
         assert steps.source == "anchor_embedding"
         truth = _forward_kernels(doc["traceEvents"])
         assert kernels == [truth[f] for f in sorted(truth)]
+
+
+def _iteration_truth(events: list[dict]) -> tuple[list[list[int]], list[float]]:
+    """The generator's truth per training iteration: its GPU activities' correlation ids and its GPU time in ms."""
+    kernels: dict[int, list[int]] = {}
+    busy: Counter = Counter()
+    for e in events:
+        if e.get("cat") in GPU_CATS:
+            kernels.setdefault(e["args"]["tracegen_iteration"], []).append(e["args"]["correlation"])
+            busy[e["args"]["tracegen_iteration"]] += e["dur"] / 1000
+    return [sorted(kernels[i]) for i in sorted(kernels)], [busy[i] for i in sorted(kernels)]
+
+
+@pytest.mark.parametrize("moe_every", [None, 2])
+@pytest.mark.parametrize("optimizer_marks", [True, False])
+@pytest.mark.parametrize("micro_batches", [1, 2, 4])
+def test_gradient_accumulation_iterations_are_cut_at_their_optimizer_steps(tmp_path, micro_batches, optimizer_marks,
+                                                                           moe_every):
+    """A training loop that accumulates gradients over micro-batches (zero_grad, micro_batches x (forward, backward),
+    one fused AdamW step), with or without `Optimizer.step#` annotations (the fused update ops are the anchor then),
+    dense or with MoE layers between dense ones: one iteration per optimizer step, each with exactly its kernels
+    (all its micro-batches and its optimizer step), its GPU time the generator's, and the micro-batches named."""
+    doc = training_loop(iters=5, layers=6, moe_every=moe_every, optimizer_marks=optimizer_marks, seed=3,
+                        micro_batches=micro_batches)
+    path = write(doc, tmp_path / "accumulate.json")
+    kernels, busy = _iteration_truth(doc["traceEvents"])
+    steps, found = _steps_of(path)
+    assert found == kernels
+    d = _d(path)
+    assert _counts(d) == {"training": 5} and d["steps"]["source"] == "anchor_optimizer_step"
+    assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx(busy, abs=1e-3)  # a kernel is 1 us at least
+    assert d["layers"] == 6
+    named = f"gradient accumulation over {micro_batches} micro-batches"
+    assert (named in d["steps"]["source_detail"]) == (micro_batches > 1)
+
+
+@pytest.mark.parametrize("optimizer_marks", [True, False])
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_gradient_accumulation_under_profiler_steps_reads_one_iteration_per_step(tmp_path, micro_batches,
+                                                                                  optimizer_marks):
+    """prof.step() once per optimizer step: each ProfilerStep is one iteration with all its micro-batches."""
+    doc = training_loop(iters=5, layers=6, moe_every=2, optimizer_marks=optimizer_marks, seed=4,
+                        micro_batches=micro_batches, profiler_steps=True)
+    path = write(doc, tmp_path / "profiled.json")
+    kernels, busy = _iteration_truth(doc["traceEvents"])
+    assert _steps_of(path)[1] == kernels
+    d = _d(path)
+    assert _counts(d) == {"training": 5} and d["steps"]["source"] == "profiler_step"
+    assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx(busy, abs=1e-3)
+
+
+@pytest.mark.parametrize("moe_every", [None, 2])
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_a_capture_inside_an_accumulating_iteration_leaves_it_out(tmp_path, micro_batches, moe_every):
+    """The capture began in the last micro-batch's backward of the first iteration and ended before the last one's
+    optimizer step (no annotations): those two are partial, the four between them whole, each with its kernels."""
+    doc = training_loop(iters=6, layers=6, moe_every=moe_every, optimizer_marks=False, seed=3,
+                        micro_batches=micro_batches)
+
+    backward = {e["args"]["External id"] for e in doc["traceEvents"] if e["args"]["tracegen_iteration"] == 0
+                and e["args"].get("tracegen_micro_batch") == micro_batches - 1 and e.get("tid") == 2}
+
+    def kept(e: dict) -> bool:
+        it, mb = e["args"]["tracegen_iteration"], e["args"].get("tracegen_micro_batch")
+        if it == 0:  # from the last micro-batch's backward (its ops on the autograd thread, their launches) on
+            return mb is None or e["args"].get("External id", e["args"].get("correlation")) in backward
+        return it < 5 or mb is not None  # the last iteration without its optimizer step
+    events = [e for e in doc["traceEvents"] if kept(e)]
+    assert sum(e.get("cat") == "kernel" and e["args"]["tracegen_iteration"] == 0 for e in events) > 2 * 6
+    path = write(doc | {"traceEvents": events}, tmp_path / "window.json")
+    kernels, busy = _iteration_truth(events)
+    steps, found = _steps_of(path)
+    assert found == kernels[1:5] and steps.dropped_partial == 2
+    d = _d(path)
+    assert _counts(d) == {"training": 4}
+    assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx(busy[1:5], abs=1e-3)

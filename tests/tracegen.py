@@ -289,13 +289,15 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
 
 
 def training_loop(iters: int = 6, layers: int = 6, moe_every: int | None = None, optimizer_marks: bool = True,
-                  seed: int = 0) -> dict:
-    """Training iterations as an eager PyTorch loop runs them, with no ProfilerStep marks: zero_grad, a forward
-    (embedding, `layers` pre-norm layers, output head, loss), its backward on the autograd thread (layers in reverse)
-    and a fused AdamW step (`Optimizer.step#AdamW.step` annotations unless `optimizer_marks` is False).
-    `moe_every`: every that-many-th layer (1, 3, ... for 2) is an eager MoE layer (router, top-k, then 2-8 expert
-    launch groups drawn per layer and iteration from `seed`) and the others dense, so iterations launch different
-    numbers of kernels and the layers are unlike. Each event's args carry `tracegen_iteration`."""
+                  seed: int = 0, micro_batches: int = 1, profiler_steps: bool = False) -> dict:
+    """Training iterations as an eager PyTorch loop runs them: zero_grad, then `micro_batches` times (gradient
+    accumulation) a forward (embedding, `layers` pre-norm layers, output head, loss) and its backward on the autograd
+    thread (layers in reverse), then a fused AdamW step (`Optimizer.step#AdamW.step` annotations unless
+    `optimizer_marks` is False). `profiler_steps`: each iteration in a `ProfilerStep#N` annotation (prof.step() once
+    per optimizer step), else none. `moe_every`: every that-many-th layer (1, 3, ... for 2) is an eager MoE layer
+    (router, top-k, then 2-8 expert launch groups drawn per layer and micro-batch from `seed`) and the others dense, so
+    iterations launch different numbers of kernels and the layers are unlike. Each event's args carry
+    `tracegen_iteration`, and those of a forward or backward `tracegen_micro_batch` too."""
     import random
 
     rng = random.Random(seed)
@@ -322,9 +324,8 @@ def training_loop(iters: int = 6, layers: int = 6, moe_every: int | None = None,
     gelu = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>"
     norm = "void at::native::vectorized_layer_norm_kernel<float>"
     grad = "autograd::engine::evaluate_function: "
-    for it in range(iters):
-        first_event = len(events)
-        launch("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", 5.0, "aten::zero_")
+
+    def forward_backward() -> None:
         launch("void at::native::indexSelectLargeIndex<float>", 8.0, "aten::embedding", [[32000, 1024], [4, 512]])
         for i in range(layers):
             launch(norm, 6.0, "aten::layer_norm")
@@ -362,12 +363,25 @@ def training_loop(iters: int = 6, layers: int = 6, moe_every: int | None = None,
             launch("void at::native::layer_norm_grad_input_kernel<float>", 8.0, grad + "NativeLayerNormBackward0",
                    thread=2)
         launch("void at::native::embedding_backward_feature_kernel<float>", 20.0, grad + "EmbeddingBackward0", thread=2)
+
+    for it in range(iters):
+        first_event = len(events)
+        iteration_start = state["t_cpu"]
+        launch("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", 5.0, "aten::zero_")
+        for mb in range(micro_batches):
+            first_of_micro_batch = len(events)
+            forward_backward()
+            for e in events[first_of_micro_batch:]:
+                e["args"]["tracegen_micro_batch"] = mb
         step_start = state["t_cpu"]
         for _ in range(3):
             launch("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", 40.0, "aten::_fused_adamw_")
         if optimizer_marks:
             events.append({"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#AdamW.step", "pid": 1, "tid": 1,
                            "ts": step_start, "dur": state["t_cpu"] - step_start, "args": {}})
+        if profiler_steps:
+            events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{it}", "pid": 1, "tid": 1,
+                           "ts": iteration_start - 1, "dur": state["t_cpu"] - iteration_start + 2, "args": {}})
         for e in events[first_event:]:  # the generator's own truth: which iteration each event belongs to
             e["args"]["tracegen_iteration"] = it
         state["t_cpu"] += 100

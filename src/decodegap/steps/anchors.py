@@ -3,7 +3,8 @@ annotation or graph replay says where a step is.
 
 Every causal LM forward looks its input tokens up in the embedding table first and ends with the output head (the
 widest GEMM, N = the vocabulary) and, in a generate loop, sampling (argmax / multinomial); compiled forwards run as
-one compiled call; training iterations end with an optimizer step. Those are the anchors, in this order of trust
+one compiled call; training iterations end with an optimizer step (and hold as many forwards as they accumulate
+micro-batches). Those are the anchors, in this order of trust
 (`FAMILIES`). Each anchor is a time on the host (the CPU op, or the launch of its kernel), and every GPU activity
 belongs to the forward its launch falls in, so eager MoE layers that launch a different number of kernels every step
 cut nothing; a forward that samples ends at the host's first wait for the GPU after its sampling, else at the
@@ -19,6 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import re
+
 import numpy as np
 
 from decodegap.steps.layers import count_layers, data_dependent
@@ -31,6 +34,11 @@ MAX_CHECKED = 12  # interior forwards whose layer count is checked (evenly sprea
 
 NEVER_BEFORE, NEVER_AFTER = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 _COMPILED_CALL = ("## Call CompiledFxGraph", "Torch-Compiled Region", "CompiledFunction")
+# An optimizer's update, where no `Optimizer.step#` annotation says so: torch's fused optimizers, the foreach updates
+# only the Adam family runs (clipping and scaling run other foreach ops), or kernels named for an optimizer (apex,
+# DeepSpeed, bitsandbytes: no op of their own).
+_OPTIMIZER_OP = re.compile(r"^aten::_fused_(adamw?|sgd|adagrad)_$|^aten::_foreach_(addcdiv|addcmul|lerp)_$")
+_OPTIMIZER_KERNEL = re.compile(r"adam|adagrad|lamb(?!da)|fused_?sgd|koptimizer", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -79,13 +87,20 @@ def launch_times(trace: Trace, links: Links) -> np.ndarray | None:
 def occurrences(trace: Trace, links: Links, family: str, rows: np.ndarray) -> np.ndarray:
     """Host times of a family's occurrences among `rows` (start times for a start anchor, end times for an end one)."""
     names = trace.names
-    if family == "optimizer_step":
-        return np.array(sorted(a.ts_ns + a.dur_ns for a in trace.annotations if not a.on_gpu
-                               and a.name.startswith("Optimizer.step#")), dtype=np.int64)
+    ops = trace.cpu_ops
+    if family == "optimizer_step":  # the annotation, else the update ops, else the update kernels
+        marks = sorted(a.ts_ns + a.dur_ns for a in trace.annotations if not a.on_gpu
+                       and a.name.startswith("Optimizer.step#"))
+        if marks:
+            return np.array(marks, dtype=np.int64)
+        hit = isin(ops.name_id, np.array([i for i, n in enumerate(names) if _OPTIMIZER_OP.match(n)], np.int64))
+        if hit.any():
+            return np.sort(ops.ts_ns[hit] + ops.dur_ns[hit])
+        kernel_ids = np.array([i for i, n in enumerate(names) if _OPTIMIZER_KERNEL.search(n)], np.int64)
+        return _launches_of(trace, links, rows[isin(trace.gpu.name_id[rows], kernel_ids)])
     if family == "compiled_call":
         return np.array(sorted(a.ts_ns for a in trace.annotations if not a.on_gpu
                                and a.name.startswith(_COMPILED_CALL)), dtype=np.int64)
-    ops = trace.cpu_ops
     if family in ("embedding", "sampling"):
         wanted = {"embedding": ("aten::embedding",), "sampling": ("aten::argmax", "aten::multinomial")}[family]
         ids = [i for i, n in enumerate(names) if n in wanted]
@@ -226,7 +241,16 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
     # same way each time, as a training iteration's MoE layers between dense ones), two families that fall equally
     # often still mark the same forwards: the most trusted of them cuts, and the layer count is left in doubt.
     agreeing = Counter(len(a) for a in found.values())
-    tries = [(fid, False) for fid in found] + [(fid, True) for fid, a in found.items() if agreeing[len(a)] >= 2]
+    doubtful = {fid for fid, a in found.items() if agreeing[len(a)] >= 2}
+    # A training iteration ends with its optimizer step and may hold several forwards (gradient accumulation over
+    # micro-batches): where every iteration holds as many embedding lookups, the optimizer steps cut, before any
+    # family that marks forwards.
+    each = _forwards_each(found.get("optimizer_step"), found.get("embedding"))
+    if each:
+        doubtful.add("optimizer_step")
+    tries = [(fid, False) for fid in found] + [(fid, True) for fid in found if fid in doubtful]
+    if each:
+        tries.sort(key=lambda t: t[0] != "optimizer_step")
     # A forward ends with its sampling: what the host launches after it, before the next forward's anchor, is the
     # next forward's input preparation, as an engine's step holds it.
     closes = anchors_of.times.get("sampling")
@@ -234,26 +258,54 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
         closes = closes[(closes >= window[0]) & (closes <= window[1])]
     for fid, doubt in tries:
         anchors = found[fid]
+        accumulates = fid == "optimizer_step" and each  # its first iteration is checked by its forwards, not layers
         result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names, any_layers=doubt,
                          closes=closes if fid != "sampling" else None, unknown=anchors_of.unknown,
-                         waits=anchors_of.waits)
+                         waits=anchors_of.waits, edge_check=not accumulates)
         if result is not None:
+            if accumulates:
+                _first_iteration_holds(result, found["embedding"], each)
+                if not result.pieces:
+                    continue
             others = [f"{len(a)} {FAMILIES[o].words}" for o, a in found.items() if o != fid]
             result.detail = (f"{len(anchors)} {FAMILIES[fid].words} mark the forwards"
-                             + (f" (also seen: {', '.join(others)})" if others else ""))
+                             + (f" (also seen: {', '.join(others)})" if others else "")
+                             + (f"; each iteration holds {each} forwards and backwards (gradient accumulation over "
+                                f"{each} micro-batches)" if accumulates and each > 1 else ""))
             # Every family falls once per forward; one that falls more or less often says the forwards are unlike
             # (a second embedding lookup in some of them) or a step holds more than it seems: a cross-check.
             disagree = [f"{len(a)} {FAMILIES[o].words}" for o, a in found.items()
-                        if o != fid and abs(len(a) - len(anchors)) > 1]
+                        if o != fid and abs(len(a) - len(anchors)) > 1 and not (accumulates and o == "embedding")]
             if disagree:
                 result.warnings.append(f"the forwards were cut at {len(anchors)} {FAMILIES[fid].words}, but the trace "
                                        f"holds {', '.join(disagree)}: check the step boundaries (--annotate)")
             if doubt:
-                result.warnings.append(f"the forwards cut at {len(anchors)} {FAMILIES[fid].words} (as many as another "
-                                       f"kind of anchor) read as different numbers of layers: the layer count is "
-                                       f"uncertain")
+                alike = ("as many as another kind of anchor" if not accumulates or each == 1 else
+                         f"each holding {each} embedding lookups")
+                result.warnings.append(f"the forwards cut at {len(anchors)} {FAMILIES[fid].words} ({alike}) read as "
+                                       f"different numbers of layers: the layer count is uncertain")
             return result
     return None
+
+
+def _forwards_each(steps: np.ndarray | None, starts: np.ndarray | None) -> int | None:
+    """How many forwards (`starts`: embedding lookups) every training iteration holds, from one optimizer step to the
+    next, when each holds the same number (1 or more); None when they differ or there is no whole iteration."""
+    if steps is None or starts is None or len(steps) < 2:
+        return None
+    each = np.diff(np.searchsorted(starts, steps, side="right"))
+    return int(each[0]) if each[0] >= 1 and (each == each[0]).all() else None
+
+
+def _first_iteration_holds(result: AnchorCut, starts: np.ndarray, each: int) -> None:
+    """The first iteration (from the capture's start to its first optimizer step) is partial when it holds fewer
+    forwards than every other: the capture began inside it."""
+    lo, hi = result.spans[0]
+    held = int(np.searchsorted(starts, hi, side="left") - np.searchsorted(starts, lo, side="left"))
+    if held < each:
+        result.partial.append(f"the first iteration holds {held} of the {each} forwards every other one does: the "
+                              "capture began inside it")
+        del result.pieces[0], result.spans[0]
 
 
 def _with_closing(times: np.ndarray, sorted_when: np.ndarray, role: str) -> np.ndarray:
@@ -266,7 +318,8 @@ def _with_closing(times: np.ndarray, sorted_when: np.ndarray, role: str) -> np.n
 
 def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Family, seq: np.ndarray,
             names: list[str], any_layers: bool = False, closes: np.ndarray | None = None,
-            unknown: np.ndarray | None = None, waits: np.ndarray | None = None) -> AnchorCut | None:
+            unknown: np.ndarray | None = None, waits: np.ndarray | None = None,
+            edge_check: bool = True) -> AnchorCut | None:
     # Each boundary is the first host instant of the forward after it (a launch at t is in that forward iff t is at
     # or after it). A start anchor opens a forward (its own launches belong to it); an end anchor (an op's end, a
     # launch) closes one: a launch at or before it is inside the forward it closes.
@@ -318,8 +371,8 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     per_layer = next(set(f.backers) for f in checked.values() if f.count == layers)
     edge = len(body) - 1 if opens else 0  # the forward the window may have cut
     partial = []
-    if len(body) > 1 and edge in checked and checked[edge].count != layers and not any_layers:  # (in doubt,
-        # layers tell no edge)
+    if len(body) > 1 and edge in checked and checked[edge].count != layers and not any_layers and edge_check:  # (in
+        # doubt, layers tell no edge)
         partial.append(f"the {'last' if opens else 'first'} forward shows {checked[edge].count or 'no'} layers, "
                        f"not {layers}: the capture {'ended' if opens else 'began'} inside it")
         body = body[:-1] if opens else body[1:]
