@@ -194,15 +194,16 @@ def _forward_kernels(events: list[dict]) -> dict[int, list[int]]:
     return {f: sorted(c) for f, c in out.items()}
 
 
-@pytest.mark.parametrize("form", ["text", "events"])
+@pytest.mark.parametrize("form", ["text", "events", "records_lost"])
 @pytest.mark.parametrize("seed,moe_from,item", [(0, 1, False), (1, 1, True), (2, 3, False)])
 @pytest.mark.parametrize("kept", [0.25, 0.6, 0.9, 1.0])
 def test_a_file_cut_short_with_eager_moe_keeps_exactly_its_whole_forwards(tmp_path, kept, seed, moe_from, item,
                                                                            form):
     """Eager MoE forwards (a different number of kernels each) in Kineto's order, the file ending after `kept` of its
-    GPU-side events: its JSON text cut inside the next event (`text`), or its events ending early (`events`). Every
-    forward whose kernels are all in the file is a step with exactly those kernels, and no other: the one the cut
-    falls in is left out as partial with a warning, and nothing after it is a step."""
+    GPU-side events: its JSON text cut inside the next event (`text`), or its events ending early (`events`; in
+    `records_lost` the launch records of the last 40 kernels it keeps are lost too, their kernels tied to their ops by
+    External id). Every forward whose kernels are all in the file is a step with exactly those kernels, and no other:
+    the one the cut falls in is left out as partial with a warning, and nothing after it is a step."""
     doc = kineto_order(engine_forwards(forwards=8, layers=8, moe_from=moe_from, batch=4, seed=seed, item=item))
     events = doc["traceEvents"]
     host = sum(e.get("cat") in ("cpu_op", "user_annotation") for e in events)
@@ -210,6 +211,10 @@ def test_a_file_cut_short_with_eager_moe_keeps_exactly_its_whole_forwards(tmp_pa
     if form == "text" and kept < 1:
         path = tmp_path / "cut.json"
         path.write_bytes(_cut_text(doc, keep))
+    elif form == "records_lost":
+        kernels = [e["args"]["correlation"] for e in events[:host + keep] if e.get("cat") in GPU_CATS][-40:]
+        lost = {id(e) for e in events if e.get("cat") == "cuda_runtime" and e["args"]["correlation"] in kernels}
+        path = write(doc | {"traceEvents": [e for e in events[:host + keep] if id(e) not in lost]}, tmp_path / "c.json")
     else:
         path = write(doc | {"traceEvents": events[:host + keep]}, tmp_path / "cut.json")
     everything, in_file = _forward_kernels(events), _forward_kernels(events[:host + keep])

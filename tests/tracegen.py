@@ -168,9 +168,10 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
         else:
             corr = state["graph_corr"]
         shape = {"bytes": 8} if copy else {"grid": [64, 1, 1], "block": [128, 1, 1]}
+        op_id = {"External id": corr} if state["graph_corr"] is None else {}  # its op's, as Kineto writes it
         events.append({"ph": "X", "cat": "gpu_memcpy" if copy else "kernel", "name": name, "pid": 0, "tid": 7,
                        "ts": round(state["t_gpu"], 3), "dur": dur,
-                       "args": {"device": 0, "stream": 7, "correlation": corr} | shape})
+                       "args": {"device": 0, "stream": 7, "correlation": corr} | op_id | shape})
         state["t_gpu"] += dur + 0.5
 
     def start_graph() -> None:

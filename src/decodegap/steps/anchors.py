@@ -70,13 +70,16 @@ class AnchorCut:
 
 
 def launch_times(trace: Trace, links: Links) -> np.ndarray | None:
-    """Per GPU row, when it was launched on the host; rows with no launch record take their GPU-order neighbour's.
-    None when no row has a launch record."""
+    """Per GPU row, when it was launched on the host; a row whose launch record is lost, when its op called it (by
+    External id), else its GPU-order neighbour's. None when no row has a launch record."""
     when = np.full(len(trace.gpu), -1, dtype=np.int64)
     has = links.runtime_idx >= 0
     if not has.any():
         return None
     when[has] = trace.runtime.ts_ns[links.runtime_idx[has]]
+    by_op = ~has & (links.op_idx >= 0)
+    when[by_op] = trace.cpu_ops.ts_ns[links.op_idx[by_op]]
+    has |= by_op
     idx = np.where(has, np.arange(len(when)), -1)
     np.maximum.accumulate(idx, out=idx)
     first = int(np.flatnonzero(has)[0])
