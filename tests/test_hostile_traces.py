@@ -255,11 +255,22 @@ def test_a_cut_gzip_with_no_whole_step_is_refused_with_the_figures(tmp_path, cap
 
 @pytest.mark.parametrize("compressed", [False, True])
 def test_a_trace_cut_only_in_its_metadata_is_salvaged_with_the_coverage(tmp_path, compressed):
+    """Cut after its last GPU-side event (99.95% of the text): only the metadata events after it are lost."""
     complete = analyze_path(_cut(tmp_path, "hf_llama_generate_6steps", 1.0, False))
-    report = analyze_path(_cut(tmp_path, "hf_llama_generate_6steps", 0.999, compressed))
+    report = analyze_path(_cut(tmp_path, "hf_llama_generate_6steps", 0.9995, compressed))
     assert any("truncated" in w and "GPU events reach 99% of the profiled window" in w for w in report.warnings)
     assert report.main.breakdown.decode_count == complete.main.breakdown.decode_count
     assert report.main.breakdown.step_ms.median == pytest.approx(complete.main.breakdown.step_ms.median)
+
+
+def test_a_trace_cut_just_before_its_last_launches_leaves_the_last_step_out(tmp_path):
+    """Cut at 99.9% of the text, the file loses the launch records and kernels of the last step's last two ops (two
+    `aten::mul`, whose CPU ops it keeps): that step is partial, the ones before it whole."""
+    complete = analyze_path(_cut(tmp_path, "hf_llama_generate_6steps", 1.0, False))
+    report = analyze_path(_cut(tmp_path, "hf_llama_generate_6steps", 0.999, False))
+    assert report.main.breakdown.decode_count == complete.main.breakdown.decode_count - 1
+    assert any("1 step(s) whose GPU work is not all in the trace were left out as partial" in w
+               and "2 calls of ops that launch, after the launch records end" in w for w in report.warnings)
 
 
 def test_a_cut_gzip_keeps_the_text_before_the_cut(tmp_path):

@@ -16,6 +16,9 @@ import pytest
 from decodegap.errors import UserError
 from decodegap.pipeline import analyze_path
 from decodegap.report.json import report_dict
+from decodegap.steps.steps import find_steps
+from decodegap.trace.link import link
+from decodegap.trace.load import load_trace
 from tracegen import engine_forwards, kineto_order, training_loop, write
 
 H200 = Path(__file__).parent / "fixtures" / "traces" / "gpu_h200"
@@ -173,3 +176,142 @@ def test_a_file_cut_inside_a_graph_replay_leaves_that_replay_out(tmp_path, kept)
     d = _d(write(doc | {"traceEvents": events}, tmp_path / "cut.json"))
     assert _counts(d) == {"decode": len(whole)} and d["steps"]["source"] == "graph_launch"
     assert d["steps"]["dropped_partial"] == len(partial) == (kept < 1)
+
+
+def _steps_of(path):
+    """The steps as the steps stage finds them, each as the correlation ids of its GPU activities."""
+    trace = load_trace(path)
+    steps = find_steps(trace, link(trace))
+    return steps, [sorted(trace.gpu.correlation[s.rows].tolist()) for s in steps.steps]
+
+
+def _forward_kernels(events: list[dict]) -> dict[int, list[int]]:
+    """The generator's truth: the correlation ids of each forward's kernels among `events`."""
+    out: dict[int, list[int]] = {}
+    for e in events:
+        if e.get("cat") in GPU_CATS:
+            out.setdefault(e["args"]["tracegen_forward"], []).append(e["args"]["correlation"])
+    return {f: sorted(c) for f, c in out.items()}
+
+
+@pytest.mark.parametrize("form", ["text", "events", "records_lost"])
+@pytest.mark.parametrize("seed,moe_from,item", [(0, 1, False), (1, 1, True), (2, 3, False)])
+@pytest.mark.parametrize("kept", [0.25, 0.6, 0.9, 1.0])
+def test_a_file_cut_short_with_eager_moe_keeps_exactly_its_whole_forwards(tmp_path, kept, seed, moe_from, item,
+                                                                           form):
+    """Eager MoE forwards (a different number of kernels each) in Kineto's order, the file ending after `kept` of its
+    GPU-side events: its JSON text cut inside the next event (`text`), or its events ending early (`events`; in
+    `records_lost` the launch records of the last 40 kernels it keeps are lost too, their kernels tied to their ops by
+    External id). Every forward whose kernels are all in the file is a step with exactly those kernels, and no other:
+    the one the cut falls in is left out as partial with a warning, and nothing after it is a step."""
+    doc = kineto_order(engine_forwards(forwards=8, layers=8, moe_from=moe_from, batch=4, seed=seed, item=item))
+    events = doc["traceEvents"]
+    host = sum(e.get("cat") in ("cpu_op", "user_annotation") for e in events)
+    keep = int((len(events) - host) * kept)
+    if form == "text" and kept < 1:
+        path = tmp_path / "cut.json"
+        path.write_bytes(_cut_text(doc, keep))
+    elif form == "records_lost":
+        kernels = [e["args"]["correlation"] for e in events[:host + keep] if e.get("cat") in GPU_CATS][-40:]
+        lost = {id(e) for e in events if e.get("cat") == "cuda_runtime" and e["args"]["correlation"] in kernels}
+        path = write(doc | {"traceEvents": [e for e in events[:host + keep] if id(e) not in lost]}, tmp_path / "c.json")
+    else:
+        path = write(doc | {"traceEvents": events[:host + keep]}, tmp_path / "cut.json")
+    everything, in_file = _forward_kernels(events), _forward_kernels(events[:host + keep])
+    whole = [everything[f] for f in sorted(everything) if in_file.get(f) == everything[f]]
+    partial = [f for f in in_file if in_file[f] != everything[f]]
+    assert whole and len(partial) == (kept < 1)  # the cut falls inside a forward
+    steps, kernels = _steps_of(path)
+    assert kernels == whole  # the whole forwards, each with exactly its kernels, in order
+    assert steps.dropped_partial == len(partial)
+    d = _d(path)
+    assert _counts(d) == {"decode": len(whole)} and d["layers"] == 8
+    assert any("left out as partial" in w for w in d["warnings"]) == bool(partial)
+
+
+def test_every_forward_begins_with_its_input_preparation(tmp_path):
+    """Cut at the embedding lookups, a forward still begins with the kernels its host launched after the forward
+    before it sampled (its inputs' preparation), as an engine's step does: the generator's forwards, kernel for
+    kernel, in one graph-less eager stack and one whose sampling the host waits for."""
+    for item in (False, True):
+        doc = engine_forwards(forwards=6, layers=6, moe_from=2, batch=2, seed=5, item=item)
+        steps, kernels = _steps_of(write(doc, tmp_path / "eager.json"))
+        assert steps.source == "anchor_embedding"
+        truth = _forward_kernels(doc["traceEvents"])
+        assert kernels == [truth[f] for f in sorted(truth)]
+
+
+def _iteration_truth(events: list[dict]) -> tuple[list[list[int]], list[float]]:
+    """The generator's truth per training iteration: its GPU activities' correlation ids and its GPU time in ms."""
+    kernels: dict[int, list[int]] = {}
+    busy: Counter = Counter()
+    for e in events:
+        if e.get("cat") in GPU_CATS:
+            kernels.setdefault(e["args"]["tracegen_iteration"], []).append(e["args"]["correlation"])
+            busy[e["args"]["tracegen_iteration"]] += e["dur"] / 1000
+    return [sorted(kernels[i]) for i in sorted(kernels)], [busy[i] for i in sorted(kernels)]
+
+
+@pytest.mark.parametrize("moe_every", [None, 2])
+@pytest.mark.parametrize("optimizer_marks", [True, False])
+@pytest.mark.parametrize("micro_batches", [1, 2, 4])
+def test_gradient_accumulation_iterations_are_cut_at_their_optimizer_steps(tmp_path, micro_batches, optimizer_marks,
+                                                                           moe_every):
+    """A training loop that accumulates gradients over micro-batches (zero_grad, micro_batches x (forward, backward),
+    one fused AdamW step), with or without `Optimizer.step#` annotations (the fused update ops are the anchor then),
+    dense or with MoE layers between dense ones: one iteration per optimizer step, each with exactly its kernels
+    (all its micro-batches and its optimizer step), its GPU time the generator's, and the micro-batches named."""
+    doc = training_loop(iters=5, layers=6, moe_every=moe_every, optimizer_marks=optimizer_marks, seed=3,
+                        micro_batches=micro_batches)
+    path = write(doc, tmp_path / "accumulate.json")
+    kernels, busy = _iteration_truth(doc["traceEvents"])
+    steps, found = _steps_of(path)
+    assert found == kernels
+    d = _d(path)
+    assert _counts(d) == {"training": 5} and d["steps"]["source"] == "anchor_optimizer_step"
+    assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx(busy, abs=1e-3)  # a kernel is 1 us at least
+    assert d["layers"] == 6
+    named = f"gradient accumulation over {micro_batches} micro-batches"
+    assert (named in d["steps"]["source_detail"]) == (micro_batches > 1)
+
+
+@pytest.mark.parametrize("optimizer_marks", [True, False])
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_gradient_accumulation_under_profiler_steps_reads_one_iteration_per_step(tmp_path, micro_batches,
+                                                                                  optimizer_marks):
+    """prof.step() once per optimizer step: each ProfilerStep is one iteration with all its micro-batches."""
+    doc = training_loop(iters=5, layers=6, moe_every=2, optimizer_marks=optimizer_marks, seed=4,
+                        micro_batches=micro_batches, profiler_steps=True)
+    path = write(doc, tmp_path / "profiled.json")
+    kernels, busy = _iteration_truth(doc["traceEvents"])
+    assert _steps_of(path)[1] == kernels
+    d = _d(path)
+    assert _counts(d) == {"training": 5} and d["steps"]["source"] == "profiler_step"
+    assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx(busy, abs=1e-3)
+
+
+@pytest.mark.parametrize("moe_every", [None, 2])
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_a_capture_inside_an_accumulating_iteration_leaves_it_out(tmp_path, micro_batches, moe_every):
+    """The capture began in the last micro-batch's backward of the first iteration and ended before the last one's
+    optimizer step (no annotations): those two are partial, the four between them whole, each with its kernels."""
+    doc = training_loop(iters=6, layers=6, moe_every=moe_every, optimizer_marks=False, seed=3,
+                        micro_batches=micro_batches)
+
+    backward = {e["args"]["External id"] for e in doc["traceEvents"] if e["args"]["tracegen_iteration"] == 0
+                and e["args"].get("tracegen_micro_batch") == micro_batches - 1 and e.get("tid") == 2}
+
+    def kept(e: dict) -> bool:
+        it, mb = e["args"]["tracegen_iteration"], e["args"].get("tracegen_micro_batch")
+        if it == 0:  # from the last micro-batch's backward (its ops on the autograd thread, their launches) on
+            return mb is None or e["args"].get("External id", e["args"].get("correlation")) in backward
+        return it < 5 or mb is not None  # the last iteration without its optimizer step
+    events = [e for e in doc["traceEvents"] if kept(e)]
+    assert sum(e.get("cat") == "kernel" and e["args"]["tracegen_iteration"] == 0 for e in events) > 2 * 6
+    path = write(doc | {"traceEvents": events}, tmp_path / "window.json")
+    kernels, busy = _iteration_truth(events)
+    steps, found = _steps_of(path)
+    assert found == kernels[1:5] and steps.dropped_partial == 2
+    d = _d(path)
+    assert _counts(d) == {"training": 4}
+    assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx(busy[1:5], abs=1e-3)

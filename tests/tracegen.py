@@ -130,7 +130,7 @@ def write_kineto_layout(doc, path: Path) -> Path:
 def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None = None, graph: str | None = None,
                     phases: tuple = ("decode",), batch: int = 32, alternate: bool = False, inductor: bool = False,
                     hip: bool = False, prompt: int = 512, moe_from: int | None = None, experts: int = 8,
-                    top_k: int = 2, seed: int = 0, nope_every: int | None = None,
+                    top_k: int = 2, seed: int = 0, item: bool = False, nope_every: int | None = None,
                     sampling_in_graph: bool = False) -> dict:
     """Forwards as engines run them: `forwards` passes of `layers` layers, each wrapped in the engine's annotation
     (`sglang`: step[DECODE bs=N], `vllm`: execute_..._context_..._generation_...), replayed from one graph per
@@ -139,10 +139,11 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
     numbered as Inductor does per graph position; `phases` cycles over the forwards (decode, prefill, mixed).
     `moe_from`: layers from this index on are eager MoE layers (router, top-k, then a launch group per expert that got
     tokens: 1 to `top_k` x batch experts, drawn per layer and forward from `seed`), the first ones dense, as
-    DeepSeek-V3 stacks are; every forward then launches a different number of kernels. `nope_every`: every that-many-th
-    layer (the 4th, 8th, ... for 4) runs no rotary embedding, the others run it as five kernels (SmolLM3's NoPE
-    layers), so layers differ in length. `sampling_in_graph`: the full graph also replays the argmax (a hand-written
-    loop that captures the whole step), so no host op marks a forward."""
+    DeepSeek-V3 stacks are; every forward then launches a different number of kernels. `item`: after sampling, the
+    host checks for a stop token, copies the token back and waits for it (`.item()`, as a generate loop does).
+    `nope_every`: every that-many-th layer (the 4th, 8th, ... for 4) runs no rotary embedding, the others run it as
+    five kernels (SmolLM3's NoPE layers), so layers differ in length. `sampling_in_graph`: the full graph also
+    replays the argmax (a hand-written loop that captures the whole step), so no host op marks a forward."""
     import random
 
     rng = random.Random(seed)
@@ -152,7 +153,7 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
     state = {"t_gpu": 1000.0, "t_cpu": 500.0, "corr": 10, "graph_corr": None}
     vocab = 151936
 
-    def launch(name: str, dur: float, op: str | None = None, dims=None) -> None:
+    def launch(name: str, dur: float, op: str | None = None, dims=None, copy: bool = False) -> None:
         state["corr"] += 1
         corr = state["corr"]
         if state["graph_corr"] is None:
@@ -163,14 +164,18 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
                     args |= {"Input Dims": dims, "Input type": ["c10::BFloat16"] * len(dims)}
                 events.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": 1, "ts": cpu, "dur": 4.0,
                                "args": args})
-            events.append({"ph": "X", "cat": "cuda_runtime", "name": launch_name, "pid": 1, "tid": 1, "ts": cpu + 1,
+            api = ("hipMemcpyAsync" if hip else "cudaMemcpyAsync") if copy else launch_name
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": api, "pid": 1, "tid": 1, "ts": cpu + 1,
                            "dur": 3.0, "args": {"correlation": corr, "External id": corr}})
             state["t_cpu"] += 6.0
+            state["t_gpu"] = max(state["t_gpu"], cpu + 5)  # a kernel starts after its launch (an idle GPU waits)
         else:
             corr = state["graph_corr"]
-        events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": round(state["t_gpu"], 3),
-                       "dur": dur, "args": {"device": 0, "stream": 7, "correlation": corr,
-                                            "grid": [64, 1, 1], "block": [128, 1, 1]}})
+        shape = {"bytes": 8} if copy else {"grid": [64, 1, 1], "block": [128, 1, 1]}
+        op_id = {"External id": corr} if state["graph_corr"] is None else {}  # its op's, as Kineto writes it
+        events.append({"ph": "X", "cat": "gpu_memcpy" if copy else "kernel", "name": name, "pid": 0, "tid": 7,
+                       "ts": round(state["t_gpu"], 3), "dur": dur,
+                       "args": {"device": 0, "stream": 7, "correlation": corr} | op_id | shape})
         state["t_gpu"] += dur + 0.5
 
     def start_graph() -> None:
@@ -264,6 +269,16 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
         launch("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
                8.0, "aten::argmax")
         end_graph()
+        if item:  # a stop-token check, the token copied to the host, and the host waiting for it
+            launch("void at::native::vectorized_elementwise_kernel<4, at::native::CompareEqFunctor<long>>", 2.0,
+                   "aten::eq")
+            launch("Memcpy DtoH (Device -> Pinned)", 1.5, "aten::_local_scalar_dense", copy=True)
+            cpu, done = state["t_cpu"], state["t_gpu"]
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "hipStreamSynchronize" if hip else
+                           "cudaStreamSynchronize", "pid": 1, "tid": 1, "ts": cpu, "dur": max(done - cpu, 1.0),
+                           "args": {"correlation": state["corr"] + 1, "External id": state["corr"]}})
+            state["corr"] += 1
+            state["t_cpu"] = max(cpu, done) + 2.0
         mark_end = state["t_cpu"] + 1
         if annotation == "sglang":
             mode = {"decode": "DECODE", "prefill": "EXTEND", "mixed": "MIXED"}[phase]
@@ -288,13 +303,15 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
 
 
 def training_loop(iters: int = 6, layers: int = 6, moe_every: int | None = None, optimizer_marks: bool = True,
-                  seed: int = 0) -> dict:
-    """Training iterations as an eager PyTorch loop runs them, with no ProfilerStep marks: zero_grad, a forward
-    (embedding, `layers` pre-norm layers, output head, loss), its backward on the autograd thread (layers in reverse)
-    and a fused AdamW step (`Optimizer.step#AdamW.step` annotations unless `optimizer_marks` is False).
-    `moe_every`: every that-many-th layer (1, 3, ... for 2) is an eager MoE layer (router, top-k, then 2-8 expert
-    launch groups drawn per layer and iteration from `seed`) and the others dense, so iterations launch different
-    numbers of kernels and the layers are unlike. Each event's args carry `tracegen_iteration`."""
+                  seed: int = 0, micro_batches: int = 1, profiler_steps: bool = False) -> dict:
+    """Training iterations as an eager PyTorch loop runs them: zero_grad, then `micro_batches` times (gradient
+    accumulation) a forward (embedding, `layers` pre-norm layers, output head, loss) and its backward on the autograd
+    thread (layers in reverse), then a fused AdamW step (`Optimizer.step#AdamW.step` annotations unless
+    `optimizer_marks` is False). `profiler_steps`: each iteration in a `ProfilerStep#N` annotation (prof.step() once
+    per optimizer step), else none. `moe_every`: every that-many-th layer (1, 3, ... for 2) is an eager MoE layer
+    (router, top-k, then 2-8 expert launch groups drawn per layer and micro-batch from `seed`) and the others dense, so
+    iterations launch different numbers of kernels and the layers are unlike. Each event's args carry
+    `tracegen_iteration`, and those of a forward or backward `tracegen_micro_batch` too."""
     import random
 
     rng = random.Random(seed)
@@ -321,9 +338,8 @@ def training_loop(iters: int = 6, layers: int = 6, moe_every: int | None = None,
     gelu = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>"
     norm = "void at::native::vectorized_layer_norm_kernel<float>"
     grad = "autograd::engine::evaluate_function: "
-    for it in range(iters):
-        first_event = len(events)
-        launch("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", 5.0, "aten::zero_")
+
+    def forward_backward() -> None:
         launch("void at::native::indexSelectLargeIndex<float>", 8.0, "aten::embedding", [[32000, 1024], [4, 512]])
         for i in range(layers):
             launch(norm, 6.0, "aten::layer_norm")
@@ -361,12 +377,25 @@ def training_loop(iters: int = 6, layers: int = 6, moe_every: int | None = None,
             launch("void at::native::layer_norm_grad_input_kernel<float>", 8.0, grad + "NativeLayerNormBackward0",
                    thread=2)
         launch("void at::native::embedding_backward_feature_kernel<float>", 20.0, grad + "EmbeddingBackward0", thread=2)
+
+    for it in range(iters):
+        first_event = len(events)
+        iteration_start = state["t_cpu"]
+        launch("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", 5.0, "aten::zero_")
+        for mb in range(micro_batches):
+            first_of_micro_batch = len(events)
+            forward_backward()
+            for e in events[first_of_micro_batch:]:
+                e["args"]["tracegen_micro_batch"] = mb
         step_start = state["t_cpu"]
         for _ in range(3):
             launch("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", 40.0, "aten::_fused_adamw_")
         if optimizer_marks:
             events.append({"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#AdamW.step", "pid": 1, "tid": 1,
                            "ts": step_start, "dur": state["t_cpu"] - step_start, "args": {}})
+        if profiler_steps:
+            events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{it}", "pid": 1, "tid": 1,
+                           "ts": iteration_start - 1, "dur": state["t_cpu"] - iteration_start + 2, "args": {}})
         for e in events[first_event:]:  # the generator's own truth: which iteration each event belongs to
             e["args"]["tracegen_iteration"] = it
         state["t_cpu"] += 100

@@ -3,19 +3,24 @@ annotation or graph replay says where a step is.
 
 Every causal LM forward looks its input tokens up in the embedding table first and ends with the output head (the
 widest GEMM, N = the vocabulary) and, in a generate loop, sampling (argmax / multinomial); compiled forwards run as
-one compiled call; training iterations end with an optimizer step. Those are the anchors, in this order of trust
+one compiled call; training iterations end with an optimizer step (and hold as many forwards as they accumulate
+micro-batches). Those are the anchors, in this order of trust
 (`FAMILIES`). Each anchor is a time on the host (the CPU op, or the launch of its kernel), and every GPU activity
 belongs to the forward its launch falls in, so eager MoE layers that launch a different number of kernels every step
-cut nothing. An anchor family is used only when the forwards it cuts agree on their layer count, or, where no family's
-do, when another family falls as often (the layer count is then reported uncertain); the others cross-check it. A
-forward at the edge of the capture is partial only when the window cut it: per-layer work before the first anchor (a
-forward the capture began inside), fewer layers or no output head after the last one (the capture ended inside it),
-or launches whose GPU work is not in the trace."""
+cut nothing; a forward that samples ends at the host's first wait for the GPU after its sampling, else at the
+sampling's end (what follows is the next forward's input preparation). An anchor family is used only when the
+forwards it cuts agree on their layer count, or, where no family's do, when another family falls as often (the layer
+count is then reported uncertain); the others cross-check it. A forward at the edge of the capture is partial only
+when the window cut it: per-layer work before the first anchor (a forward the capture began inside), fewer layers or
+no output head after the last one (the capture ended inside it), or launches whose GPU work is not in the trace
+(lost_launches, unlaunched_ops): such a forward tells nothing of the layers."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+
+import re
 
 import numpy as np
 
@@ -29,6 +34,11 @@ MAX_CHECKED = 12  # interior forwards whose layer count is checked (evenly sprea
 
 NEVER_BEFORE, NEVER_AFTER = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 _COMPILED_CALL = ("## Call CompiledFxGraph", "Torch-Compiled Region", "CompiledFunction")
+# An optimizer's update, where no `Optimizer.step#` annotation says so: torch's fused optimizers, the foreach updates
+# only the Adam family runs (clipping and scaling run other foreach ops), or kernels named for an optimizer (apex,
+# DeepSpeed, bitsandbytes: no op of their own).
+_OPTIMIZER_OP = re.compile(r"^aten::_fused_(adamw?|sgd|adagrad)_$|^aten::_foreach_(addcdiv|addcmul|lerp)_$")
+_OPTIMIZER_KERNEL = re.compile(r"adam|adagrad|lamb(?!da)|fused_?sgd|koptimizer", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -60,13 +70,16 @@ class AnchorCut:
 
 
 def launch_times(trace: Trace, links: Links) -> np.ndarray | None:
-    """Per GPU row, when it was launched on the host; rows with no launch record take their GPU-order neighbour's.
-    None when no row has a launch record."""
+    """Per GPU row, when it was launched on the host; a row whose launch record is lost, when its op called it (by
+    External id), else its GPU-order neighbour's. None when no row has a launch record."""
     when = np.full(len(trace.gpu), -1, dtype=np.int64)
     has = links.runtime_idx >= 0
     if not has.any():
         return None
     when[has] = trace.runtime.ts_ns[links.runtime_idx[has]]
+    by_op = ~has & (links.op_idx >= 0)
+    when[by_op] = trace.cpu_ops.ts_ns[links.op_idx[by_op]]
+    has |= by_op
     idx = np.where(has, np.arange(len(when)), -1)
     np.maximum.accumulate(idx, out=idx)
     first = int(np.flatnonzero(has)[0])
@@ -77,13 +90,20 @@ def launch_times(trace: Trace, links: Links) -> np.ndarray | None:
 def occurrences(trace: Trace, links: Links, family: str, rows: np.ndarray) -> np.ndarray:
     """Host times of a family's occurrences among `rows` (start times for a start anchor, end times for an end one)."""
     names = trace.names
-    if family == "optimizer_step":
-        return np.array(sorted(a.ts_ns + a.dur_ns for a in trace.annotations if not a.on_gpu
-                               and a.name.startswith("Optimizer.step#")), dtype=np.int64)
+    ops = trace.cpu_ops
+    if family == "optimizer_step":  # the annotation, else the update ops, else the update kernels
+        marks = sorted(a.ts_ns + a.dur_ns for a in trace.annotations if not a.on_gpu
+                       and a.name.startswith("Optimizer.step#"))
+        if marks:
+            return np.array(marks, dtype=np.int64)
+        hit = isin(ops.name_id, np.array([i for i, n in enumerate(names) if _OPTIMIZER_OP.match(n)], np.int64))
+        if hit.any():
+            return np.sort(ops.ts_ns[hit] + ops.dur_ns[hit])
+        kernel_ids = np.array([i for i, n in enumerate(names) if _OPTIMIZER_KERNEL.search(n)], np.int64)
+        return _launches_of(trace, links, rows[isin(trace.gpu.name_id[rows], kernel_ids)])
     if family == "compiled_call":
         return np.array(sorted(a.ts_ns for a in trace.annotations if not a.on_gpu
                                and a.name.startswith(_COMPILED_CALL)), dtype=np.int64)
-    ops = trace.cpu_ops
     if family in ("embedding", "sampling"):
         wanted = {"embedding": ("aten::embedding",), "sampling": ("aten::argmax", "aten::multinomial")}[family]
         ids = [i for i, n in enumerate(names) if n in wanted]
@@ -116,6 +136,41 @@ def lost_launches(trace: Trace) -> np.ndarray:
     return np.sort(rt.ts_ns[lost])
 
 
+def unlaunched_ops(trace: Trace) -> np.ndarray | None:
+    """Host times of the CPU ops whose launches the file lost: calls, after the last launch record, of an op whose
+    every call before it launched GPU work (by External id). A file cut short keeps its CPU ops (Kineto writes them
+    first) and loses the launch records with the GPU events; an op that launches only sometimes (a copy on the host)
+    is no evidence, nor is one before the last record (profilers drop a few records inside the window). None when no
+    CPU op is tied to a launch (no External ids): the ops then tell nothing."""
+    rt, gpu, ops = trace.runtime, trace.gpu, trace.cpu_ops
+    if not len(ops.ts_ns) or not len(rt.ts_ns) or not len(gpu):
+        return None
+    has_gpu = isin(rt.correlation, gpu.correlation) & (rt.correlation >= 0)
+    if not has_gpu.any():
+        return None
+    launching = isin(rt.name_id, rt.name_id[has_gpu])
+    last = int(rt.ts_ns[launching].max())
+    ids = np.concatenate((rt.external_id[launching], gpu.external_id))
+    launched = isin(ops.external_id, ids[ids >= 0]) & (ops.external_id >= 0)
+    before = ops.ts_ns <= last
+    n = int(ops.name_id.max()) + 1
+    calls = np.bincount(ops.name_id[before], minlength=n)
+    hits = np.bincount(ops.name_id[before & launched], minlength=n)
+    if not hits.any():
+        return None
+    always = (calls > 0) & (hits == calls)
+    return np.sort(ops.ts_ns[~before & always[ops.name_id] & ~launched])
+
+
+def host_waits(trace: Trace) -> np.ndarray:
+    """End times of the runtime calls in which the host waits for the GPU (stream, device or event synchronize: a
+    `.item()` reading a sampled token), sorted."""
+    rt = trace.runtime
+    ids = [i for i, n in enumerate(trace.names) if "Synchronize" in n and n.startswith(("cuda", "hip", "cu"))]
+    hit = isin(rt.name_id, np.array(ids, dtype=np.int64))
+    return np.sort(rt.ts_ns[hit] + rt.dur_ns[hit])
+
+
 def _launches_of(trace: Trace, links: Links, rows: np.ndarray) -> np.ndarray:
     rt = links.runtime_idx[rows]
     rt = rt[rt >= 0]
@@ -142,6 +197,10 @@ class TraceAnchors:
 
     when: np.ndarray | None  # launch_times
     times: dict[str, np.ndarray]
+    # host times of launches whose GPU work the trace lacks (lost_launches, unlaunched_ops): a forward holding one is
+    # partial, and tells nothing of the layers
+    unknown: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    waits: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # ends of the host's waits (host_waits)
 
     @classmethod
     def of(cls, trace: Trace, links: Links, training: bool) -> TraceAnchors:
@@ -149,7 +208,9 @@ class TraceAnchors:
         rows = np.arange(len(trace.gpu))
         order = TRAINING_ORDER if training else INFERENCE_ORDER
         times = {fid: occurrences(trace, links, fid, rows) for fid in order} if when is not None else {}
-        return cls(when, {fid: t for fid, t in times.items() if len(t)})
+        unlaunched = unlaunched_ops(trace)
+        unknown = np.sort(np.concatenate((lost_launches(trace), [] if unlaunched is None else unlaunched)))
+        return cls(when, {fid: t for fid, t in times.items() if len(t)}, unknown, host_waits(trace))
 
     def count_in(self, lo: int, hi: int) -> int:
         """The most occurrences any family has in [lo, hi]: a span with fewer than two holds one forward at most."""
@@ -183,27 +244,71 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
     # same way each time, as a training iteration's MoE layers between dense ones), two families that fall equally
     # often still mark the same forwards: the most trusted of them cuts, and the layer count is left in doubt.
     agreeing = Counter(len(a) for a in found.values())
-    tries = [(fid, False) for fid in found] + [(fid, True) for fid, a in found.items() if agreeing[len(a)] >= 2]
+    doubtful = {fid for fid, a in found.items() if agreeing[len(a)] >= 2}
+    # A training iteration ends with its optimizer step and may hold several forwards (gradient accumulation over
+    # micro-batches): where every iteration holds as many embedding lookups, the optimizer steps cut, before any
+    # family that marks forwards.
+    each = _forwards_each(found.get("optimizer_step"), found.get("embedding"))
+    if each:
+        doubtful.add("optimizer_step")
+    tries = [(fid, False) for fid in found] + [(fid, True) for fid in found if fid in doubtful]
+    if each:
+        tries.sort(key=lambda t: t[0] != "optimizer_step")
+    # A forward ends with its sampling: what the host launches after it, before the next forward's anchor, is the
+    # next forward's input preparation, as an engine's step holds it.
+    closes = anchors_of.times.get("sampling")
+    if closes is not None and window is not None:
+        closes = closes[(closes >= window[0]) & (closes <= window[1])]
     for fid, doubt in tries:
         anchors = found[fid]
-        result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names, any_layers=doubt)
+        accumulates = fid == "optimizer_step" and each  # its first iteration is checked by its forwards, not layers
+        result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names, any_layers=doubt,
+                         closes=closes if fid != "sampling" else None, unknown=anchors_of.unknown,
+                         waits=anchors_of.waits, edge_check=not accumulates)
         if result is not None:
+            if accumulates:
+                _first_iteration_holds(result, found["embedding"], each)
+                if not result.pieces:
+                    continue
             others = [f"{len(a)} {FAMILIES[o].words}" for o, a in found.items() if o != fid]
             result.detail = (f"{len(anchors)} {FAMILIES[fid].words} mark the forwards"
-                             + (f" (also seen: {', '.join(others)})" if others else ""))
+                             + (f" (also seen: {', '.join(others)})" if others else "")
+                             + (f"; each iteration holds {each} forwards and backwards (gradient accumulation over "
+                                f"{each} micro-batches)" if accumulates and each > 1 else ""))
             # Every family falls once per forward; one that falls more or less often says the forwards are unlike
             # (a second embedding lookup in some of them) or a step holds more than it seems: a cross-check.
             disagree = [f"{len(a)} {FAMILIES[o].words}" for o, a in found.items()
-                        if o != fid and abs(len(a) - len(anchors)) > 1]
+                        if o != fid and abs(len(a) - len(anchors)) > 1 and not (accumulates and o == "embedding")]
             if disagree:
                 result.warnings.append(f"the forwards were cut at {len(anchors)} {FAMILIES[fid].words}, but the trace "
                                        f"holds {', '.join(disagree)}: check the step boundaries (--annotate)")
             if doubt:
-                result.warnings.append(f"the forwards cut at {len(anchors)} {FAMILIES[fid].words} (as many as another "
-                                       f"kind of anchor) read as different numbers of layers: the layer count is "
-                                       f"uncertain")
+                alike = ("as many as another kind of anchor" if not accumulates or each == 1 else
+                         f"each holding {each} embedding lookups")
+                result.warnings.append(f"the forwards cut at {len(anchors)} {FAMILIES[fid].words} ({alike}) read as "
+                                       f"different numbers of layers: the layer count is uncertain")
             return result
     return None
+
+
+def _forwards_each(steps: np.ndarray | None, starts: np.ndarray | None) -> int | None:
+    """How many forwards (`starts`: embedding lookups) every training iteration holds, from one optimizer step to the
+    next, when each holds the same number (1 or more); None when they differ or there is no whole iteration."""
+    if steps is None or starts is None or len(steps) < 2:
+        return None
+    each = np.diff(np.searchsorted(starts, steps, side="right"))
+    return int(each[0]) if each[0] >= 1 and (each == each[0]).all() else None
+
+
+def _first_iteration_holds(result: AnchorCut, starts: np.ndarray, each: int) -> None:
+    """The first iteration (from the capture's start to its first optimizer step) is partial when it holds fewer
+    forwards than every other: the capture began inside it."""
+    lo, hi = result.spans[0]
+    held = int(np.searchsorted(starts, hi, side="left") - np.searchsorted(starts, lo, side="left"))
+    if held < each:
+        result.partial.append(f"the first iteration holds {held} of the {each} forwards every other one does: the "
+                              "capture began inside it")
+        del result.pieces[0], result.spans[0]
 
 
 def _with_closing(times: np.ndarray, sorted_when: np.ndarray, role: str) -> np.ndarray:
@@ -215,16 +320,29 @@ def _with_closing(times: np.ndarray, sorted_when: np.ndarray, role: str) -> np.n
 
 
 def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Family, seq: np.ndarray,
-            names: list[str], any_layers: bool = False) -> AnchorCut | None:
-    # A start anchor opens a forward (its own launches belong to it); an end anchor (an op's end) closes one: a
-    # launch at or before it is inside the forward it closes.
+            names: list[str], any_layers: bool = False, closes: np.ndarray | None = None,
+            unknown: np.ndarray | None = None, waits: np.ndarray | None = None,
+            edge_check: bool = True) -> AnchorCut | None:
+    # Each boundary is the first host instant of the forward after it (a launch at t is in that forward iff t is at
+    # or after it). A start anchor opens a forward (its own launches belong to it); an end anchor (an op's end, a
+    # launch) closes one: a launch at or before it is inside the forward it closes.
     opens = family.role == "start"
-    index = np.searchsorted(anchors, when, side="right" if opens else "left")
+    edges_in = anchors if opens else anchors + 1
+    waits = np.empty(0, np.int64) if waits is None else waits
+    if closes is not None and len(closes):
+        edges_in = _after_sampling(edges_in, closes + 1, opens, waits)
+    index = np.searchsorted(edges_in, when, side="right")
     order = np.argsort(index, kind="stable")  # launch order may differ from GPU order across streams
     bounds = np.searchsorted(index[order], np.arange(len(anchors) + 2), side="left")
     pieces = [np.sort(rows[order[bounds[i]:bounds[i + 1]]]) for i in range(len(anchors) + 1)]
-    edges = np.concatenate(([NEVER_BEFORE], anchors, [NEVER_AFTER]))
-    spans = [(int(edges[i]), int(edges[i + 1])) for i in range(len(pieces))]  # host time each piece covers
+    last_launch = [int(when[order[bounds[i]:bounds[i + 1]]].max(initial=NEVER_BEFORE)) for i in range(len(pieces))]
+    # the host time each piece covers, [lo, hi): the last forward of start anchors runs to the capture's end, or to
+    # the end of its sampling
+    last_end = NEVER_AFTER
+    if opens and closes is not None and len(closes) and closes[-1] >= edges_in[-1]:
+        last_end = _first_wait(closes[-1:] + 1, np.array([NEVER_AFTER]), waits)[0]
+    edges = np.concatenate(([NEVER_BEFORE], edges_in, [last_end]))
+    spans = [(int(edges[i]), int(edges[i + 1])) for i in range(len(pieces))]
     # Start anchors: the piece before the first is outside every forward; the last forward runs to the capture's end.
     # End anchors: the piece after the last is outside; the first forward runs from the capture's start.
     inner = range(1, len(pieces)) if opens else range(len(pieces) - 1)
@@ -232,7 +350,18 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     body = [(pieces[i], spans[i]) for i in inner if len(pieces[i])]
     if not body:
         return None
-    picks = _spread(len(body))
+    # A forward some of whose launches lack their GPU work (the file ends inside it) is partial whatever it shows:
+    # it is left to the steps stage, and only the others say what a forward's layers are.
+    unknown = np.empty(0, np.int64) if unknown is None else unknown
+    known = [i for i, (_, (lo, hi)) in enumerate(body)
+             if np.searchsorted(unknown, hi, side="left") == np.searchsorted(unknown, lo, side="left")]
+    if not known:  # every forward is partial: nothing to check, and no other family's cut is more trusted
+        outside = pieces[out_i]
+        if len(outside):
+            i = 0 if opens else len(body) - 1
+            body[i] = (np.sort(np.concatenate([outside, body[i][0]])), body[i][1])
+        return AnchorCut([r for r, _ in body], family, "", spans=[span for _, span in body])
+    picks = [known[k] for k in _spread(len(known))]
     interior = [i for i in picks if 0 < i < len(body) - 1]
     varying = data_dependent([seq[body[i][0]] for i in (interior if len(interior) >= 2 else picks)])
     checked = {i: count_layers(seq[body[i][0]], names, varying=varying) for i in picks}
@@ -245,7 +374,8 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     per_layer = next(set(f.backers) for f in checked.values() if f.count == layers)
     edge = len(body) - 1 if opens else 0  # the forward the window may have cut
     partial = []
-    if len(body) > 1 and checked[edge].count != layers and not any_layers:  # (in doubt, layers tell no edge)
+    if len(body) > 1 and edge in checked and checked[edge].count != layers and not any_layers and edge_check:  # (in
+        # doubt, layers tell no edge)
         partial.append(f"the {'last' if opens else 'first'} forward shows {checked[edge].count or 'no'} layers, "
                        f"not {layers}: the capture {'ended' if opens else 'began'} inside it")
         body = body[:-1] if opens else body[1:]
@@ -259,12 +389,38 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
         elif opens:  # the first forward's preparation
             (r, (lo, hi)) = body[0]
             body[0] = (np.concatenate([outside, r]), (spans[out_i][0], hi))
-        else:  # bookkeeping after the last forward's output
+        else:  # bookkeeping after the last forward's output (on the host, up to its last launch)
             (r, (lo, hi)) = body[-1]
-            body[-1] = (np.concatenate([r, outside]), (lo, spans[out_i][1]))
+            body[-1] = (np.concatenate([r, outside]), (lo, last_launch[out_i] + 1))
     if not body:
         return None
     return AnchorCut([r for r, _ in body], family, "", partial, spans=[span for _, span in body])
+
+
+def _after_sampling(edges: np.ndarray, ends: np.ndarray, opens: bool, waits: np.ndarray) -> np.ndarray:
+    """Boundaries moved to where the forward before them ends, when it samples (`ends`: just after each sampling
+    op): at the host's first wait for the GPU after its sampling (reading the token), else at the sampling's end. A
+    start anchor's forward then begins with its own input preparation, and an output head's forward keeps the
+    sampling after it (not a wait: an eager MoE layer of the next forward may wait too)."""
+    if opens:  # the last sampling at or before each start, after the start before it
+        j = np.searchsorted(ends, edges, side="right") - 1
+        prev = np.concatenate(([NEVER_BEFORE], edges[:-1]))
+        ok = (j >= 0) & (ends[np.maximum(j, 0)] > prev)
+        at = _first_wait(ends[np.maximum(j, 0)], edges, waits)
+    else:  # the first sampling after each end, before the next end
+        nxt = np.concatenate((edges[1:], [NEVER_AFTER]))
+        j = np.minimum(np.searchsorted(ends, edges, side="left"), len(ends) - 1)
+        ok = (ends[j] >= edges) & (ends[j] < nxt)
+        at = ends[j]
+    return np.where(ok, at, edges)
+
+
+def _first_wait(after: np.ndarray, before: np.ndarray, waits: np.ndarray) -> np.ndarray:
+    """The end of the host's first wait in [after, before), else `after`."""
+    k = np.minimum(np.searchsorted(waits, after, side="left"), max(len(waits) - 1, 0))
+    if not len(waits):
+        return after
+    return np.where((waits[k] >= after) & (waits[k] < before), waits[k], after)
 
 
 def _spread(n: int) -> list[int]:

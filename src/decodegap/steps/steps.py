@@ -628,33 +628,39 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
 
 
 def _drop_incomplete(trace: Trace, links: Links, pieces: list[_Piece], tokens: list, evidence: list):
-    """Steps some of whose launches have no GPU work in the trace (the capture or the file ended before it was
-    written) are partial: left out, with what is missing. A step's launches are those in its annotation's span, or
-    from its first launch to the next step's."""
+    """Steps whose GPU work is not all in the trace (the capture or the file ended before it was written) are
+    partial: left out, with what is missing. A step is whole when every launch its CPU side made has its GPU work in
+    the trace (matched by correlation): none of its launch records lacks it, and none of its CPU ops that always
+    launch came after the launch records end (a file cut short keeps the CPU side and loses the rest). A step's CPU
+    side is its annotation's span, the host time between its anchors, or from its first launch to the next step's.
+    Where no CPU op is tied to a launch, a step of a cut file must end before the host time the file's GPU events are
+    known to reach."""
     lost = lost_launches(trace)
-    known_until = trace.known_until_ns
-    if not len(lost) and known_until is None:
+    unlaunched = forward_anchors.unlaunched_ops(trace)
+    known_until = None if unlaunched is not None else trace.known_until_ns  # the ops tell, or the reach must
+    unlaunched = np.empty(0, np.int64) if unlaunched is None else unlaunched
+    if not len(lost) and not len(unlaunched) and known_until is None:
         return pieces, tokens, evidence, []
     when = forward_anchors.launch_times(trace, links)
     firsts = [int(when[p.rows].min()) if when is not None and len(p.rows) else p.start_ns for p in pieces]
     lasts = [int(when[p.rows].max()) if when is not None and len(p.rows) else p.end_ns for p in pieces]
     keep, incomplete = [], []
-    for i, p in enumerate(pieces):
-        lo, hi = p.host_span or ((p.mark.ts_ns, p.mark.end_ns) if p.mark else (
-            firsts[i], firsts[i + 1] - 1 if i + 1 < len(pieces) else forward_anchors.NEVER_AFTER))
-        if hi == forward_anchors.NEVER_AFTER:  # nothing closes the last step: it ends with its last launch
-            hi = lasts[i]
-        missing = int(np.searchsorted(lost, hi, side="right") - np.searchsorted(lost, lo, side="left"))
-        beyond = known_until is not None and hi > known_until  # the file ends before its launches do
-        (incomplete.append((p, missing, beyond)) if missing or beyond else keep.append(i))
+    for i, p in enumerate(pieces):  # the host time [lo, hi) of its CPU side; nothing closes a last step cut by the
+        # kernel sequence: it ends with its last launch
+        lo, hi = p.host_span or ((p.mark.ts_ns, p.mark.end_ns + 1) if p.mark else (
+            firsts[i], firsts[i + 1] if i + 1 < len(pieces) else lasts[i] + 1))
+        missing = int(np.searchsorted(lost, hi, side="left") - np.searchsorted(lost, lo, side="left"))
+        unknown = int(np.searchsorted(unlaunched, hi, side="left") - np.searchsorted(unlaunched, lo, side="left"))
+        beyond = known_until is not None and hi - 1 > known_until  # the file ends before it does
+        (incomplete.append((p, missing, unknown, beyond)) if missing or unknown or beyond else keep.append(i))
     return ([pieces[i] for i in keep], [tokens[i] for i in keep], [evidence[i] for i in keep], incomplete)
 
 
 def _incomplete_words(incomplete: list) -> str:
-    names = [p.mark.name if p.mark else f"the step at {p.start_ns / 1e6:.3f} ms" for p, _, _ in incomplete]
-    missing = sum(m for _, m, _ in incomplete)
-    cut = sum(b for _, _, b in incomplete)
-    why = "; ".join(w for w in (f"{missing} launches without their kernels" if missing else "",
+    names = [p.mark.name if p.mark else f"the step at {p.start_ns / 1e6:.3f} ms" for p, *_ in incomplete]
+    missing, unknown, cut = (sum(x[k] for x in incomplete) for k in (1, 2, 3))
+    why = "; ".join(w for w in (f"{missing} launches without their GPU work" if missing else "",
+                                f"{unknown} calls of ops that launch, after the launch records end" if unknown else "",
                                 f"{cut} run past where the file ends" if cut else "") if w)
     return (f"{len(incomplete)} step(s) whose GPU work is not all in the trace were left out as partial "
             f"({', '.join(names[:3])}{' and others' if len(names) > 3 else ''}: {why})")

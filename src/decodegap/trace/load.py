@@ -577,8 +577,9 @@ def gpu_coverage(trace: Trace) -> float | None:
 
 
 def _salvage_truncated(trace: Trace, reason: str) -> None:
-    """A cut trace keeps what is whole before the cut: the steps stage keeps only the steps that end before the
-    host time up to which launches are known (`known_until_ns`), and refuses the file when none does."""
+    """A cut trace keeps what is whole before the cut: the steps stage keeps only the steps every launch of which
+    has its GPU work in the file (or, where no CPU op is tied to a launch, that end before the host time the GPU events
+    are known to reach: `known_until_ns`), and refuses the file when none does."""
     trace.truncated = reason
     expects_gpu = trace.has_gpu or len(trace.runtime.ts_ns) > 0 or trace.device_name is not None
     found = gpu_reach(trace) if expects_gpu else None
