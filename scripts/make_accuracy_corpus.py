@@ -693,43 +693,6 @@ def loop_compiled_generate(ctx: Ctx, spec: Spec) -> None:
     fit(ctx, spec, capture)
 
 
-def loop_compiled_graphs_generate(ctx: Ctx, spec: Spec) -> None:
-    """torch.compile(model.forward, mode="reduce-overhead") with a static KV cache: every forward of one shape is a
-    CUDA-graph replay of Inductor's graph tree (the prefill's and the decode's), as HF's own compiled generate runs."""
-    model = build(spec.family, spec.layers, ctx.device)
-    info = layer_info(model, ctx.device)
-    log = ForwardLog(model)
-    torch._dynamo.config.cache_size_limit = 64
-    model.forward = torch.compile(model.forward, mode="reduce-overhead")  # the hooks stay outside the compiled code
-    # the static cache keeps its length on the device: count the tokens of the generate's earlier forwards instead
-    log.cached_override = lambda: sum(f.tokens for f in log.forwards)
-    ids = prompt(spec.batch, ctx.device)
-    mask = torch.ones_like(ids)
-    n0 = spec.steps[0]
-    kw = lambda n: dict(gen_kwargs(n), cache_implementation="static")  # noqa: E731
-    t0 = time.time()
-    with torch.no_grad():
-        for _ in range(3):  # compiles and records the prefill and the decode graphs
-            model.generate(input_ids=ids, attention_mask=mask, **kw(n0))
-    sync(ctx.device)
-    print(f"{spec.name}: warm-up generates (compilation, graph recording) {time.time() - t0:.1f} s", flush=True)
-
-    def capture(n):
-        log.clear()
-        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
-            log.set_rec(True)
-            model.generate(input_ids=ids, attention_mask=mask, **kw(n))
-            sync(ctx.device)
-            log.set_rec(False)
-        t = base_truth(spec, info, f"torch.compile(model.forward, mode='reduce-overhead') (CUDA graph trees); greedy "
-                                   f"generate(max_new_tokens={n}, cache_implementation='static') at batch {spec.batch}",
-                       "three warm-up generates compiled and recorded every graph first; profile() around one "
-                       "generate(); layers counted in an eager forward before compiling")
-        return prof, log, t, None
-
-    fit(ctx, spec, capture)
-
-
 def loop_compiled_hand(ctx: Ctx, spec: Spec) -> None:
     from transformers import DynamicCache
 
@@ -1261,8 +1224,7 @@ LOOPS = {"eager_generate": loop_eager_generate, "sample_padded": loop_sample_pad
          "profstep_hand": loop_profstep_hand, "hand_extend": loop_hand_extend,
          "profstep_generate_hook": loop_profstep_generate_hook,
          "profstep_wraps_generate": loop_profstep_wraps_generate, "train": loop_train, "midstep": loop_midstep,
-         "record": loop_record, "beam_generate": loop_beam_generate,
-         "compiled_graphs_generate": loop_compiled_graphs_generate}
+         "record": loop_record, "beam_generate": loop_beam_generate}
 
 
 def S(name, family, loop, **kw) -> Spec:
@@ -1371,8 +1333,8 @@ HOLDOUT = [
 ]
 # A second holdout (`--holdout2`): families none of the above has (Mamba-2 hybrids of three designs, an
 # attention-free stack, Griffin, MLA with two dense layers, grouped-GEMM MoE, mixture of attention heads, parallel
-# attention + MLP, post-norm and NoPE stacks) and three loops the corpus lacks (beam search, gradient accumulation,
-# reduce-overhead compiled generate on a static cache); never committed as fixtures.
+# attention + MLP, post-norm and NoPE stacks) and two loops the corpus lacks (beam search, gradient accumulation);
+# never committed as fixtures.
 HOLDOUT2 = [
     S("granitemoe6_eager_generate", "granitemoe", "eager_generate", layers=6, batch=2, steps=[8, 6]),
     S("granitemoehybrid8_hand", "granitemoehybrid", "hand", layers=8, batch=2, rs=False, steps=[6, 5], cost=8),
@@ -1396,10 +1358,6 @@ HOLDOUT2 = [
     S("hunyuan_moe4_eager_generate", "hunyuan_moe", "eager_generate", layers=4, batch=2, steps=[8, 6]),
     S("lfm2_moe6_compiled_generate", "lfm2_moe", "compiled_generate", layers=6, steps=[10, 8],
       opts={"experts": "grouped_mm"}, cost=COMPILE_COST + 10),
-    S("qwen3_8_compiled_graphs", "qwen3", "compiled_graphs_generate", layers=8, batch=2, steps=[10, 8],
-      cost=COMPILE_COST + 10),
-    S("granitemoe4_compiled_graphs", "granitemoe", "compiled_graphs_generate", layers=4, steps=[10, 8],
-      cost=COMPILE_COST + 10),
     S("llama4_train_accum_nomarkers", "llama", "train", layers=4, steps=[3, 2], opts={"markers": "none", "micro": 2},
       cost=8),
     S("qwen3_moe4_train_accum_profstep", "qwen3_moe", "train", layers=4, rs=False, steps=[2],
