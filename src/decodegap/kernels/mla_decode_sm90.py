@@ -340,12 +340,11 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # its 32 heads, all 512 dims); 42 by output dims (each consumer 256 dims of all 64 heads, so it widens half of V;
 # P^T and the moves of the reference max exchanged every tile). Tried beside them and removed: 40, 41 with the
 # consumers running free, 1-2% slower (benchmarks/results/mla_decode_h100_2026-12-06.md).
-TOKW_VARIANTS = {41: 0, 42: 1, 44: 2}  # -> dg_mla_tokw_launch's dimsplit (2: 42 with two P.V k-steps in flight)
+TOKW_VARIANTS = {41: 0, 42: 1}  # -> dg_mla_tokw_launch's dimsplit argument
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
                   8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  23: torch.bfloat16, 41: torch.float8_e4m3fn, 42: torch.float8_e4m3fn,
-                  44: torch.float8_e4m3fn}
+                  23: torch.bfloat16, 41: torch.float8_e4m3fn, 42: torch.float8_e4m3fn}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second

@@ -759,15 +759,6 @@ __device__ __forceinline__ void wgmma_pv64(float (&d)[32], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-// The A registers of products in flight, kept as they are until here (the compiler may not reuse or move them).
-template <int M>
-__device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[M][4]) {
-#pragma unroll
-  for (int i = 0; i < M; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(r[i][q])::"memory");
-}
-
 __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   uint2 v;
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
@@ -806,9 +797,7 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
 // m64n64k16), so it widens only its half of each tile's V rows. Both consumers' P^T (double-buffered by tile
 // parity), the flags and factors of a moved reference max, and at the end the softmax sums go through shared
 // memory, with one barrier of both consumers (named barrier 5) a tile.
-// PV2 (variant 44, with DIMSPLIT): two k-steps of P.V in flight, their V^T registers double-buffered, instead of
-// waiting for each k-step's products before the next is issued.
-template <bool DIMSPLIT, bool PV2 = false>
+template <bool DIMSPLIT>
 __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
   using L = WideLayout;
   constexpr float kInf = INFINITY;
@@ -1022,14 +1011,8 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     const uint32_t vbase = stage + (DIMSPLIT ? 2 * k + (w >> 1) : w) * kLatChunk;
     const int vunit = DIMSPLIT ? 4 * (w & 1) + (g >> 1) : g, vbyte = DIMSPLIT ? 8 * (g & 1) : 0;
     constexpr int kWords = DIMSPLIT ? 2 : 4;  // 32-bit words of e4m3 a row this thread reads
-    uint32_t vab[PV2 ? 2 : 1][kMT][4];  // [buffer][M-tile i][A reg]
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      uint32_t (&va)[kMT][4] = vab[PV2 ? kk & 1 : 0];
-      if (PV2 && kk >= 2) {  // k-step kk - 2's products are done: its A registers (this buffer) may be rewritten
-        wgmma_wait<1>();
-        fence_regs_u32(va);
-      }
       const int r = 16 * kk + 2 * c;
       uint32_t a0[kWords], a1[kWords], a2[kWords], a3[kWords];
       auto row_words = [&](uint32_t (&dst)[kWords], int row, int sw) {
@@ -1050,12 +1033,13 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
       row_words(a1, r + 1, 2 * c + 1);
       row_words(a2, r + 8, 2 * c);
       row_words(a3, r + 9, 2 * c + 1);
+      uint32_t va[kMT][4];  // [M-tile i][A reg]
       widen_vt<kWords>(a0, a1, a2, a3, va);
       if (kk == 3) {  // every V row of the stage this warp reads is in registers: hand the stage back
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);
       }
-      if (!PV2 && kk >= 1) wgmma_wait<0>();  // k-step kk - 1's products are done (one k-step's A registers in flight)
+      if (kk >= 1) wgmma_wait<0>();  // k-step kk - 1's products are done (one k-step's A registers in flight)
       wgmma_fence();
 #pragma unroll
       for (int i = 0; i < kMT; ++i) {
@@ -1067,10 +1051,6 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
       wgmma_commit();
     }
     wgmma_wait<0>();
-    if constexpr (PV2) {
-      fence_regs_u32(vab[0]);
-      fence_regs_u32(vab[1]);
-    }
 #pragma unroll
     for (int i = 0; i < kMT; ++i) fence_regs(o[i]);
   }
@@ -1274,8 +1254,7 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
 extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
   *block_n = kBN;
   *smem_bytes = WideLayout::kAlloc;
-  for (auto kernel : {mla_decode_tok_wide_sm90<false>, mla_decode_tok_wide_sm90<true>,
-                      mla_decode_tok_wide_sm90<true, true>}) {
+  for (auto kernel : {mla_decode_tok_wide_sm90<false>, mla_decode_tok_wide_sm90<true>}) {
     const int err = prepare_kernel(kernel, kWideThreads, WideLayout::kAlloc, regs, per_sm);
     if (err != cudaSuccess) return err;
     // setmaxnreg.inc waits until the CTA's registers allow it: a build with fewer per thread would hang
@@ -1303,9 +1282,7 @@ extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* tab
   if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (dimsplit == 2)
-    mla_decode_tok_wide_sm90<true, true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
-  else if (dimsplit == 1)
+  if (dimsplit)
     mla_decode_tok_wide_sm90<true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   else
     mla_decode_tok_wide_sm90<false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
