@@ -449,22 +449,32 @@ def _assert_jamba_read_right(stack: list[str], experts: list[list[int]]) -> None
     """One forward per expert-count list (each layer's loop runs that many experts), all read together: each reads
     exactly the stack's layers, where each begins and where the last ends (the final norm), and one kind per
     (mixer, MLP or MoE) kind of the stack."""
-    forwards = [PROLOGUE + [k for kind, n in zip(stack, e, strict=True) for k in _jamba_layer(kind, n)] + JAMBA_TAIL
-                for e in experts]
-    names = sorted({n for f in forwards for n in f})
+    _assert_read_right([(PROLOGUE, [_jamba_layer(kind, n) for kind, n in zip(stack, e, strict=True)], JAMBA_TAIL)
+                        for e in experts], stack)
+
+
+def _assert_read_right(forwards: list[tuple[list[str], list[list[str]], list[str]]], kinds: list[str]) -> None:
+    """Forwards given as (prologue, layers, tail), all read together (what runs alike in each is per-layer work):
+    each reads exactly its layers, where each begins and where the last ends (the final norm), and one kind of layer
+    per label of `kinds` (one label per layer)."""
+    runs = [prologue + [k for layer in layers for k in layer] + tail for prologue, layers, tail in forwards]
+    names = sorted({n for f in runs for n in f})
     mapping, canonical = name_classes(names)
     index = {n: int(mapping[i]) for i, n in enumerate(names)}
-    seqs = [np.array([index[n] for n in f]) for f in forwards]
+    seqs = [np.array([index[n] for n in f]) for f in runs]
     stable = data_independent(seqs)
-    kinds = list(dict.fromkeys(stack))
-    for e, seq in zip(experts, seqs, strict=True):
+    labels = list(dict.fromkeys(kinds))
+    for (prologue, layers, _), seq in zip(forwards, seqs, strict=True):
         found = count_layers(seq, canonical, stable)
-        lengths = [len(_jamba_layer(kind, n)) for kind, n in zip(stack, e, strict=True)]
-        assert found.count == len(stack)
-        assert found.starts == tuple(len(PROLOGUE) + sum(lengths[:i]) for i in range(len(stack)))
-        assert found.end == len(PROLOGUE) + sum(lengths)
-        first = {k: found.kind_of[stack.index(k)] for k in kinds}
-        assert found.kind_of == tuple(first[k] for k in stack) and len(set(first.values())) == len(kinds)
+        lengths = [len(layer) for layer in layers]
+        assert found.count == len(layers)
+        assert found.starts == tuple(len(prologue) + sum(lengths[:i]) for i in range(len(layers)))
+        assert found.end == len(prologue) + sum(lengths)
+        if len(labels) == 1:
+            assert found.kind_of == ()
+            continue
+        first = {k: found.kind_of[kinds.index(k)] for k in labels}
+        assert found.kind_of == tuple(first[k] for k in kinds) and len(set(first.values())) == len(labels)
 
 
 def _lone_attention_stacks():
@@ -489,3 +499,4 @@ def test_a_lone_attention_layer_anywhere_in_a_hybrid_stack_is_read_right(attenti
     for f, e in enumerate(experts):
         e[6 + moe_on] = 8 + f if last == "more" else 1
     _assert_jamba_read_right(stack, experts)
+
