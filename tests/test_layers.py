@@ -500,3 +500,71 @@ def test_a_lone_attention_layer_anywhere_in_a_hybrid_stack_is_read_right(attenti
         e[6 + moe_on] = 8 + f if last == "more" else 1
     _assert_jamba_read_right(stack, experts)
 
+
+# Bamba as its eager decode forward runs (the H100 holdout trace, kernel for kernel): Mamba-2 mixers on the torch
+# path (in_proj, the conv state rolled and convolved, the SSM step, a gated norm, out_proj), attention every 4th
+# layer, a dense MLP in every layer. The Mamba kernels count 6 layers; the attention's own run in 2, the last one
+# after the last Mamba layer, where its kernels follow its rotary and cache copies, not its input norm.
+COPY_NC, TO_F32 = "void at::native::direct_copy_kernel_cuda<nocast>", "void at::native::mul_kernel<float>"
+MUL_F, SILU_NC = "void at::native::vectorized_mul_kernel<float>", "void at::native::silu_kernel<c10::BFloat16>"
+DTOD, EXP = "Memcpy DtoD (Device -> Device)", "void at::native::exp_kernel_cuda"
+VARIES = "void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>"  # as often as a forward's inputs
+
+
+def _bamba_mlp() -> list[str]:
+    return _rms_norm() + [GEMM, SILU_NC, GEMM, "void at::native::mul_kernel<c10::BFloat16, 8>", GEMM, ADD]
+
+
+def _mamba2_mixer() -> list[str]:
+    # in_proj; the conv state rolled, convolved, activated; the SSM step; the gated norm; out_proj; the residual add
+    conv = [EXP, "void at::native::neg_kernel<float>", "void at::native::CatArrayBatchedCopy<3>", COPY_NC,
+            "void at::native::conv_depthwise2d_forward_kernel", SILU_NC, "void at::native::add_kernel<nocast>",
+            "void at::native::softplus_kernel"]
+    ssm = [COPY, TO_F32, EXP, COPY_NC, MUL, MUL, MUL_F, "void at::native::add_kernel<float>", DTOD, COPY_NC, TO_BF16,
+           GEMM, MUL, ADD]
+    gated_norm = [COPY, COPY, "void at::native::silu_kernel<float>", MUL_F] + _rms_norm()[1:]
+    return [GEMM, COPY] + conv + ssm + gated_norm + [GEMM, ADD]
+
+
+def _bamba_mamba() -> list[str]:
+    return _rms_norm() + _mamba2_mixer() + _bamba_mlp()
+
+
+def _bamba_attention() -> list[str]:
+    rotary = [MUL, "void at::native::neg_kernel<c10::BFloat16>", "void at::native::CatArrayBatchedCopy<4>", MUL, ADD]
+    cache = ["void at::native::CatArrayBatchedCopy<4>"] * 2 + ["void at::native::CatArrayBatchedCopy_vectorized<3>"] * 2
+    return (_rms_norm() + [GEMM, GEMM, GEMM] + rotary + rotary + cache + ["void pytorch_flash::flash_fwd_kernel", GEMM,
+                                                                          ADD] + _bamba_mlp())
+
+
+def _bamba_prologue(varies: int) -> list[str]:
+    return (["void at::native::indexSelectSmallIndex<c10::BFloat16>", "void at::native::unrolled_copy<long>"]
+            + [VARIES] * varies + ["void at::native::reduce_kernel<long, sum>", "void at::native::compare_eq<long>",
+                                   "Memcpy DtoH (Device -> Pinned)", COPY, COPY, "void gemmk1_kernel<float>",
+                                   "void at::native::CatArrayBatchedCopy_vectorized<4u>", "void at::native::cos_kernel",
+                                   "void at::native::mul_scalar<float>", "void at::native::sin_kernel",
+                                   "void at::native::mul_scalar<float>", TO_BF16, TO_BF16])
+
+
+def _generate_tail(varies: int) -> list[str]:
+    # the final norm, the lm_head, then generate's own bookkeeping (stopping criteria, cache positions, argmax)
+    arange, fill = "void elementwise_kernel_with_index<arange_cuda_out>", "void at::native::FillFunctor<bool>"
+    return (_rms_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT", arange, "void at::native::add<long>",
+                           "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>", "void at::native::FillFunctor<long>",
+                           COPY, arange, fill, "void at::native::compare<long>", "void at::native::reduce_kernel<or>",
+                           DTOD, DTOD, "void at::native::FillFunctor<float>", "void at::native::where_kernel", DTOD,
+                           "void at::native::reduce_kernel<ArgMaxOps<float>>", "void at::native::mul<long>", fill, fill,
+                           "void at::native::bitwise_not_kernel", "void at::native::compare_eq<long>",
+                           "Memcpy DtoH (Device -> Pinned)"] + [VARIES] * varies)
+
+
+@pytest.mark.parametrize("layers, first", [(8, 3), (8, 0), (8, 1), (8, 2), (12, 3)])
+def test_mamba_layers_count_a_hybrid_stack_whose_attention_layers_run_after_their_rotary(layers, first):
+    # Attention every 4th layer from `first` (Bamba's: 3, the last layer one), two forwards whose inputs take a
+    # different number of copies. The attention's kernels run in some of the Mamba kernels' blocks and, first or
+    # last, outside them, where they lie among the layers' input norms (the embedding precedes the first; the output
+    # head and sampling follow the final one).
+    stack = ["attention" if i % 4 == first else "mamba" for i in range(layers)]
+    kinds = [_bamba_attention() if kind == "attention" else _bamba_mamba() for kind in stack]
+    _assert_read_right([(_bamba_prologue(v), kinds, _generate_tail(v)) for v in (1, 3)], stack)
+

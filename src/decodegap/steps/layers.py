@@ -25,9 +25,12 @@ So layers are read from counts, not from a repeating sequence:
   block);
 - a hybrid stack's layers each run one mixer of two kinds (Mamba layers with attention layers among them): the
   names that run in some blocks of a partition and nowhere else split those blocks at each run where each part runs
-  an MLP activation and a matrix product, and add a block where they run after a layer's head before the first
-  block or after the last (a lone attention layer first or last); the last block runs on to the final norm, since
-  a last layer of the other kind may run a longer expert loop than any (_mixed);
+  an MLP activation and a matrix product, and add a block where they run before the first block or after the last
+  among the layers' input norms (after the first run of the norm, before the final one: a lone attention layer
+  first or last, whose kernels may follow its rotary and cache copies); not where what runs only beside them holds
+  an MLP activation (a Mamba mixer's gated norm in MoE layers' blocks: a part would pass for a layer on it); the
+  last block runs on to the final norm, since a last layer of the other kind may run a longer expert loop than any
+  (_mixed);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
@@ -167,7 +170,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # Names that run once in the forward may be a lone layer's mixer (an attention layer among Mamba ones).
     lone = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts == 1)
             if independent(int(n)) and int(n) not in matmul}
-    best = _mixed(best, partitions, ids, positions, lone, gemm, gemm_at, act_at)
+    best = _mixed(best, partitions, ids, positions, lone, gemm, gemm_at, act_at, set(act))
     return _layers(best, ids, positions, names)
 
 
@@ -313,22 +316,29 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
 
 
 def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
-           lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
+           lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray,
+           act: set[int]) -> _Blocks:
     """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with attention layers among
     them): the names that count one kind's layers hold layers of the other kind inside some of their blocks. Names
     that run in some blocks of a partition and nowhere else (the attention kernels; also before its first block or
     after its last, where a lone layer of the other kind begins or ends the stack) cut those blocks at each run; the
     parts are layers when each runs an MLP activation and a matrix product (each part then holds one layer's mixer
     and its MLP or experts; a split inside one layer leaves a part with neither) and most of the parts' work runs in
-    every part. Of such splits, the one whose parts run the most work in common wins over `best` when it cuts more
-    layers, or when some block of `best` runs no MLP activation (halves cut by a name that runs twice per layer).
+    every part, unless an activation runs among the names only those blocks run (the other mixer's own). Of such
+    splits, the one whose parts run the most work in common wins over `best` when it cuts more layers, or when some
+    block of `best` runs no MLP activation (halves cut by a name that runs twice per layer).
     `lone`: where the names that run once in the forward run."""
     runs = positions | lone
     whole = _share_running(best.bounds, act_at) == 1  # else `best` cuts halves (an attention part runs no MLP)
     per_layer = _per_layer_runs(ids, positions)
     splits = []
     for coarse in candidates:
-        for mixers, extra in _inside_some_blocks(coarse, runs, gemm, *per_layer):
+        for mixers, extra, own in _inside_some_blocks(coarse, runs, gemm, *per_layer):
+            if act & own:
+                # An MLP activation among what runs only beside the other mixer (a Mamba mixer's gated norm among
+                # MoE layers) makes that mixer part of the coarse blocks' layers, not layers of its own: its parts
+                # would pass for layers on that activation.
+                continue
             cuts = np.sort(np.concatenate((coarse.cuts, extra)))
             split = _blocks_at(cuts, coarse.backers, positions, len(ids), gemm, gemm_at, mixers, per_layer)
             if ((split.count > best.count or not whole) and split.valid and _share_running(split.bounds, act_at) == 1
@@ -339,24 +349,28 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
 
 
 def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray], gemm: set[int], at: np.ndarray,
-                        seq: np.ndarray) -> list[tuple[tuple[int, ...], np.ndarray]]:
+                        seq: np.ndarray) -> list[tuple[tuple[int, ...], np.ndarray, set[int]]]:
     """Groups of names (GEMM tiles aside: the tile tells no layer) that run alike (as often in the same blocks) in a
-    proper subset of the blocks and nowhere else; per group its names and where each of its runs begins. A run
-    before the first block or after the last (a lone layer of the other kind at either end of the stack) counts
-    where it follows a layer's head (_after_head); runs there are alike when no per-layer kernel runs between them.
+    proper subset of the blocks and nowhere else; per group its names, where each of its runs begins, and every name
+    that runs in just its blocks (however often: the other mixer's own). A run before the first block or after the
+    last (a lone layer of the other kind at either end of the stack) counts where it lies between the layers' input
+    norms (_inside_layers); runs there are alike when no per-layer kernel runs between them.
     `at`, `seq`: where the per-layer names run, and which (_per_layer_runs)."""
     c = blocks.count
     groups: dict[tuple[int, ...], list[int]] = {}
+    where: dict[int, tuple] = {}  # per name: the blocks it runs in, and whether before the first, after the last
     for n, p in sorted(runs.items()):
         if n in gemm:
             continue
         held = np.searchsorted(blocks.bounds, p, side="right") - 1
         edge = (held < 0) | (held >= c)
-        if len(unique(held[~edge])) == c or (edge.any() and not _after_head(p[edge], blocks, at, seq)):
+        if len(unique(held[~edge])) == c or (edge.any() and not _inside_layers(p[edge], blocks, at, seq, gemm)):
             continue
+        where[n] = (tuple(unique(held[~edge]).tolist()), bool((held < 0).any()), bool((held >= c).any()))
         held[edge] = c + np.searchsorted(at, p[edge])  # an edge run's place: the per-layer kernels before it
         groups.setdefault(tuple(held.tolist()), []).append(n)
-    return [(tuple(group), np.array([runs[n] for n in group]).min(axis=0)) for group in groups.values()]
+    return [(tuple(group), np.array([runs[n] for n in group]).min(axis=0),
+             {n for n, w in where.items() if w == where[group[0]]}) for group in groups.values()]
 
 
 def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray) -> int:
@@ -374,12 +388,44 @@ def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray) -> int:
     return int(at[i[-1] + after[-1] + head]) + 1 if len(after) else 0
 
 
-def _after_head(xs: np.ndarray, blocks: _Blocks, at: np.ndarray, seq: np.ndarray) -> bool:
-    """Whether the per-layer kernel last before each of the positions `xs` is the one last before every cut (the
-    end of a layer's head, its input norm, which comes before its mixer); the glue before the layers (the embedding)
-    follows no such head."""
-    before = np.searchsorted(at, np.concatenate((blocks.cuts, xs))) - 1
-    return bool((before >= 0).all() and (seq[before] == seq[before[0]]).all())
+def _inside_layers(xs: np.ndarray, blocks: _Blocks, at: np.ndarray, seq: np.ndarray, gemm: set[int]) -> bool:
+    """Whether the positions `xs`, before the first block or after the last, lie among the layers: after a run of
+    their input norm (_input_norm: a mixer's own kernels may come between the norm and the cut), and, after the
+    last block, before one (the final norm). The glue before the layers (the embedding) follows no norm; the output
+    head and sampling precede none. The norm's latter half stands for it: what runs before every cut may begin with
+    the previous layer's residual add, which the first layer, after the embedding, lacks."""
+    i = np.searchsorted(at, blocks.cuts).tolist()
+    head = min(_common_suffix(seq[:i[0]], seq[:j]) for j in i)
+    norm = _input_norm(seq[i[0] - head:i[0]], gemm)
+    if len(norm) < 2:
+        return False
+    norm = norm[-max(2, (len(norm) + 1) // 2):]
+    found = _runs_of(norm, seq)  # where each run of the norm begins, among the per-layer kernels
+    if not len(found):
+        return False
+    first_end, last_start = int(at[found[0] + len(norm) - 1]), int(at[found[-1]])
+    before = xs < blocks.cuts[0]
+    return bool((xs[before] > first_end).all() and (xs[~before] < last_start).all())
+
+
+def _input_norm(head: np.ndarray, gemm: set[int]) -> np.ndarray:
+    """A layer's input norm: the longest stretch without a matrix product of what runs before every cut (a cut
+    may come after the mixer's first projection, and what runs before every cut may reach back into the layer
+    before, its MLP: both run shorter stretches between their projections)."""
+    bounds = [-1] + [t for t, n in enumerate(head.tolist()) if n in gemm] + [len(head)]
+    lo, hi = max(zip(bounds[:-1], bounds[1:]), key=lambda b: (b[1] - b[0], b[0]))
+    return head[lo + 1:hi]
+
+
+def _runs_of(pattern: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Where in `seq` each run of `pattern` begins (none for an empty pattern)."""
+    n = len(seq) - len(pattern) + 1
+    if not len(pattern) or n <= 0:
+        return np.empty(0, dtype=np.int64)
+    runs = np.ones(n, dtype=bool)
+    for t, name in enumerate(pattern.tolist()):
+        runs &= seq[t:t + n] == name
+    return np.flatnonzero(runs)
 
 
 def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int],
