@@ -568,3 +568,77 @@ def test_mamba_layers_count_a_hybrid_stack_whose_attention_layers_run_after_thei
     kinds = [_bamba_attention() if kind == "attention" else _bamba_mamba() for kind in stack]
     _assert_read_right([(_bamba_prologue(v), kinds, _generate_tail(v)) for v in (1, 3)], stack)
 
+
+# RecurrentGemma (Griffin) as its eager decode forward runs (the H100 holdout trace, kernel for kernel): two RG-LRU
+# recurrent blocks to one local-attention block, norms that scale by (1 + weight), a GeLU MLP in every layer. The
+# attention layer builds its own rotary tables and attends through a mask (SDPA's memory-efficient kernel).
+GEMM_BIAS, MUL_NC = "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_bias_TNN", "void at::native::mul_kernel<c10::BFloat16, nocast>"
+GELU, MUL_SCALAR = "void at::native::GeluCUDAKernelImpl", "void at::native::mul_scalar<c10::BFloat16>"
+NOT, EQ = "void at::native::bitwise_not_kernel", "void at::native::compare_eq<long>"
+
+
+def _griffin_norm() -> list[str]:
+    return [COPY, "void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",
+            "void at::native::add_scalar_kernel<float>", "void at::native::rsqrt_kernel_cuda", TO_F32, COPY,
+            "void at::native::add_scalar_kernel<float>", MUL_F, TO_BF16]
+
+
+def _griffin_mlp() -> list[str]:
+    return _griffin_norm() + [GEMM_BIAS, GELU, GEMM_BIAS, MUL, GEMM_BIAS, ADD]
+
+
+def _griffin_recurrent() -> list[str]:
+    gate, sigmoid = "nvjet_sm90_tst_64x8_64x16_1x1_h_badd_NNT", "void at::native::sigmoid_kernel_cuda"
+    conv = ["void at::native::CatArrayBatchedCopy<3>", MUL, "void at::native::reduce_kernel<sum>", ADD, EQ, DTOD]
+    rg_lru = [gate, sigmoid, DTOD, gate, sigmoid, MUL_SCALAR, "void at::native::softplus_kernel", MUL, EXP, MUL_SCALAR,
+              EXP, MUL, "void at::native::add_other<c10::BFloat16>", "void at::native::sqrt_kernel", NOT, MUL_NC,
+              "void at::native::add_kernel<c10::BFloat16, strided>", MUL, NOT, MUL_NC, COPY, MUL_F, COPY,
+              "void at::native::add_kernel<float>", TO_BF16, MUL]
+    return _griffin_norm() + [GEMM_BIAS, GELU, GEMM_BIAS] + conv + rg_lru + [GEMM_BIAS, ADD] + _griffin_mlp()
+
+
+def _griffin_attention() -> list[str]:
+    proj = ["nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"] + ["nvjet_sm90_tst_64x8_64x16_1x1_h_bz_TNT"] * 2
+    tables = [COPY, COPY, "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32>", "void at::native::CatArrayBatchedCopy_v",
+              "void at::native::cos_kernel", "void at::native::mul_scalar<float>", "void at::native::sin_kernel",
+              "void at::native::mul_scalar<float>", TO_BF16, TO_BF16]
+    neg, cat, catv = ("void at::native::neg_kernel<c10::BFloat16>", "void at::native::CatArrayBatchedCopy<4>",
+                      "void at::native::CatArrayBatchedCopy_vectorized<4>")
+    rotary = [MUL_NC, neg, cat, MUL_NC, ADD, MUL, neg, catv, MUL, ADD]
+    cache = [cat, catv] + ["void at::native::CatArrayBatchedCopy_vectorized<3>"] * 2
+    mask = ["void at::native::FillFunctor<c10::BFloat16>"] * 2 + ["void at::native::where_kernel<128, 4>"]
+    return (_griffin_norm() + proj + tables + rotary + cache + mask + ["fmha_cutlassF_bf16_aligned_64x64_rf_sm80",
+                                                                       GEMM_BIAS, ADD] + _griffin_mlp())
+
+
+def _griffin_prologue() -> list[str]:
+    arange, add, fill = ("void elementwise_kernel_with_index<arange_cuda_out>", "void at::native::add_self<long>",
+                         "void at::native::FillFunctor<bool>")
+    index, compare, both = ("void at::native::index_kernel<OpaqueType<1>>", "void at::native::compare<long>",
+                            "void at::native::bitwise_and<bool>")
+    return (["void at::native::indexSelectSmallIndex<c10::BFloat16>", "void at::native::unrolled_copy<long>", arange,
+             add, index, arange, arange, arange, add, arange, add, fill, fill, add, compare, both, compare, both, both,
+             "void at::native::direct_copy_kernel_cuda<long>", index, both, MUL_NC])  # the embedding's scale last
+
+
+def _griffin_tail() -> list[str]:
+    # the final norm, the lm_head and its logit soft-cap (tanh), then generate's bookkeeping
+    arange, fill = "void elementwise_kernel_with_index<arange_cuda_out>", "void at::native::FillFunctor<bool>"
+    return (_griffin_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT", "void at::native::div_scalar",
+                               "void at::native::tanh_kernel_cuda", MUL_SCALAR, arange, "void at::native::add<long>",
+                               "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>", COPY, arange, fill,
+                               "void at::native::reduce_kernel<or>", DTOD, DTOD, "void at::native::where_kernel<128, 2>",
+                               "void at::native::reduce_kernel<ArgMaxOps<float>>", "void at::native::mul<long>", fill,
+                               DTOD, DTOD, NOT, "void at::native::reduce_kernel<max>", EQ,
+                               "Memcpy DtoH (Device -> Pinned)", DTOD])
+
+
+@pytest.mark.parametrize("pattern", ["RRARRA", "RRARRARRA", "ARRARR", "RARRAR"])
+def test_recurrent_blocks_count_a_griffin_stack_whose_attention_layer_is_last(pattern):
+    # RecurrentGemma's 6 layers (RRA RRA: the last layer attends), deeper, and the attention layers shifted to the
+    # front. The RG-LRU kernels count the recurrent layers; the attention's (its mask's, its rotary tables') run in
+    # some of their blocks and, first or last, outside them, among the input norms.
+    stack = ["attention" if kind == "A" else "recurrent" for kind in pattern]
+    layers = [_griffin_attention() if kind == "attention" else _griffin_recurrent() for kind in stack]
+    _assert_read_right([(_griffin_prologue(), layers, _griffin_tail())] * 2, stack)
+

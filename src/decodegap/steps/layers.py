@@ -29,8 +29,9 @@ So layers are read from counts, not from a repeating sequence:
   among the layers' input norms (after the first run of the norm, before the final one: a lone attention layer
   first or last, whose kernels may follow its rotary and cache copies); not where what runs only beside them holds
   an MLP activation (a Mamba mixer's gated norm in MoE layers' blocks: a part would pass for a layer on it); the
-  last block runs on to the final norm, since a last layer of the other kind may run a longer expert loop than any
-  (_mixed);
+  last block runs on to the final norm, since a last layer of the other kind may run a longer expert loop than any;
+  a split may start from a count that is no partition only for the lone layers it leaves out at an end (2 of 3
+  attention layers in its blocks, the last after them: their own kernels run in 2 blocks and once outside) (_mixed);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
@@ -38,7 +39,9 @@ So layers are read from counts, not from a repeating sequence:
   begins like layer 0's head after a residual add (_aligned, _seam);
 - the last layer ends where the once-per-forward tail begins: at the final norm, which runs per-layer norm kernels
   once more than a layer does (so the lm_head and a loss are no layer's, however long the longest layer is), or,
-  with layers of several kinds, at the last run of what every layer begins with before its first projection;
+  with layers of several kinds, at the last run of what every layer begins with before its first projection; at
+  that run's first kernel where the name that runs once more is a later one of its (the norm's cast runs more often
+  in one kind of layer);
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
   the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
   layers: a lone full-attention layer's own cache copy) are one kind; one line per kind. A last layer shorter than
@@ -142,6 +145,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     act = [n for n in distinct if names and ACTIVATION.search(names[n])]
     act_at = np.flatnonzero(isin(ids, np.array(act, dtype=np.int64)))  # every MLP activation's run
     candidates: list[_Blocks] = []
+    open_ended: list[_Blocks] = []
     for c, group in by_count.items():
         if len(group) < MIN_BACKERS or c * 2 > len(seq):
             continue
@@ -151,12 +155,14 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
         # (a mask copied once before the layers and once in each MoE layer, as often as the attention kernel runs).
         proposed = [_partition(backers, positions, len(ids), gemm, gemm_at)
                     for backers in _apart(_interleaved(group, positions))]
-        valid = [b for b in proposed if b.valid]
+        valid = [b for b in proposed if b.valid] or [b for b in proposed if b.open_ended]
         if valid:
-            candidates.append(max(valid, key=lambda b: (len(b.backers), b.common)))
+            (candidates if valid[0].valid else open_ended).append(max(valid, key=lambda b: (len(b.backers), b.common)))
     if not candidates:
         return NO_LAYERS
-    partitions = list(candidates)  # every valid one: a hybrid's mixer split may start from any (_mixed)
+    # Every valid one, and those that leave a layer out (a lone attention layer after the last Mamba one): a hybrid's
+    # mixer split may start from any (_mixed).
+    partitions = candidates + open_ended
     # A count that leaves a layer out is no partition: the MoE layers' own count leaves the dense ones before them.
     candidates = [b for b in candidates if not _leaves_out_first(b, candidates)]
     # A finer count explaining clearly fewer kernels than a coarser one is a loop inside the layers (an eager MoE
@@ -197,7 +203,8 @@ def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.nda
     outside = sum(len(positions[n]) - r >= k for n, (k, r) in fixed.items())
     # No partition: the runs outside the blocks are a layer the cut left out; or a layer would run no more than the
     # one kernel that counted it (one name alone is no layer).
-    valid = outside <= OUTSIDE_NAMES * len(fixed) and sum(m == c for _, m, _, _ in periodic.values()) >= MIN_BACKERS + 1
+    left_out = outside > OUTSIDE_NAMES * len(fixed)
+    valid = sum(m == c for _, m, _, _ in periodic.values()) >= MIN_BACKERS + 1
     # Nor when a block runs no matrix product: every layer projects (a norm and a residual add between two norms are
     # a quarter of a layer, not one).
     if len(gemm_at) and valid:
@@ -205,8 +212,8 @@ def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.nda
     # GEMMs run in most blocks of any partition (each part of a layer projects), so they show no work in common: the
     # blocks between a layer's norms share their projections' GEMM kernel when a compiler or cuBLAS picks one tile.
     return _Blocks(c, cuts, bounds, backers, periodic, sum(r for *_, r in periodic.values()),
-                   sum(r for n, (_, m, _, r) in periodic.items() if m == c and n not in gemm), valid,
-                   sum(r for n, (*_, r) in periodic.items() if n not in gemm), mixers)
+                   sum(r for n, (_, m, _, r) in periodic.items() if m == c and n not in gemm), valid and not left_out,
+                   sum(r for n, (*_, r) in periodic.items() if n not in gemm), mixers, valid and left_out)
 
 
 @dataclass(frozen=True)
@@ -222,6 +229,7 @@ class _Blocks:
     valid: bool = True  # a layer partition at all (_partition)
     beside_gemm: int = 0  # the explained kernels but GEMMs'
     mixers: tuple[int, ...] = ()  # names that cut the layers of a second kind between the backers' (_mixed)
+    open_ended: bool = False  # a partition but for the layers it leaves out (of another kind, at an end: _mixed)
 
 
 def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int, tuple[int, int, int, int]]:
@@ -495,7 +503,10 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     end = min(max(last + 1, int(starts[-1]) + typical), len(ids))
     tail = _tail_start(blocks, positions, int(starts[-1]))
     # Layers of several kinds leave no name that tells: the final norm does, however long the last layer's loop ran.
-    final = (tail if tail < end else 0) if tail else _final_norm(ids, starts, positions, last, names)
+    norm_at, norm_end = _final_norm(ids, starts, positions, last, names)
+    final = (tail if tail < end else 0) if tail else norm_at
+    if norm_at < final < norm_end:  # the name that ran once more is a later kernel of the final norm's: it begins it
+        final = norm_at
     end = final or end
     ends = np.append(starts[1:], max(end, last + 1))
     kinds, kind_of = _kinds(ids, starts, ends, positions, names, whole_last=bool(final))
@@ -575,11 +586,11 @@ def _common_suffix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def _final_norm(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.ndarray], last: int,
-                names: list[str] | None) -> int:
-    """Where the final norm begins when no name tells (layers of several kinds run each name a different number of
-    times): at the last run, after the last layer kernel, of what every layer begins with before its first matrix
-    product (its input norm's kernels, which the final norm runs too, before the lm_head); 0 when that is fewer than
-    two kernels or runs nowhere there."""
+                names: list[str] | None) -> tuple[int, int]:
+    """Where the final norm begins and ends (its last kernel's next position) when no name tells (layers of several
+    kinds run each name a different number of times): at the last run, after the last layer kernel, of what every
+    layer begins with before its first matrix product (its input norm's kernels, which the final norm runs too,
+    before the lm_head); (0, 0) when that is fewer than two kernels or runs nowhere there."""
     at, seq = _per_layer_runs(ids, positions)
     cut = np.searchsorted(at, starts)
     heads = [seq[a:b] for a, b in zip(cut.tolist(), cut[1:].tolist() + [len(seq)], strict=True)]
@@ -588,11 +599,11 @@ def _final_norm(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.nda
     norm = norm[:projects[0]] if projects else norm
     common = len(norm)
     if common < 2:
-        return 0
+        return 0, 0
     for i in range(len(seq) - common, int(cut[-1]), -1):
         if at[i] > last and np.array_equal(seq[i:i + common], norm):
-            return int(at[i])
-    return 0
+            return int(at[i]), int(at[i + common - 1]) + 1
+    return 0, 0
 
 
 def _tail_start(blocks: _Blocks, positions: dict[int, np.ndarray], last_start: int) -> int:
