@@ -642,3 +642,27 @@ def test_recurrent_blocks_count_a_griffin_stack_whose_attention_layer_is_last(pa
     layers = [_griffin_attention() if kind == "attention" else _griffin_recurrent() for kind in stack]
     _assert_read_right([(_griffin_prologue(), layers, _griffin_tail())] * 2, stack)
 
+
+# Zamba2 as its decode forward runs in a hand-written loop (the H100 holdout trace, kernel for kernel): Mamba-2 layers
+# without an MLP; every third also runs, before its Mamba mixer, a shared transformer block on the hidden state and
+# the embeddings (their concat, attention, a GeLU MLP with LoRA adapters, a projection added back).
+def _zamba2_shared_block() -> list[str]:
+    cat, gemm_nc = "void at::native::CatArrayBatchedCopy_vectorized<3>", "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"
+    attention = _rms_norm() + [gemm_nc] * 3 + [cat, cat, "void pytorch_flash::flash_fwd_kernel", gemm_nc]
+    mlp = _rms_norm() + [gemm_nc] * 3 + [ADD, "void at::native::GeluCUDAKernelImpl<nocast>", MUL, gemm_nc]
+    return [cat] + attention + mlp + [gemm_nc, ADD]
+
+
+@pytest.mark.parametrize("pattern", ["MMHMMH", "MMHMMHMMH", "HMMHMM", "MHMMHM"])
+def test_a_shared_block_some_mamba_layers_run_is_part_of_those_layers(pattern):
+    # Zamba2's 6 layers (the shared block in layers 2 and 5), deeper, and shifted to the front. The attention and the
+    # GeLU run in some of the Mamba kernels' blocks and nowhere else: a block with an MLP of its own inside those
+    # layers, not layers of their own (a Mamba layer runs no MLP: split there, a part's only activation would be its
+    # Mamba gated norm's); a hybrid layer begins at the shared block, after the layer before's residual add.
+    stack = ["hybrid" if kind == "H" else "mamba" for kind in pattern]
+    layers = [(_zamba2_shared_block() if kind == "hybrid" else []) + _rms_norm() + _mamba2_mixer() for kind in stack]
+    prologue = ["void at::native::indexSelectSmallIndex<c10::BFloat16>", DTOD,
+                "void elementwise_kernel_with_index<arange_cuda_out>", "void at::native::add_self<long>"]
+    tail = _rms_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT",
+                          "void at::native::reduce_kernel<ArgMaxOps<float>>"]
+    _assert_read_right([(prologue, layers, tail)] * 2, stack)

@@ -27,8 +27,9 @@ So layers are read from counts, not from a repeating sequence:
   names that run in some blocks of a partition and nowhere else split those blocks at each run where each part runs
   an MLP activation and a matrix product, and add a block where they run before the first block or after the last
   among the layers' input norms (after the first run of the norm, before the final one: a lone attention layer
-  first or last, whose kernels may follow its rotary and cache copies); not where what runs only beside them holds
-  an MLP activation (a Mamba mixer's gated norm in MoE layers' blocks: a part would pass for a layer on it); the
+  first or last, whose kernels may follow its rotary and cache copies); where what runs only beside them holds an
+  MLP activation, they are part of the blocks' layers instead (a shared attention + MLP block in some Mamba layers,
+  a Mamba mixer's gated norm in the blocks MoE routers cut: a part would pass for a layer on it); the
   last block runs on to the final norm, since a last layer of the other kind may run a longer expert loop than any;
   a split may start from a count that is no partition only for the lone layers it leaves out at an end (2 of 3
   attention layers in its blocks, the last after them: their own kernels run in 2 blocks and once outside) (_mixed);
@@ -36,12 +37,14 @@ So layers are read from counts, not from a repeating sequence:
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
   full-attention layer among linear-attention ones) begins where a known tail ends, or else at the last place that
-  begins like layer 0's head after a residual add (_aligned, _seam);
+  begins like layer 0's head after a residual add; what runs between a known tail and the head, an input norm among
+  it, begins the next layer (a shared block it runs before its mixer) (_aligned, _seam);
 - the last layer ends where the once-per-forward tail begins: at the final norm, which runs per-layer norm kernels
   once more than a layer does (so the lm_head and a loss are no layer's, however long the longest layer is), or,
   with layers of several kinds, at the last run of what every layer begins with before its first projection; at
   that run's first kernel where the name that runs once more is a later one of its (the norm's cast runs more often
-  in one kind of layer);
+  in one kind of layer); where the layers begin unlike (a shared block before some), as far as the longest earlier
+  layer it begins like ran;
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
   the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
   layers: a lone full-attention layer's own cache copy) are one kind; one line per kind. A last layer shorter than
@@ -177,7 +180,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     lone = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts == 1)
             if independent(int(n)) and int(n) not in matmul}
     best = _mixed(best, partitions, ids, positions, lone, gemm, gemm_at, act_at, set(act))
-    return _layers(best, ids, positions, names)
+    return _layers(best, ids, positions, names, gemm)
 
 
 def _partition(backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
@@ -344,11 +347,12 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
         for mixers, extra, own in _inside_some_blocks(coarse, runs, gemm, *per_layer):
             if act & own:
                 # An MLP activation among what runs only beside the other mixer (a Mamba mixer's gated norm among
-                # MoE layers) makes that mixer part of the coarse blocks' layers, not layers of its own: its parts
-                # would pass for layers on that activation.
-                continue
-            cuts = np.sort(np.concatenate((coarse.cuts, extra)))
-            split = _blocks_at(cuts, coarse.backers, positions, len(ids), gemm, gemm_at, mixers, per_layer)
+                # MoE layers, a shared attention + MLP block in some Mamba layers) makes that mixer part of the
+                # coarse blocks' layers, not layers of its own: its parts would pass for layers on that activation.
+                split = coarse
+            else:
+                cuts = np.sort(np.concatenate((coarse.cuts, extra)))
+                split = _blocks_at(cuts, coarse.backers, positions, len(ids), gemm, gemm_at, mixers, per_layer)
             if ((split.count > best.count or not whole) and split.valid and _share_running(split.bounds, act_at) == 1
                     and split.common >= FINER_COMMON * split.beside_gemm):
                 splits.append(split)
@@ -477,7 +481,8 @@ def _own_work_share(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set
     return float(own.mean())
 
 
-def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None) -> Layers:
+def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None,
+            gemm: set[int]) -> Layers:
     c = blocks.count
     # Layer j begins at the earliest first-in-layer-j occurrence of any per-layer name.
     # Layer j begins where the first of its kernels runs: a name with b of its k runs per layer before the first
@@ -492,7 +497,7 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
             runs = p[bucket == j]
             if len(runs) >= b:
                 starts[j] = min(starts[j], int(runs[len(runs) - b]))
-    starts = _aligned(blocks, ids, positions, starts)
+    starts = _aligned(blocks, ids, positions, starts, gemm)
     last = int(max(int(positions[n][-1]) for n in blocks.backers))
     if blocks.mixers:
         last = max(last, int(np.flatnonzero(isin(ids, np.array(blocks.mixers)))[-1]))
@@ -504,7 +509,7 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     tail = _tail_start(blocks, positions, int(starts[-1]))
     # Layers of several kinds leave no name that tells: the final norm does, however long the last layer's loop ran.
     norm_at, norm_end = _final_norm(ids, starts, positions, last, names)
-    final = (tail if tail < end else 0) if tail else norm_at
+    final = (tail if tail < end else 0) if tail else norm_at or _as_long_as_its_kind(ids, starts, positions)
     if norm_at < final < norm_end:  # the name that ran once more is a later kernel of the final norm's: it begins it
         final = norm_at
     end = final or end
@@ -521,7 +526,8 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
                   tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers), int(ends[-1]))
 
 
-def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], starts: np.ndarray) -> np.ndarray:
+def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], starts: np.ndarray,
+             gemm: set[int]) -> np.ndarray:
     """Layer starts where layers of one kind run one sequence. Between two cuts run the end of one layer (its tail,
     from its cut) and the start of the next (its head, up to its cut). Layer 0's head ends the stretch before the
     first cut, after the glue: a later layer whose block ends the same way has that head, and the rest of its block
@@ -539,10 +545,16 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
         return starts  # nothing ends like layer 0's head, or less than its counted kernels
     out = starts.copy()
     out[0] = at[cut[0] - head]
+    norm = _input_norm(lead[len(lead) - head:], gemm)
     tails = [b[:len(b) - head] for b, h in zip(between, ends_like_lead, strict=True) if h >= head]
     for j, b in enumerate(between):
         if ends_like_lead[j] >= head:
             split = len(b) - head
+            # Work between a known tail and the head that runs an input norm of its own is a block the next layer
+            # runs before its mixer (a shared attention + MLP block), not the previous layer's (an MoE tail after
+            # a dense one, its router, runs none).
+            split = max((len(t) for t in tails if len(t) < split and np.array_equal(b[:len(t)], t)
+                         and len(_runs_of(norm, b[len(t):split]))), default=split)
         else:  # another kind of head: the previous layer ends where a known tail does
             split = max((len(t) for t in tails if len(t) < len(b) and np.array_equal(b[:len(t)], t)), default=0)
             split = split or _seam(b, lead[len(lead) - head:], tails)
@@ -604,6 +616,23 @@ def _final_norm(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.nda
         if at[i] > last and np.array_equal(seq[i:i + common], norm):
             return int(at[i]), int(at[i + common - 1]) + 1
     return 0, 0
+
+
+def _as_long_as_its_kind(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.ndarray]) -> int:
+    """Where the last layer ends when not every layer begins alike (a shared block before some layers' norm): where
+    the per-layer kernels of the longest earlier layer it begins with end, and as far past them as that layer ran
+    (to the next per-layer kernel where that one ran more: an expert loop); 0 when it begins like no earlier
+    layer."""
+    at, seq = _per_layer_runs(ids, positions)
+    cut = np.searchsorted(at, starts).tolist()
+    last = seq[cut[-1]:]
+    alike = [j for j in range(len(cut) - 1) if 0 < cut[j + 1] - cut[j] <= len(last)
+             and np.array_equal(last[:cut[j + 1] - cut[j]], seq[cut[j]:cut[j + 1]])]
+    j = max(alike, key=lambda j: cut[j + 1] - cut[j], default=None)
+    if j is None or cut[j + 1] - cut[j] == len(last):
+        return 0  # like none, or no per-layer kernel follows (no final norm of per-layer names to tell)
+    ran = cut[-1] + cut[j + 1] - cut[j]  # the first per-layer kernel past it
+    return int(at[ran]) if starts[j + 1] > at[cut[j + 1] - 1] + 1 else int(at[ran - 1]) + 1
 
 
 def _tail_start(blocks: _Blocks, positions: dict[int, np.ndarray], last_start: int) -> int:
