@@ -666,3 +666,90 @@ def test_a_shared_block_some_mamba_layers_run_is_part_of_those_layers(pattern):
     tail = _rms_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT",
                           "void at::native::reduce_kernel<ArgMaxOps<float>>"]
     _assert_read_right([(prologue, layers, tail)] * 2, stack)
+
+
+# dots.llm1 as its beam-search decode forward runs (the H100 holdout trace, kernel for kernel): a dense first layer,
+# then MoE layers with a grouped-GEMM expert block (sigmoid router, top-k, a histogram and scan for the groups) and a
+# shared expert, q/k norms; beam search's bookkeeping after the lm_head runs several of the routing kernels again.
+TOPK, SCATTER, DIV_FLOOR = ("void at::native::sbtopk::gatherTopK<float, 2>", "void at::native::scatter_gather<4, long>",
+                            "void at::native::div_floor_kernel<long>")
+FILL_F, COPY_LONG, ROUTE_COPY = ("void at::native::FillFunctor<float>", "void at::native::direct_copy_kernel_cuda<long>",
+                                 "void at::native::unrolled_copy<long>")  # the last: as often as a forward's beams
+ADD_F, MUL_AF, ARANGE = ("void at::native::add_kernel<float, strided>", "void at::native::mul_scalar<float>",
+                         "void elementwise_kernel_with_index<arange_cuda_out>")
+MASKED, GROUPED = ("void at::native::masked_fill_kernel<nocast>",
+                   "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13Grouped")
+
+
+def _dots1_attention() -> list[str]:
+    rotary = [MUL, "void at::native::neg_kernel<c10::BFloat16>", "void at::native::CatArrayBatchedCopy<4>", MUL, ADD]
+    return (_rms_norm() + [GEMM] + _rms_norm() + [GEMM] + _rms_norm() + [GEMM] + rotary + rotary
+            + ["void at::native::CatArrayBatchedCopy_vectorized<3>"] * 2 + ["void pytorch_flash::flash_fwd_kernel", GEMM,
+                                                                            ADD])
+
+
+def _dots1_dense() -> list[str]:
+    return _dots1_attention() + _rms_norm() + [GEMM, SILU, GEMM, "void at::native::mul_kernel<c10::BFloat16, 8>", GEMM,
+                                               ADD]
+
+
+def _dots1_moe(beams: int) -> list[str]:
+    prepare = "void at::cuda::detail::prepare_grouped_gemm_data<cutlass::bfloat16_t>"
+    router = [COPY, COPY, "void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64>", "void cublasLt::splitKreduce_kernel",
+              "void at::native::sigmoid_kernel_cuda", ADD_F, TOPK, "void at::native::bitonicSortKVInPlace<float>",
+              "void at::native::reduce_kernel<512, sum<float>>", TOPK, FILL_F, "void at::native::scatter_fill<4, long>"]
+    route = ([ROUTE_COPY] * beams + [NOT, DTOD, "void at::native::masked_fill_kernel", TOPK, SCATTER, MUL_AF, DTOD,
+                                     ARANGE, DTOD, DTOD, "void at::native::bitonicSortKVInPlace<long>", DIV_FLOOR,
+                                     "void at::native::vectorized_gather_kernel<16, long>",
+                                     "void at::native::index_kernel<OpaqueType<4>>", COPY_LONG,
+                                     "void at::native::FillFunctor<int>", "void at::cuda::kernelHistogram1D<int>",
+                                     "void cub::DeviceScanInitKernel", "void cub::DeviceScanKernel",
+                                     "void at::native::compare_scalar_kernel<long>", "void at::native::clamp_scalar<long>"])
+    experts = [MASKED, prepare, GROUPED, DTOD, MASKED, "void at::native::silu_kernel<c10::BFloat16>", MUL, prepare,
+               GROUPED, DTOD, MASKED, TO_F32, ARANGE, "void at::native::index_put_kernel<OpaqueType<8>>",
+               "void at::native::vectorized_gather_kernel<16, long>", "void at::native::reduce_kernel<128, sum<float>>"]
+    shared = [TO_BF16, GEMM, SILU, GEMM, "void at::native::mul_kernel<c10::BFloat16, 8>", GEMM, ADD, ADD]
+    return _dots1_attention() + _rms_norm() + router + route + experts + shared
+
+
+def _beam_search_tail() -> list[str]:
+    # the final norm, the lm_head, then beam search: log-softmax, top-k over the beams, their indices and scores
+    topk, sort = "void at::native::sbtopk::gatherTopK<float, 1>", "void at::native::bitonicSortKVInPlace<-2, float>"
+    rem, rem_v, scatter8 = ("void at::native::remainder_kernel<long, nocast>", "void at::native::remainder_kernel<long>",
+                            "void at::native::scatter_gather<8, long>")
+    add_long, fill_bool, and_bool, all_ = ("void at::native::add<long>", "void at::native::FillFunctor<bool>",
+                                           "void at::native::bitwise_and<bool>", "void at::native::reduce_kernel<and>")
+    add3, step = "void at::native::add_kernel<float>", [topk, sort, rem, scatter8, rem_v, SCATTER, rem, SCATTER, rem_v]
+    return (_rms_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT", ARANGE, add_long,
+                           "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>",
+                           "void at::native::FillFunctor<long>",
+                           "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>", COPY,
+                           "void at::native::cunn_SoftMaxForwardReg<LogSoftMax>", ADD_F, topk, sort, DIV_FLOOR, rem,
+                           SCATTER, rem, scatter8, rem_v, ARANGE, "void at::native::mul<long>", add_long, COPY_LONG,
+                           fill_bool, fill_bool, "void at::native::bitwise_or<bool>", COPY, MUL_AF, add3]
+            + step[:5] + [SCATTER, rem, SCATTER, and_bool, "void at::native::mul_scalar<float, b>", all_,
+                          "void at::native::and_scalar<bool>", COPY, MUL_AF, ADD_F, NOT, COPY, MUL_AF, ADD_F, NOT, MUL_AF,
+                          add3, "void at::native::CatArrayBatchedCopy_vectorized<8u>"] + step
+            + ["void at::native::indexSelectSmallIndex<c10::BFloat16, int>"] * 8
+            + ["void at::native::mul_scalar<float, b>", "void at::native::reduce_kernel<MinOps<float>>", FILL_F,
+               "void at::native::where_kernel", "void at::native::compare<float>", "void at::native::reduce_kernel<or>",
+               and_bool, DTOD, all_, "void at::native::and_scalar<bool>", NOT, all_, NOT, and_bool, and_bool,
+               "Memcpy DtoH (Device -> Pinned)"])
+
+
+@pytest.mark.parametrize("moe", [3, 5])
+def test_layers_that_begin_alike_and_end_unlike_begin_at_their_norm(moe):
+    # dots.llm1's 4 layers (1 dense, 3 MoE; and 5 MoE): the kernels that count them (the MLP's gate * up, dense or
+    # shared expert; the MoE routing's fill, floor division and copy, which beam search runs once more after the
+    # lm_head) run late in each layer, where a dense layer and an MoE layer differ: the layers begin alike (norm,
+    # attention), each at its input norm; the last one ends at the final norm, not at the routing kernels' run in
+    # beam search's bookkeeping. Two forwards with a different number of beam copies.
+    def forward(beams):
+        prologue = (["void at::native::indexSelectSmallIndex<c10::BFloat16>"] + [ROUTE_COPY] * beams
+                    + ["void at::native::reduce_kernel<long, sum>", "void at::native::compare_eq<long>",
+                       "Memcpy DtoH (Device -> Pinned)", COPY, COPY, "void gemmk1_kernel<float>",
+                       "void at::native::CatArrayBatchedCopy_vectorized<4u>", "void at::native::cos_kernel", MUL_AF,
+                       "void at::native::sin_kernel", MUL_AF, TO_BF16, TO_BF16])
+        return prologue, [_dots1_dense()] + [_dots1_moe(beams) for _ in range(moe)], _beam_search_tail()
+
+    _assert_read_right([forward(1), forward(2)], ["dense"] + ["moe"] * moe)

@@ -38,13 +38,18 @@ So layers are read from counts, not from a repeating sequence:
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
   full-attention layer among linear-attention ones) begins where a known tail ends, or else at the last place that
   begins like layer 0's head after a residual add; what runs between a known tail and the head, an input norm among
-  it, begins the next layer (a shared block it runs before its mixer) (_aligned, _seam);
+  it, begins the next layer (a shared block it runs before its mixer); where no block ends like that stretch (cuts
+  late in layers whose kinds differ there: a dense MLP, an MoE layer's experts), the longest run the stretch and a
+  block have in common begins the layers, where it begins at one place in the stretch for most blocks (their norm
+  and attention; the glue before the layers and the tail of the layer before differ) (_aligned, _seam,
+  _begun_alike);
 - the last layer ends where the once-per-forward tail begins: at the final norm, which runs per-layer norm kernels
   once more than a layer does (so the lm_head and a loss are no layer's, however long the longest layer is), or,
   with layers of several kinds, at the last run of what every layer begins with before its first projection; at
   that run's first kernel where the name that runs once more is a later one of its (the norm's cast runs more often
   in one kind of layer); where the layers begin unlike (a shared block before some), as far as the longest earlier
-  layer it begins like ran;
+  layer it begins like ran; a name that counted the layers and runs again from the final norm on (MoE routing
+  kernels in beam search's bookkeeping) does not carry the last layer past it where the norm's kernels run there;
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
   the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
   layers: a lone full-attention layer's own cache copy) are one kind; one line per kind. A last layer shorter than
@@ -498,21 +503,20 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
             if len(runs) >= b:
                 starts[j] = min(starts[j], int(runs[len(runs) - b]))
     starts = _aligned(blocks, ids, positions, starts, gemm)
-    last = int(max(int(positions[n][-1]) for n in blocks.backers))
+    counted = [positions[n] for n in blocks.backers]
     if blocks.mixers:
-        last = max(last, int(np.flatnonzero(isin(ids, np.array(blocks.mixers)))[-1]))
-    period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
-    # The last layer runs as long as the longest one: its work after the last per-layer kernel (the MoE block after the
-    # norm that counted it) is still the layer's, not the once-per-forward tail.
-    typical = int(np.diff(starts).max()) if c > 1 else last + 1 - int(starts[0])
-    end = min(max(last + 1, int(starts[-1]) + typical), len(ids))
+        counted.append(np.flatnonzero(isin(ids, np.array(blocks.mixers))))
     tail = _tail_start(blocks, positions, int(starts[-1]))
-    # Layers of several kinds leave no name that tells: the final norm does, however long the last layer's loop ran.
-    norm_at, norm_end = _final_norm(ids, starts, positions, last, names)
-    final = (tail if tail < end else 0) if tail else norm_at or _as_long_as_its_kind(ids, starts, positions)
-    if norm_at < final < norm_end:  # the name that ran once more is a later kernel of the final norm's: it begins it
-        final = norm_at
-    end = final or end
+    # A name that counted the layers may run again in the once-per-forward tail (MoE routing kernels in beam search's
+    # bookkeeping: its run falls in the last block): the last layer ends at the final norm all the same.
+    latest = max(int(p[-1]) for p in counted)
+    before = max(int(p[p < tail][-1]) if (p < tail).any() else -1 for p in counted) if tail else latest
+    final = 0
+    if before < latest:  # only where the final norm's kernels run there
+        final, end, last = _last_end(ids, starts, positions, names, tail, before, in_norm=True)
+    if not final:
+        final, end, last = _last_end(ids, starts, positions, names, tail, latest)
+    period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
     ends = np.append(starts[1:], max(end, last + 1))
     kinds, kind_of = _kinds(ids, starts, ends, positions, names, whole_last=bool(final))
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
@@ -524,6 +528,26 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
         evidence += "; " + describe_kinds(kinds)
     return Layers(c, evidence, period, int(starts[0]), last, kinds, tuple(int(s) for s in starts),
                   tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers), int(ends[-1]))
+
+
+def _last_end(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None,
+              tail: int, last: int, in_norm: bool = False) -> tuple[int, int, int]:
+    """Where the last layer ends, given its last counted kernel `last`: the final norm (found by `tail`, the first
+    name to run once more, or by the norm's kernels; `in_norm`: only where `tail` runs among those) or 0, else where
+    it runs as long as the longest layer; and `last`."""
+    # The last layer runs as long as the longest one: its work after the last per-layer kernel (the MoE block after the
+    # norm that counted it) is still the layer's, not the once-per-forward tail.
+    typical = int(np.diff(starts).max()) if len(starts) > 1 else last + 1 - int(starts[0])
+    end = min(max(last + 1, int(starts[-1]) + typical), len(ids))
+    # Layers of several kinds leave no name that tells: the final norm does, however long the last layer's loop ran.
+    norm_at, norm_end = _final_norm(ids, starts, positions, last, names)
+    if tail:  # past a typical layer it is the final norm only where the norm's kernels run there
+        final = tail if (tail < end and not in_norm) or norm_at <= tail < norm_end else 0
+    else:
+        final = norm_at or _as_long_as_its_kind(ids, starts, positions)
+    if norm_at < final < norm_end:  # the name that ran once more is a later kernel of the final norm's: it begins it
+        final = norm_at
+    return final, final or end, last
 
 
 def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], starts: np.ndarray,
@@ -542,7 +566,9 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
     ends_like_lead = [_common_suffix(lead, b[1:]) for b in between]  # b[0] is the cut, layer j's own
     head = max(ends_like_lead, default=0)
     if head == 0 or head < cut[0] - int(np.searchsorted(at, starts[0])):
-        return starts  # nothing ends like layer 0's head, or less than its counted kernels
+        # Nothing ends like layer 0's head, or less than its counted kernels: the cut may run late in the layers and
+        # their kinds differ before it (a dense MLP, then MoE layers' experts); they may still begin alike.
+        return _begun_alike(lead, between, at, cut, starts)
     out = starts.copy()
     out[0] = at[cut[0] - head]
     norm = _input_norm(lead[len(lead) - head:], gemm)
@@ -561,6 +587,25 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
             if not split:
                 continue
         out[j + 1] = at[cut[j] + split]
+    return out
+
+
+def _begun_alike(lead: np.ndarray, between: list[np.ndarray], at: np.ndarray, cut: np.ndarray,
+                 starts: np.ndarray) -> np.ndarray:
+    """Layer starts where the layers begin alike though they end unlike before the cuts (their input norm and
+    attention, then a dense MLP or an MoE layer's experts): the longest run that the stretch before the first cut
+    and a block have in common begins the layer in each, where it begins at the same place in that stretch for
+    most blocks (the glue before the layers and the tail of the layer before differ); `starts` where none does."""
+    matches = [SequenceMatcher(None, lead.tolist(), b.tolist(), autojunk=False).find_longest_match(
+        0, len(lead), 1, len(b)) for b in between]  # b[0] is the cut, the layer before's own
+    first = Counter(m.a for m in matches if m.size > 1).most_common(1)
+    if not first:
+        return starts
+    out = starts.copy()
+    out[0] = at[first[0][0]]
+    for j, m in enumerate(matches):
+        if m.a == first[0][0] and m.size > 1:
+            out[j + 1] = at[cut[j] + m.b]
     return out
 
 
