@@ -550,7 +550,8 @@ def _generate_tail(varies: int) -> list[str]:
     # the final norm, the lm_head, then generate's own bookkeeping (stopping criteria, cache positions, argmax)
     arange, fill = "void elementwise_kernel_with_index<arange_cuda_out>", "void at::native::FillFunctor<bool>"
     return (_rms_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT", arange, "void at::native::add<long>",
-                           "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>", "void at::native::FillFunctor<long>",
+                           "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>",
+                           "void at::native::FillFunctor<long>",
                            COPY, arange, fill, "void at::native::compare<long>", "void at::native::reduce_kernel<or>",
                            DTOD, DTOD, "void at::native::FillFunctor<float>", "void at::native::where_kernel", DTOD,
                            "void at::native::reduce_kernel<ArgMaxOps<float>>", "void at::native::mul<long>", fill, fill,
@@ -599,7 +600,8 @@ def _griffin_recurrent() -> list[str]:
 
 def _griffin_attention() -> list[str]:
     proj = ["nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"] + ["nvjet_sm90_tst_64x8_64x16_1x1_h_bz_TNT"] * 2
-    tables = [COPY, COPY, "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32>", "void at::native::CatArrayBatchedCopy_v",
+    tables = [COPY, COPY, "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32>",
+              "void at::native::CatArrayBatchedCopy_v",
               "void at::native::cos_kernel", "void at::native::mul_scalar<float>", "void at::native::sin_kernel",
               "void at::native::mul_scalar<float>", TO_BF16, TO_BF16]
     neg, cat, catv = ("void at::native::neg_kernel<c10::BFloat16>", "void at::native::CatArrayBatchedCopy<4>",
@@ -627,7 +629,8 @@ def _griffin_tail() -> list[str]:
     return (_griffin_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT", "void at::native::div_scalar",
                                "void at::native::tanh_kernel_cuda", MUL_SCALAR, arange, "void at::native::add<long>",
                                "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>", COPY, arange, fill,
-                               "void at::native::reduce_kernel<or>", DTOD, DTOD, "void at::native::where_kernel<128, 2>",
+                               "void at::native::reduce_kernel<or>", DTOD, DTOD,
+                               "void at::native::where_kernel<128, 2>",
                                "void at::native::reduce_kernel<ArgMaxOps<float>>", "void at::native::mul<long>", fill,
                                DTOD, DTOD, NOT, "void at::native::reduce_kernel<max>", EQ,
                                "Memcpy DtoH (Device -> Pinned)", DTOD])
@@ -673,8 +676,8 @@ def test_a_shared_block_some_mamba_layers_run_is_part_of_those_layers(pattern):
 # shared expert, q/k norms; beam search's bookkeeping after the lm_head runs several of the routing kernels again.
 TOPK, SCATTER, DIV_FLOOR = ("void at::native::sbtopk::gatherTopK<float, 2>", "void at::native::scatter_gather<4, long>",
                             "void at::native::div_floor_kernel<long>")
-FILL_F, COPY_LONG, ROUTE_COPY = ("void at::native::FillFunctor<float>", "void at::native::direct_copy_kernel_cuda<long>",
-                                 "void at::native::unrolled_copy<long>")  # the last: as often as a forward's beams
+FILL_F, COPY_LONG = "void at::native::FillFunctor<float>", "void at::native::direct_copy_kernel_cuda<long>"
+ROUTE_COPY = "void at::native::unrolled_copy<long>"  # as often as a forward's beams
 ADD_F, MUL_AF, ARANGE = ("void at::native::add_kernel<float, strided>", "void at::native::mul_scalar<float>",
                          "void elementwise_kernel_with_index<arange_cuda_out>")
 MASKED, GROUPED = ("void at::native::masked_fill_kernel<nocast>",
@@ -683,9 +686,9 @@ MASKED, GROUPED = ("void at::native::masked_fill_kernel<nocast>",
 
 def _dots1_attention() -> list[str]:
     rotary = [MUL, "void at::native::neg_kernel<c10::BFloat16>", "void at::native::CatArrayBatchedCopy<4>", MUL, ADD]
-    return (_rms_norm() + [GEMM] + _rms_norm() + [GEMM] + _rms_norm() + [GEMM] + rotary + rotary
-            + ["void at::native::CatArrayBatchedCopy_vectorized<3>"] * 2 + ["void pytorch_flash::flash_fwd_kernel", GEMM,
-                                                                            ADD])
+    cache = ["void at::native::CatArrayBatchedCopy_vectorized<3>"] * 2
+    return (_rms_norm() + [GEMM] + _rms_norm() + [GEMM] + _rms_norm() + [GEMM] + rotary + rotary + cache
+            + ["void pytorch_flash::flash_fwd_kernel", GEMM, ADD])
 
 
 def _dots1_dense() -> list[str]:
@@ -704,7 +707,8 @@ def _dots1_moe(beams: int) -> list[str]:
                                      "void at::native::index_kernel<OpaqueType<4>>", COPY_LONG,
                                      "void at::native::FillFunctor<int>", "void at::cuda::kernelHistogram1D<int>",
                                      "void cub::DeviceScanInitKernel", "void cub::DeviceScanKernel",
-                                     "void at::native::compare_scalar_kernel<long>", "void at::native::clamp_scalar<long>"])
+                                     "void at::native::compare_scalar_kernel<long>",
+                                     "void at::native::clamp_scalar<long>"])
     experts = [MASKED, prepare, GROUPED, DTOD, MASKED, "void at::native::silu_kernel<c10::BFloat16>", MUL, prepare,
                GROUPED, DTOD, MASKED, TO_F32, ARANGE, "void at::native::index_put_kernel<OpaqueType<8>>",
                "void at::native::vectorized_gather_kernel<16, long>", "void at::native::reduce_kernel<128, sum<float>>"]
@@ -715,8 +719,8 @@ def _dots1_moe(beams: int) -> list[str]:
 def _beam_search_tail() -> list[str]:
     # the final norm, the lm_head, then beam search: log-softmax, top-k over the beams, their indices and scores
     topk, sort = "void at::native::sbtopk::gatherTopK<float, 1>", "void at::native::bitonicSortKVInPlace<-2, float>"
-    rem, rem_v, scatter8 = ("void at::native::remainder_kernel<long, nocast>", "void at::native::remainder_kernel<long>",
-                            "void at::native::scatter_gather<8, long>")
+    rem, rem_v = "void at::native::remainder_kernel<long, nocast>", "void at::native::remainder_kernel<long>"
+    scatter8 = "void at::native::scatter_gather<8, long>"
     add_long, fill_bool, and_bool, all_ = ("void at::native::add<long>", "void at::native::FillFunctor<bool>",
                                            "void at::native::bitwise_and<bool>", "void at::native::reduce_kernel<and>")
     add3, step = "void at::native::add_kernel<float>", [topk, sort, rem, scatter8, rem_v, SCATTER, rem, SCATTER, rem_v]
@@ -728,8 +732,8 @@ def _beam_search_tail() -> list[str]:
                            SCATTER, rem, scatter8, rem_v, ARANGE, "void at::native::mul<long>", add_long, COPY_LONG,
                            fill_bool, fill_bool, "void at::native::bitwise_or<bool>", COPY, MUL_AF, add3]
             + step[:5] + [SCATTER, rem, SCATTER, and_bool, "void at::native::mul_scalar<float, b>", all_,
-                          "void at::native::and_scalar<bool>", COPY, MUL_AF, ADD_F, NOT, COPY, MUL_AF, ADD_F, NOT, MUL_AF,
-                          add3, "void at::native::CatArrayBatchedCopy_vectorized<8u>"] + step
+                          "void at::native::and_scalar<bool>", COPY, MUL_AF, ADD_F, NOT, COPY, MUL_AF, ADD_F, NOT,
+                          MUL_AF, add3, "void at::native::CatArrayBatchedCopy_vectorized<8u>"] + step
             + ["void at::native::indexSelectSmallIndex<c10::BFloat16, int>"] * 8
             + ["void at::native::mul_scalar<float, b>", "void at::native::reduce_kernel<MinOps<float>>", FILL_F,
                "void at::native::where_kernel", "void at::native::compare<float>", "void at::native::reduce_kernel<or>",

@@ -430,7 +430,7 @@ def _input_norm(head: np.ndarray, gemm: set[int]) -> np.ndarray:
     may come after the mixer's first projection, and what runs before every cut may reach back into the layer
     before, its MLP: both run shorter stretches between their projections)."""
     bounds = [-1] + [t for t, n in enumerate(head.tolist()) if n in gemm] + [len(head)]
-    lo, hi = max(zip(bounds[:-1], bounds[1:]), key=lambda b: (b[1] - b[0], b[0]))
+    lo, hi = max(zip(bounds[:-1], bounds[1:], strict=True), key=lambda b: (b[1] - b[0], b[0]))
     return head[lo + 1:hi]
 
 
