@@ -449,22 +449,32 @@ def _assert_jamba_read_right(stack: list[str], experts: list[list[int]]) -> None
     """One forward per expert-count list (each layer's loop runs that many experts), all read together: each reads
     exactly the stack's layers, where each begins and where the last ends (the final norm), and one kind per
     (mixer, MLP or MoE) kind of the stack."""
-    forwards = [PROLOGUE + [k for kind, n in zip(stack, e, strict=True) for k in _jamba_layer(kind, n)] + JAMBA_TAIL
-                for e in experts]
-    names = sorted({n for f in forwards for n in f})
+    _assert_read_right([(PROLOGUE, [_jamba_layer(kind, n) for kind, n in zip(stack, e, strict=True)], JAMBA_TAIL)
+                        for e in experts], stack)
+
+
+def _assert_read_right(forwards: list[tuple[list[str], list[list[str]], list[str]]], kinds: list[str]) -> None:
+    """Forwards given as (prologue, layers, tail), all read together (what runs alike in each is per-layer work):
+    each reads exactly its layers, where each begins and where the last ends (the final norm), and one kind of layer
+    per label of `kinds` (one label per layer)."""
+    runs = [prologue + [k for layer in layers for k in layer] + tail for prologue, layers, tail in forwards]
+    names = sorted({n for f in runs for n in f})
     mapping, canonical = name_classes(names)
     index = {n: int(mapping[i]) for i, n in enumerate(names)}
-    seqs = [np.array([index[n] for n in f]) for f in forwards]
+    seqs = [np.array([index[n] for n in f]) for f in runs]
     stable = data_independent(seqs)
-    kinds = list(dict.fromkeys(stack))
-    for e, seq in zip(experts, seqs, strict=True):
+    labels = list(dict.fromkeys(kinds))
+    for (prologue, layers, _), seq in zip(forwards, seqs, strict=True):
         found = count_layers(seq, canonical, stable)
-        lengths = [len(_jamba_layer(kind, n)) for kind, n in zip(stack, e, strict=True)]
-        assert found.count == len(stack)
-        assert found.starts == tuple(len(PROLOGUE) + sum(lengths[:i]) for i in range(len(stack)))
-        assert found.end == len(PROLOGUE) + sum(lengths)
-        first = {k: found.kind_of[stack.index(k)] for k in kinds}
-        assert found.kind_of == tuple(first[k] for k in stack) and len(set(first.values())) == len(kinds)
+        lengths = [len(layer) for layer in layers]
+        assert found.count == len(layers)
+        assert found.starts == tuple(len(prologue) + sum(lengths[:i]) for i in range(len(layers)))
+        assert found.end == len(prologue) + sum(lengths)
+        if len(labels) == 1:
+            assert found.kind_of == ()
+            continue
+        first = {k: found.kind_of[kinds.index(k)] for k in labels}
+        assert found.kind_of == tuple(first[k] for k in kinds) and len(set(first.values())) == len(labels)
 
 
 def _lone_attention_stacks():
@@ -489,3 +499,261 @@ def test_a_lone_attention_layer_anywhere_in_a_hybrid_stack_is_read_right(attenti
     for f, e in enumerate(experts):
         e[6 + moe_on] = 8 + f if last == "more" else 1
     _assert_jamba_read_right(stack, experts)
+
+
+# Bamba as its eager decode forward runs (the H100 holdout trace, kernel for kernel): Mamba-2 mixers on the torch
+# path (in_proj, the conv state rolled and convolved, the SSM step, a gated norm, out_proj), attention every 4th
+# layer, a dense MLP in every layer. The Mamba kernels count 6 layers; the attention's own run in 2, the last one
+# after the last Mamba layer, where its kernels follow its rotary and cache copies, not its input norm.
+COPY_NC, TO_F32 = "void at::native::direct_copy_kernel_cuda<nocast>", "void at::native::mul_kernel<float>"
+MUL_F, SILU_NC = "void at::native::vectorized_mul_kernel<float>", "void at::native::silu_kernel<c10::BFloat16>"
+DTOD, EXP = "Memcpy DtoD (Device -> Device)", "void at::native::exp_kernel_cuda"
+VARIES = "void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>"  # as often as a forward's inputs
+
+
+def _bamba_mlp() -> list[str]:
+    return _rms_norm() + [GEMM, SILU_NC, GEMM, "void at::native::mul_kernel<c10::BFloat16, 8>", GEMM, ADD]
+
+
+def _mamba2_mixer() -> list[str]:
+    # in_proj; the conv state rolled, convolved, activated; the SSM step; the gated norm; out_proj; the residual add
+    conv = [EXP, "void at::native::neg_kernel<float>", "void at::native::CatArrayBatchedCopy<3>", COPY_NC,
+            "void at::native::conv_depthwise2d_forward_kernel", SILU_NC, "void at::native::add_kernel<nocast>",
+            "void at::native::softplus_kernel"]
+    ssm = [COPY, TO_F32, EXP, COPY_NC, MUL, MUL, MUL_F, "void at::native::add_kernel<float>", DTOD, COPY_NC, TO_BF16,
+           GEMM, MUL, ADD]
+    gated_norm = [COPY, COPY, "void at::native::silu_kernel<float>", MUL_F] + _rms_norm()[1:]
+    return [GEMM, COPY] + conv + ssm + gated_norm + [GEMM, ADD]
+
+
+def _bamba_mamba() -> list[str]:
+    return _rms_norm() + _mamba2_mixer() + _bamba_mlp()
+
+
+def _bamba_attention() -> list[str]:
+    rotary = [MUL, "void at::native::neg_kernel<c10::BFloat16>", "void at::native::CatArrayBatchedCopy<4>", MUL, ADD]
+    cache = ["void at::native::CatArrayBatchedCopy<4>"] * 2 + ["void at::native::CatArrayBatchedCopy_vectorized<3>"] * 2
+    return (_rms_norm() + [GEMM, GEMM, GEMM] + rotary + rotary + cache + ["void pytorch_flash::flash_fwd_kernel", GEMM,
+                                                                          ADD] + _bamba_mlp())
+
+
+def _bamba_prologue(varies: int) -> list[str]:
+    return (["void at::native::indexSelectSmallIndex<c10::BFloat16>", "void at::native::unrolled_copy<long>"]
+            + [VARIES] * varies + ["void at::native::reduce_kernel<long, sum>", "void at::native::compare_eq<long>",
+                                   "Memcpy DtoH (Device -> Pinned)", COPY, COPY, "void gemmk1_kernel<float>",
+                                   "void at::native::CatArrayBatchedCopy_vectorized<4u>", "void at::native::cos_kernel",
+                                   "void at::native::mul_scalar<float>", "void at::native::sin_kernel",
+                                   "void at::native::mul_scalar<float>", TO_BF16, TO_BF16])
+
+
+def _generate_tail(varies: int) -> list[str]:
+    # the final norm, the lm_head, then generate's own bookkeeping (stopping criteria, cache positions, argmax)
+    arange, fill = "void elementwise_kernel_with_index<arange_cuda_out>", "void at::native::FillFunctor<bool>"
+    return (_rms_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT", arange, "void at::native::add<long>",
+                           "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>",
+                           "void at::native::FillFunctor<long>",
+                           COPY, arange, fill, "void at::native::compare<long>", "void at::native::reduce_kernel<or>",
+                           DTOD, DTOD, "void at::native::FillFunctor<float>", "void at::native::where_kernel", DTOD,
+                           "void at::native::reduce_kernel<ArgMaxOps<float>>", "void at::native::mul<long>", fill, fill,
+                           "void at::native::bitwise_not_kernel", "void at::native::compare_eq<long>",
+                           "Memcpy DtoH (Device -> Pinned)"] + [VARIES] * varies)
+
+
+@pytest.mark.parametrize("layers, first", [(8, 3), (8, 0), (8, 1), (8, 2), (12, 3)])
+def test_mamba_layers_count_a_hybrid_stack_whose_attention_layers_run_after_their_rotary(layers, first):
+    # Attention every 4th layer from `first` (Bamba's: 3, the last layer one), two forwards whose inputs take a
+    # different number of copies. The attention's kernels run in some of the Mamba kernels' blocks and, first or
+    # last, outside them, where they lie among the layers' input norms (the embedding precedes the first; the output
+    # head and sampling follow the final one).
+    stack = ["attention" if i % 4 == first else "mamba" for i in range(layers)]
+    kinds = [_bamba_attention() if kind == "attention" else _bamba_mamba() for kind in stack]
+    _assert_read_right([(_bamba_prologue(v), kinds, _generate_tail(v)) for v in (1, 3)], stack)
+
+
+# RecurrentGemma (Griffin) as its eager decode forward runs (the H100 holdout trace, kernel for kernel): two RG-LRU
+# recurrent blocks to one local-attention block, norms that scale by (1 + weight), a GeLU MLP in every layer. The
+# attention layer builds its own rotary tables and attends through a mask (SDPA's memory-efficient kernel).
+GEMM_BIAS, MUL_NC = "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_bias_TNN", "void at::native::mul_kernel<c10::BFloat16, nocast>"
+GELU, MUL_SCALAR = "void at::native::GeluCUDAKernelImpl", "void at::native::mul_scalar<c10::BFloat16>"
+NOT, EQ = "void at::native::bitwise_not_kernel", "void at::native::compare_eq<long>"
+
+
+def _griffin_norm() -> list[str]:
+    return [COPY, "void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",
+            "void at::native::add_scalar_kernel<float>", "void at::native::rsqrt_kernel_cuda", TO_F32, COPY,
+            "void at::native::add_scalar_kernel<float>", MUL_F, TO_BF16]
+
+
+def _griffin_mlp() -> list[str]:
+    return _griffin_norm() + [GEMM_BIAS, GELU, GEMM_BIAS, MUL, GEMM_BIAS, ADD]
+
+
+def _griffin_recurrent() -> list[str]:
+    gate, sigmoid = "nvjet_sm90_tst_64x8_64x16_1x1_h_badd_NNT", "void at::native::sigmoid_kernel_cuda"
+    conv = ["void at::native::CatArrayBatchedCopy<3>", MUL, "void at::native::reduce_kernel<sum>", ADD, EQ, DTOD]
+    rg_lru = [gate, sigmoid, DTOD, gate, sigmoid, MUL_SCALAR, "void at::native::softplus_kernel", MUL, EXP, MUL_SCALAR,
+              EXP, MUL, "void at::native::add_other<c10::BFloat16>", "void at::native::sqrt_kernel", NOT, MUL_NC,
+              "void at::native::add_kernel<c10::BFloat16, strided>", MUL, NOT, MUL_NC, COPY, MUL_F, COPY,
+              "void at::native::add_kernel<float>", TO_BF16, MUL]
+    return _griffin_norm() + [GEMM_BIAS, GELU, GEMM_BIAS] + conv + rg_lru + [GEMM_BIAS, ADD] + _griffin_mlp()
+
+
+def _griffin_attention() -> list[str]:
+    proj = ["nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"] + ["nvjet_sm90_tst_64x8_64x16_1x1_h_bz_TNT"] * 2
+    tables = [COPY, COPY, "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32>",
+              "void at::native::CatArrayBatchedCopy_v",
+              "void at::native::cos_kernel", "void at::native::mul_scalar<float>", "void at::native::sin_kernel",
+              "void at::native::mul_scalar<float>", TO_BF16, TO_BF16]
+    neg, cat, catv = ("void at::native::neg_kernel<c10::BFloat16>", "void at::native::CatArrayBatchedCopy<4>",
+                      "void at::native::CatArrayBatchedCopy_vectorized<4>")
+    rotary = [MUL_NC, neg, cat, MUL_NC, ADD, MUL, neg, catv, MUL, ADD]
+    cache = [cat, catv] + ["void at::native::CatArrayBatchedCopy_vectorized<3>"] * 2
+    mask = ["void at::native::FillFunctor<c10::BFloat16>"] * 2 + ["void at::native::where_kernel<128, 4>"]
+    return (_griffin_norm() + proj + tables + rotary + cache + mask + ["fmha_cutlassF_bf16_aligned_64x64_rf_sm80",
+                                                                       GEMM_BIAS, ADD] + _griffin_mlp())
+
+
+def _griffin_prologue() -> list[str]:
+    arange, add, fill = ("void elementwise_kernel_with_index<arange_cuda_out>", "void at::native::add_self<long>",
+                         "void at::native::FillFunctor<bool>")
+    index, compare, both = ("void at::native::index_kernel<OpaqueType<1>>", "void at::native::compare<long>",
+                            "void at::native::bitwise_and<bool>")
+    return (["void at::native::indexSelectSmallIndex<c10::BFloat16>", "void at::native::unrolled_copy<long>", arange,
+             add, index, arange, arange, arange, add, arange, add, fill, fill, add, compare, both, compare, both, both,
+             "void at::native::direct_copy_kernel_cuda<long>", index, both, MUL_NC])  # the embedding's scale last
+
+
+def _griffin_tail() -> list[str]:
+    # the final norm, the lm_head and its logit soft-cap (tanh), then generate's bookkeeping
+    arange, fill = "void elementwise_kernel_with_index<arange_cuda_out>", "void at::native::FillFunctor<bool>"
+    return (_griffin_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT", "void at::native::div_scalar",
+                               "void at::native::tanh_kernel_cuda", MUL_SCALAR, arange, "void at::native::add<long>",
+                               "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>", COPY, arange, fill,
+                               "void at::native::reduce_kernel<or>", DTOD, DTOD,
+                               "void at::native::where_kernel<128, 2>",
+                               "void at::native::reduce_kernel<ArgMaxOps<float>>", "void at::native::mul<long>", fill,
+                               DTOD, DTOD, NOT, "void at::native::reduce_kernel<max>", EQ,
+                               "Memcpy DtoH (Device -> Pinned)", DTOD])
+
+
+@pytest.mark.parametrize("pattern", ["RRARRA", "RRARRARRA", "ARRARR", "RARRAR"])
+def test_recurrent_blocks_count_a_griffin_stack_whose_attention_layer_is_last(pattern):
+    # RecurrentGemma's 6 layers (RRA RRA: the last layer attends), deeper, and the attention layers shifted to the
+    # front. The RG-LRU kernels count the recurrent layers; the attention's (its mask's, its rotary tables') run in
+    # some of their blocks and, first or last, outside them, among the input norms.
+    stack = ["attention" if kind == "A" else "recurrent" for kind in pattern]
+    layers = [_griffin_attention() if kind == "attention" else _griffin_recurrent() for kind in stack]
+    _assert_read_right([(_griffin_prologue(), layers, _griffin_tail())] * 2, stack)
+
+
+# Zamba2 as its decode forward runs in a hand-written loop (the H100 holdout trace, kernel for kernel): Mamba-2 layers
+# without an MLP; every third also runs, before its Mamba mixer, a shared transformer block on the hidden state and
+# the embeddings (their concat, attention, a GeLU MLP with LoRA adapters, a projection added back).
+def _zamba2_shared_block() -> list[str]:
+    cat, gemm_nc = "void at::native::CatArrayBatchedCopy_vectorized<3>", "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"
+    attention = _rms_norm() + [gemm_nc] * 3 + [cat, cat, "void pytorch_flash::flash_fwd_kernel", gemm_nc]
+    mlp = _rms_norm() + [gemm_nc] * 3 + [ADD, "void at::native::GeluCUDAKernelImpl<nocast>", MUL, gemm_nc]
+    return [cat] + attention + mlp + [gemm_nc, ADD]
+
+
+@pytest.mark.parametrize("pattern", ["MMHMMH", "MMHMMHMMH", "HMMHMM", "MHMMHM"])
+def test_a_shared_block_some_mamba_layers_run_is_part_of_those_layers(pattern):
+    # Zamba2's 6 layers (the shared block in layers 2 and 5), deeper, and shifted to the front. The attention and the
+    # GeLU run in some of the Mamba kernels' blocks and nowhere else: a block with an MLP of its own inside those
+    # layers, not layers of their own (a Mamba layer runs no MLP: split there, a part's only activation would be its
+    # Mamba gated norm's); a hybrid layer begins at the shared block, after the layer before's residual add.
+    stack = ["hybrid" if kind == "H" else "mamba" for kind in pattern]
+    layers = [(_zamba2_shared_block() if kind == "hybrid" else []) + _rms_norm() + _mamba2_mixer() for kind in stack]
+    prologue = ["void at::native::indexSelectSmallIndex<c10::BFloat16>", DTOD,
+                "void elementwise_kernel_with_index<arange_cuda_out>", "void at::native::add_self<long>"]
+    tail = _rms_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT",
+                          "void at::native::reduce_kernel<ArgMaxOps<float>>"]
+    _assert_read_right([(prologue, layers, tail)] * 2, stack)
+
+
+# dots.llm1 as its beam-search decode forward runs (the H100 holdout trace, kernel for kernel): a dense first layer,
+# then MoE layers with a grouped-GEMM expert block (sigmoid router, top-k, a histogram and scan for the groups) and a
+# shared expert, q/k norms; beam search's bookkeeping after the lm_head runs several of the routing kernels again.
+TOPK, SCATTER, DIV_FLOOR = ("void at::native::sbtopk::gatherTopK<float, 2>", "void at::native::scatter_gather<4, long>",
+                            "void at::native::div_floor_kernel<long>")
+FILL_F, COPY_LONG = "void at::native::FillFunctor<float>", "void at::native::direct_copy_kernel_cuda<long>"
+ROUTE_COPY = "void at::native::unrolled_copy<long>"  # as often as a forward's beams
+ADD_F, MUL_AF, ARANGE = ("void at::native::add_kernel<float, strided>", "void at::native::mul_scalar<float>",
+                         "void elementwise_kernel_with_index<arange_cuda_out>")
+MASKED, GROUPED = ("void at::native::masked_fill_kernel<nocast>",
+                   "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13Grouped")
+
+
+def _dots1_attention() -> list[str]:
+    rotary = [MUL, "void at::native::neg_kernel<c10::BFloat16>", "void at::native::CatArrayBatchedCopy<4>", MUL, ADD]
+    cache = ["void at::native::CatArrayBatchedCopy_vectorized<3>"] * 2
+    return (_rms_norm() + [GEMM] + _rms_norm() + [GEMM] + _rms_norm() + [GEMM] + rotary + rotary + cache
+            + ["void pytorch_flash::flash_fwd_kernel", GEMM, ADD])
+
+
+def _dots1_dense() -> list[str]:
+    return _dots1_attention() + _rms_norm() + [GEMM, SILU, GEMM, "void at::native::mul_kernel<c10::BFloat16, 8>", GEMM,
+                                               ADD]
+
+
+def _dots1_moe(beams: int) -> list[str]:
+    prepare = "void at::cuda::detail::prepare_grouped_gemm_data<cutlass::bfloat16_t>"
+    router = [COPY, COPY, "void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64>", "void cublasLt::splitKreduce_kernel",
+              "void at::native::sigmoid_kernel_cuda", ADD_F, TOPK, "void at::native::bitonicSortKVInPlace<float>",
+              "void at::native::reduce_kernel<512, sum<float>>", TOPK, FILL_F, "void at::native::scatter_fill<4, long>"]
+    route = ([ROUTE_COPY] * beams + [NOT, DTOD, "void at::native::masked_fill_kernel", TOPK, SCATTER, MUL_AF, DTOD,
+                                     ARANGE, DTOD, DTOD, "void at::native::bitonicSortKVInPlace<long>", DIV_FLOOR,
+                                     "void at::native::vectorized_gather_kernel<16, long>",
+                                     "void at::native::index_kernel<OpaqueType<4>>", COPY_LONG,
+                                     "void at::native::FillFunctor<int>", "void at::cuda::kernelHistogram1D<int>",
+                                     "void cub::DeviceScanInitKernel", "void cub::DeviceScanKernel",
+                                     "void at::native::compare_scalar_kernel<long>",
+                                     "void at::native::clamp_scalar<long>"])
+    experts = [MASKED, prepare, GROUPED, DTOD, MASKED, "void at::native::silu_kernel<c10::BFloat16>", MUL, prepare,
+               GROUPED, DTOD, MASKED, TO_F32, ARANGE, "void at::native::index_put_kernel<OpaqueType<8>>",
+               "void at::native::vectorized_gather_kernel<16, long>", "void at::native::reduce_kernel<128, sum<float>>"]
+    shared = [TO_BF16, GEMM, SILU, GEMM, "void at::native::mul_kernel<c10::BFloat16, 8>", GEMM, ADD, ADD]
+    return _dots1_attention() + _rms_norm() + router + route + experts + shared
+
+
+def _beam_search_tail() -> list[str]:
+    # the final norm, the lm_head, then beam search: log-softmax, top-k over the beams, their indices and scores
+    topk, sort = "void at::native::sbtopk::gatherTopK<float, 1>", "void at::native::bitonicSortKVInPlace<-2, float>"
+    rem, rem_v = "void at::native::remainder_kernel<long, nocast>", "void at::native::remainder_kernel<long>"
+    scatter8 = "void at::native::scatter_gather<8, long>"
+    add_long, fill_bool, and_bool, all_ = ("void at::native::add<long>", "void at::native::FillFunctor<bool>",
+                                           "void at::native::bitwise_and<bool>", "void at::native::reduce_kernel<and>")
+    add3, step = "void at::native::add_kernel<float>", [topk, sort, rem, scatter8, rem_v, SCATTER, rem, SCATTER, rem_v]
+    return (_rms_norm() + ["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_lm_head_TNT", ARANGE, add_long,
+                           "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>",
+                           "void at::native::FillFunctor<long>",
+                           "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>", COPY,
+                           "void at::native::cunn_SoftMaxForwardReg<LogSoftMax>", ADD_F, topk, sort, DIV_FLOOR, rem,
+                           SCATTER, rem, scatter8, rem_v, ARANGE, "void at::native::mul<long>", add_long, COPY_LONG,
+                           fill_bool, fill_bool, "void at::native::bitwise_or<bool>", COPY, MUL_AF, add3]
+            + step[:5] + [SCATTER, rem, SCATTER, and_bool, "void at::native::mul_scalar<float, b>", all_,
+                          "void at::native::and_scalar<bool>", COPY, MUL_AF, ADD_F, NOT, COPY, MUL_AF, ADD_F, NOT,
+                          MUL_AF, add3, "void at::native::CatArrayBatchedCopy_vectorized<8u>"] + step
+            + ["void at::native::indexSelectSmallIndex<c10::BFloat16, int>"] * 8
+            + ["void at::native::mul_scalar<float, b>", "void at::native::reduce_kernel<MinOps<float>>", FILL_F,
+               "void at::native::where_kernel", "void at::native::compare<float>", "void at::native::reduce_kernel<or>",
+               and_bool, DTOD, all_, "void at::native::and_scalar<bool>", NOT, all_, NOT, and_bool, and_bool,
+               "Memcpy DtoH (Device -> Pinned)"])
+
+
+@pytest.mark.parametrize("moe", [3, 5])
+def test_layers_that_begin_alike_and_end_unlike_begin_at_their_norm(moe):
+    # dots.llm1's 4 layers (1 dense, 3 MoE; and 5 MoE): the kernels that count them (the MLP's gate * up, dense or
+    # shared expert; the MoE routing's fill, floor division and copy, which beam search runs once more after the
+    # lm_head) run late in each layer, where a dense layer and an MoE layer differ: the layers begin alike (norm,
+    # attention), each at its input norm; the last one ends at the final norm, not at the routing kernels' run in
+    # beam search's bookkeeping. Two forwards with a different number of beam copies.
+    def forward(beams):
+        prologue = (["void at::native::indexSelectSmallIndex<c10::BFloat16>"] + [ROUTE_COPY] * beams
+                    + ["void at::native::reduce_kernel<long, sum>", "void at::native::compare_eq<long>",
+                       "Memcpy DtoH (Device -> Pinned)", COPY, COPY, "void gemmk1_kernel<float>",
+                       "void at::native::CatArrayBatchedCopy_vectorized<4u>", "void at::native::cos_kernel", MUL_AF,
+                       "void at::native::sin_kernel", MUL_AF, TO_BF16, TO_BF16])
+        return prologue, [_dots1_dense()] + [_dots1_moe(beams) for _ in range(moe)], _beam_search_tail()
+
+    _assert_read_right([forward(1), forward(2)], ["dense"] + ["moe"] * moe)

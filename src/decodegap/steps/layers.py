@@ -25,17 +25,31 @@ So layers are read from counts, not from a repeating sequence:
   block);
 - a hybrid stack's layers each run one mixer of two kinds (Mamba layers with attention layers among them): the
   names that run in some blocks of a partition and nowhere else split those blocks at each run where each part runs
-  an MLP activation and a matrix product, and add a block where they run after a layer's head before the first
-  block or after the last (a lone attention layer first or last); the last block runs on to the final norm, since
-  a last layer of the other kind may run a longer expert loop than any (_mixed);
+  an MLP activation and a matrix product, and add a block where they run before the first block or after the last
+  among the layers' input norms (after the first run of the norm, before the final one: a lone attention layer
+  first or last, whose kernels may follow its rotary and cache copies); where what runs only beside them holds an
+  MLP activation, they are part of the blocks' layers instead (a shared attention + MLP block in some Mamba layers,
+  a Mamba mixer's gated norm in the blocks MoE routers cut: a part would pass for a layer on it); the
+  last block runs on to the final norm, since a last layer of the other kind may run a longer expert loop than any;
+  a split may start from a count that is no partition only for the lone layers it leaves out at an end (2 of 3
+  attention layers in its blocks, the last after them: their own kernels run in 2 blocks and once outside) (_mixed);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
   full-attention layer among linear-attention ones) begins where a known tail ends, or else at the last place that
-  begins like layer 0's head after a residual add (_aligned, _seam);
+  begins like layer 0's head after a residual add; what runs between a known tail and the head, an input norm among
+  it, begins the next layer (a shared block it runs before its mixer); where no block ends like that stretch (cuts
+  late in layers whose kinds differ there: a dense MLP, an MoE layer's experts), the longest run the stretch and a
+  block have in common begins the layers, where it begins at one place in the stretch for most blocks (their norm
+  and attention; the glue before the layers and the tail of the layer before differ) (_aligned, _seam,
+  _begun_alike);
 - the last layer ends where the once-per-forward tail begins: at the final norm, which runs per-layer norm kernels
   once more than a layer does (so the lm_head and a loss are no layer's, however long the longest layer is), or,
-  with layers of several kinds, at the last run of what every layer begins with before its first projection;
+  with layers of several kinds, at the last run of what every layer begins with before its first projection; at
+  that run's first kernel where the name that runs once more is a later one of its (the norm's cast runs more often
+  in one kind of layer); where the layers begin unlike (a shared block before some), as far as the longest earlier
+  layer it begins like ran; a name that counted the layers and runs again from the final norm on (MoE routing
+  kernels in beam search's bookkeeping) does not carry the last layer past it where the norm's kernels run there;
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
   the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
   layers: a lone full-attention layer's own cache copy) are one kind; one line per kind. A last layer shorter than
@@ -139,6 +153,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     act = [n for n in distinct if names and ACTIVATION.search(names[n])]
     act_at = np.flatnonzero(isin(ids, np.array(act, dtype=np.int64)))  # every MLP activation's run
     candidates: list[_Blocks] = []
+    open_ended: list[_Blocks] = []
     for c, group in by_count.items():
         if len(group) < MIN_BACKERS or c * 2 > len(seq):
             continue
@@ -148,12 +163,14 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
         # (a mask copied once before the layers and once in each MoE layer, as often as the attention kernel runs).
         proposed = [_partition(backers, positions, len(ids), gemm, gemm_at)
                     for backers in _apart(_interleaved(group, positions))]
-        valid = [b for b in proposed if b.valid]
+        valid = [b for b in proposed if b.valid] or [b for b in proposed if b.open_ended]
         if valid:
-            candidates.append(max(valid, key=lambda b: (len(b.backers), b.common)))
+            (candidates if valid[0].valid else open_ended).append(max(valid, key=lambda b: (len(b.backers), b.common)))
     if not candidates:
         return NO_LAYERS
-    partitions = list(candidates)  # every valid one: a hybrid's mixer split may start from any (_mixed)
+    # Every valid one, and those that leave a layer out (a lone attention layer after the last Mamba one): a hybrid's
+    # mixer split may start from any (_mixed).
+    partitions = candidates + open_ended
     # A count that leaves a layer out is no partition: the MoE layers' own count leaves the dense ones before them.
     candidates = [b for b in candidates if not _leaves_out_first(b, candidates)]
     # A finer count explaining clearly fewer kernels than a coarser one is a loop inside the layers (an eager MoE
@@ -167,8 +184,8 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # Names that run once in the forward may be a lone layer's mixer (an attention layer among Mamba ones).
     lone = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts == 1)
             if independent(int(n)) and int(n) not in matmul}
-    best = _mixed(best, partitions, ids, positions, lone, gemm, gemm_at, act_at)
-    return _layers(best, ids, positions, names)
+    best = _mixed(best, partitions, ids, positions, lone, gemm, gemm_at, act_at, set(act))
+    return _layers(best, ids, positions, names, gemm)
 
 
 def _partition(backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
@@ -194,7 +211,8 @@ def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.nda
     outside = sum(len(positions[n]) - r >= k for n, (k, r) in fixed.items())
     # No partition: the runs outside the blocks are a layer the cut left out; or a layer would run no more than the
     # one kernel that counted it (one name alone is no layer).
-    valid = outside <= OUTSIDE_NAMES * len(fixed) and sum(m == c for _, m, _, _ in periodic.values()) >= MIN_BACKERS + 1
+    left_out = outside > OUTSIDE_NAMES * len(fixed)
+    valid = sum(m == c for _, m, _, _ in periodic.values()) >= MIN_BACKERS + 1
     # Nor when a block runs no matrix product: every layer projects (a norm and a residual add between two norms are
     # a quarter of a layer, not one).
     if len(gemm_at) and valid:
@@ -202,8 +220,8 @@ def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.nda
     # GEMMs run in most blocks of any partition (each part of a layer projects), so they show no work in common: the
     # blocks between a layer's norms share their projections' GEMM kernel when a compiler or cuBLAS picks one tile.
     return _Blocks(c, cuts, bounds, backers, periodic, sum(r for *_, r in periodic.values()),
-                   sum(r for n, (_, m, _, r) in periodic.items() if m == c and n not in gemm), valid,
-                   sum(r for n, (*_, r) in periodic.items() if n not in gemm), mixers)
+                   sum(r for n, (_, m, _, r) in periodic.items() if m == c and n not in gemm), valid and not left_out,
+                   sum(r for n, (*_, r) in periodic.items() if n not in gemm), mixers, valid and left_out)
 
 
 @dataclass(frozen=True)
@@ -219,6 +237,7 @@ class _Blocks:
     valid: bool = True  # a layer partition at all (_partition)
     beside_gemm: int = 0  # the explained kernels but GEMMs'
     mixers: tuple[int, ...] = ()  # names that cut the layers of a second kind between the backers' (_mixed)
+    open_ended: bool = False  # a partition but for the layers it leaves out (of another kind, at an end: _mixed)
 
 
 def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int, tuple[int, int, int, int]]:
@@ -313,24 +332,32 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
 
 
 def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
-           lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
+           lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray,
+           act: set[int]) -> _Blocks:
     """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with attention layers among
     them): the names that count one kind's layers hold layers of the other kind inside some of their blocks. Names
     that run in some blocks of a partition and nowhere else (the attention kernels; also before its first block or
     after its last, where a lone layer of the other kind begins or ends the stack) cut those blocks at each run; the
     parts are layers when each runs an MLP activation and a matrix product (each part then holds one layer's mixer
     and its MLP or experts; a split inside one layer leaves a part with neither) and most of the parts' work runs in
-    every part. Of such splits, the one whose parts run the most work in common wins over `best` when it cuts more
-    layers, or when some block of `best` runs no MLP activation (halves cut by a name that runs twice per layer).
+    every part, unless an activation runs among the names only those blocks run (the other mixer's own). Of such
+    splits, the one whose parts run the most work in common wins over `best` when it cuts more layers, or when some
+    block of `best` runs no MLP activation (halves cut by a name that runs twice per layer).
     `lone`: where the names that run once in the forward run."""
     runs = positions | lone
     whole = _share_running(best.bounds, act_at) == 1  # else `best` cuts halves (an attention part runs no MLP)
     per_layer = _per_layer_runs(ids, positions)
     splits = []
     for coarse in candidates:
-        for mixers, extra in _inside_some_blocks(coarse, runs, gemm, *per_layer):
-            cuts = np.sort(np.concatenate((coarse.cuts, extra)))
-            split = _blocks_at(cuts, coarse.backers, positions, len(ids), gemm, gemm_at, mixers, per_layer)
+        for mixers, extra, own in _inside_some_blocks(coarse, runs, gemm, *per_layer):
+            if act & own:
+                # An MLP activation among what runs only beside the other mixer (a Mamba mixer's gated norm among
+                # MoE layers, a shared attention + MLP block in some Mamba layers) makes that mixer part of the
+                # coarse blocks' layers, not layers of its own: its parts would pass for layers on that activation.
+                split = coarse
+            else:
+                cuts = np.sort(np.concatenate((coarse.cuts, extra)))
+                split = _blocks_at(cuts, coarse.backers, positions, len(ids), gemm, gemm_at, mixers, per_layer)
             if ((split.count > best.count or not whole) and split.valid and _share_running(split.bounds, act_at) == 1
                     and split.common >= FINER_COMMON * split.beside_gemm):
                 splits.append(split)
@@ -339,24 +366,28 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
 
 
 def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray], gemm: set[int], at: np.ndarray,
-                        seq: np.ndarray) -> list[tuple[tuple[int, ...], np.ndarray]]:
+                        seq: np.ndarray) -> list[tuple[tuple[int, ...], np.ndarray, set[int]]]:
     """Groups of names (GEMM tiles aside: the tile tells no layer) that run alike (as often in the same blocks) in a
-    proper subset of the blocks and nowhere else; per group its names and where each of its runs begins. A run
-    before the first block or after the last (a lone layer of the other kind at either end of the stack) counts
-    where it follows a layer's head (_after_head); runs there are alike when no per-layer kernel runs between them.
+    proper subset of the blocks and nowhere else; per group its names, where each of its runs begins, and every name
+    that runs in just its blocks (however often: the other mixer's own). A run before the first block or after the
+    last (a lone layer of the other kind at either end of the stack) counts where it lies between the layers' input
+    norms (_inside_layers); runs there are alike when no per-layer kernel runs between them.
     `at`, `seq`: where the per-layer names run, and which (_per_layer_runs)."""
     c = blocks.count
     groups: dict[tuple[int, ...], list[int]] = {}
+    where: dict[int, tuple] = {}  # per name: the blocks it runs in, and whether before the first, after the last
     for n, p in sorted(runs.items()):
         if n in gemm:
             continue
         held = np.searchsorted(blocks.bounds, p, side="right") - 1
         edge = (held < 0) | (held >= c)
-        if len(unique(held[~edge])) == c or (edge.any() and not _after_head(p[edge], blocks, at, seq)):
+        if len(unique(held[~edge])) == c or (edge.any() and not _inside_layers(p[edge], blocks, at, seq, gemm)):
             continue
+        where[n] = (tuple(unique(held[~edge]).tolist()), bool((held < 0).any()), bool((held >= c).any()))
         held[edge] = c + np.searchsorted(at, p[edge])  # an edge run's place: the per-layer kernels before it
         groups.setdefault(tuple(held.tolist()), []).append(n)
-    return [(tuple(group), np.array([runs[n] for n in group]).min(axis=0)) for group in groups.values()]
+    return [(tuple(group), np.array([runs[n] for n in group]).min(axis=0),
+             {n for n, w in where.items() if w == where[group[0]]}) for group in groups.values()]
 
 
 def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray) -> int:
@@ -374,12 +405,44 @@ def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray) -> int:
     return int(at[i[-1] + after[-1] + head]) + 1 if len(after) else 0
 
 
-def _after_head(xs: np.ndarray, blocks: _Blocks, at: np.ndarray, seq: np.ndarray) -> bool:
-    """Whether the per-layer kernel last before each of the positions `xs` is the one last before every cut (the
-    end of a layer's head, its input norm, which comes before its mixer); the glue before the layers (the embedding)
-    follows no such head."""
-    before = np.searchsorted(at, np.concatenate((blocks.cuts, xs))) - 1
-    return bool((before >= 0).all() and (seq[before] == seq[before[0]]).all())
+def _inside_layers(xs: np.ndarray, blocks: _Blocks, at: np.ndarray, seq: np.ndarray, gemm: set[int]) -> bool:
+    """Whether the positions `xs`, before the first block or after the last, lie among the layers: after a run of
+    their input norm (_input_norm: a mixer's own kernels may come between the norm and the cut), and, after the
+    last block, before one (the final norm). The glue before the layers (the embedding) follows no norm; the output
+    head and sampling precede none. The norm's latter half stands for it: what runs before every cut may begin with
+    the previous layer's residual add, which the first layer, after the embedding, lacks."""
+    i = np.searchsorted(at, blocks.cuts).tolist()
+    head = min(_common_suffix(seq[:i[0]], seq[:j]) for j in i)
+    norm = _input_norm(seq[i[0] - head:i[0]], gemm)
+    if len(norm) < 2:
+        return False
+    norm = norm[-max(2, (len(norm) + 1) // 2):]
+    found = _runs_of(norm, seq)  # where each run of the norm begins, among the per-layer kernels
+    if not len(found):
+        return False
+    first_end, last_start = int(at[found[0] + len(norm) - 1]), int(at[found[-1]])
+    before = xs < blocks.cuts[0]
+    return bool((xs[before] > first_end).all() and (xs[~before] < last_start).all())
+
+
+def _input_norm(head: np.ndarray, gemm: set[int]) -> np.ndarray:
+    """A layer's input norm: the longest stretch without a matrix product of what runs before every cut (a cut
+    may come after the mixer's first projection, and what runs before every cut may reach back into the layer
+    before, its MLP: both run shorter stretches between their projections)."""
+    bounds = [-1] + [t for t, n in enumerate(head.tolist()) if n in gemm] + [len(head)]
+    lo, hi = max(zip(bounds[:-1], bounds[1:], strict=True), key=lambda b: (b[1] - b[0], b[0]))
+    return head[lo + 1:hi]
+
+
+def _runs_of(pattern: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Where in `seq` each run of `pattern` begins (none for an empty pattern)."""
+    n = len(seq) - len(pattern) + 1
+    if not len(pattern) or n <= 0:
+        return np.empty(0, dtype=np.int64)
+    runs = np.ones(n, dtype=bool)
+    for t, name in enumerate(pattern.tolist()):
+        runs &= seq[t:t + n] == name
+    return np.flatnonzero(runs)
 
 
 def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int],
@@ -423,7 +486,8 @@ def _own_work_share(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set
     return float(own.mean())
 
 
-def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None) -> Layers:
+def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None,
+            gemm: set[int]) -> Layers:
     c = blocks.count
     # Layer j begins at the earliest first-in-layer-j occurrence of any per-layer name.
     # Layer j begins where the first of its kernels runs: a name with b of its k runs per layer before the first
@@ -438,19 +502,21 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
             runs = p[bucket == j]
             if len(runs) >= b:
                 starts[j] = min(starts[j], int(runs[len(runs) - b]))
-    starts = _aligned(blocks, ids, positions, starts)
-    last = int(max(int(positions[n][-1]) for n in blocks.backers))
+    starts = _aligned(blocks, ids, positions, starts, gemm)
+    counted = [positions[n] for n in blocks.backers]
     if blocks.mixers:
-        last = max(last, int(np.flatnonzero(isin(ids, np.array(blocks.mixers)))[-1]))
-    period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
-    # The last layer runs as long as the longest one: its work after the last per-layer kernel (the MoE block after the
-    # norm that counted it) is still the layer's, not the once-per-forward tail.
-    typical = int(np.diff(starts).max()) if c > 1 else last + 1 - int(starts[0])
-    end = min(max(last + 1, int(starts[-1]) + typical), len(ids))
+        counted.append(np.flatnonzero(isin(ids, np.array(blocks.mixers))))
     tail = _tail_start(blocks, positions, int(starts[-1]))
-    # Layers of several kinds leave no name that tells: the final norm does, however long the last layer's loop ran.
-    final = (tail if tail < end else 0) if tail else _final_norm(ids, starts, positions, last, names)
-    end = final or end
+    # A name that counted the layers may run again in the once-per-forward tail (MoE routing kernels in beam search's
+    # bookkeeping: its run falls in the last block): the last layer ends at the final norm all the same.
+    latest = max(int(p[-1]) for p in counted)
+    before = max(int(p[p < tail][-1]) if (p < tail).any() else -1 for p in counted) if tail else latest
+    final = 0
+    if before < latest:  # only where the final norm's kernels run there
+        final, end, last = _last_end(ids, starts, positions, names, tail, before, in_norm=True)
+    if not final:
+        final, end, last = _last_end(ids, starts, positions, names, tail, latest)
+    period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
     ends = np.append(starts[1:], max(end, last + 1))
     kinds, kind_of = _kinds(ids, starts, ends, positions, names, whole_last=bool(final))
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
@@ -464,7 +530,28 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
                   tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers), int(ends[-1]))
 
 
-def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], starts: np.ndarray) -> np.ndarray:
+def _last_end(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None,
+              tail: int, last: int, in_norm: bool = False) -> tuple[int, int, int]:
+    """Where the last layer ends, given its last counted kernel `last`: the final norm (found by `tail`, the first
+    name to run once more, or by the norm's kernels; `in_norm`: only where `tail` runs among those) or 0, else where
+    it runs as long as the longest layer; and `last`."""
+    # The last layer runs as long as the longest one: its work after the last per-layer kernel (the MoE block after the
+    # norm that counted it) is still the layer's, not the once-per-forward tail.
+    typical = int(np.diff(starts).max()) if len(starts) > 1 else last + 1 - int(starts[0])
+    end = min(max(last + 1, int(starts[-1]) + typical), len(ids))
+    # Layers of several kinds leave no name that tells: the final norm does, however long the last layer's loop ran.
+    norm_at, norm_end = _final_norm(ids, starts, positions, last, names)
+    if tail:  # past a typical layer it is the final norm only where the norm's kernels run there
+        final = tail if (tail < end and not in_norm) or norm_at <= tail < norm_end else 0
+    else:
+        final = norm_at or _as_long_as_its_kind(ids, starts, positions)
+    if norm_at < final < norm_end:  # the name that ran once more is a later kernel of the final norm's: it begins it
+        final = norm_at
+    return final, final or end, last
+
+
+def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], starts: np.ndarray,
+             gemm: set[int]) -> np.ndarray:
     """Layer starts where layers of one kind run one sequence. Between two cuts run the end of one layer (its tail,
     from its cut) and the start of the next (its head, up to its cut). Layer 0's head ends the stretch before the
     first cut, after the glue: a later layer whose block ends the same way has that head, and the rest of its block
@@ -479,19 +566,46 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
     ends_like_lead = [_common_suffix(lead, b[1:]) for b in between]  # b[0] is the cut, layer j's own
     head = max(ends_like_lead, default=0)
     if head == 0 or head < cut[0] - int(np.searchsorted(at, starts[0])):
-        return starts  # nothing ends like layer 0's head, or less than its counted kernels
+        # Nothing ends like layer 0's head, or less than its counted kernels: the cut may run late in the layers and
+        # their kinds differ before it (a dense MLP, then MoE layers' experts); they may still begin alike.
+        return _begun_alike(lead, between, at, cut, starts)
     out = starts.copy()
     out[0] = at[cut[0] - head]
+    norm = _input_norm(lead[len(lead) - head:], gemm)
     tails = [b[:len(b) - head] for b, h in zip(between, ends_like_lead, strict=True) if h >= head]
     for j, b in enumerate(between):
         if ends_like_lead[j] >= head:
             split = len(b) - head
+            # Work between a known tail and the head that runs an input norm of its own is a block the next layer
+            # runs before its mixer (a shared attention + MLP block), not the previous layer's (an MoE tail after
+            # a dense one, its router, runs none).
+            split = max((len(t) for t in tails if len(t) < split and np.array_equal(b[:len(t)], t)
+                         and len(_runs_of(norm, b[len(t):split]))), default=split)
         else:  # another kind of head: the previous layer ends where a known tail does
             split = max((len(t) for t in tails if len(t) < len(b) and np.array_equal(b[:len(t)], t)), default=0)
             split = split or _seam(b, lead[len(lead) - head:], tails)
             if not split:
                 continue
         out[j + 1] = at[cut[j] + split]
+    return out
+
+
+def _begun_alike(lead: np.ndarray, between: list[np.ndarray], at: np.ndarray, cut: np.ndarray,
+                 starts: np.ndarray) -> np.ndarray:
+    """Layer starts where the layers begin alike though they end unlike before the cuts (their input norm and
+    attention, then a dense MLP or an MoE layer's experts): the longest run that the stretch before the first cut
+    and a block have in common begins the layer in each, where it begins at the same place in that stretch for
+    most blocks (the glue before the layers and the tail of the layer before differ); `starts` where none does."""
+    matches = [SequenceMatcher(None, lead.tolist(), b.tolist(), autojunk=False).find_longest_match(
+        0, len(lead), 1, len(b)) for b in between]  # b[0] is the cut, the layer before's own
+    first = Counter(m.a for m in matches if m.size > 1).most_common(1)
+    if not first:
+        return starts
+    out = starts.copy()
+    out[0] = at[first[0][0]]
+    for j, m in enumerate(matches):
+        if m.a == first[0][0] and m.size > 1:
+            out[j + 1] = at[cut[j] + m.b]
     return out
 
 
@@ -529,11 +643,11 @@ def _common_suffix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def _final_norm(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.ndarray], last: int,
-                names: list[str] | None) -> int:
-    """Where the final norm begins when no name tells (layers of several kinds run each name a different number of
-    times): at the last run, after the last layer kernel, of what every layer begins with before its first matrix
-    product (its input norm's kernels, which the final norm runs too, before the lm_head); 0 when that is fewer than
-    two kernels or runs nowhere there."""
+                names: list[str] | None) -> tuple[int, int]:
+    """Where the final norm begins and ends (its last kernel's next position) when no name tells (layers of several
+    kinds run each name a different number of times): at the last run, after the last layer kernel, of what every
+    layer begins with before its first matrix product (its input norm's kernels, which the final norm runs too,
+    before the lm_head); (0, 0) when that is fewer than two kernels or runs nowhere there."""
     at, seq = _per_layer_runs(ids, positions)
     cut = np.searchsorted(at, starts)
     heads = [seq[a:b] for a, b in zip(cut.tolist(), cut[1:].tolist() + [len(seq)], strict=True)]
@@ -542,11 +656,28 @@ def _final_norm(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.nda
     norm = norm[:projects[0]] if projects else norm
     common = len(norm)
     if common < 2:
-        return 0
+        return 0, 0
     for i in range(len(seq) - common, int(cut[-1]), -1):
         if at[i] > last and np.array_equal(seq[i:i + common], norm):
-            return int(at[i])
-    return 0
+            return int(at[i]), int(at[i + common - 1]) + 1
+    return 0, 0
+
+
+def _as_long_as_its_kind(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.ndarray]) -> int:
+    """Where the last layer ends when not every layer begins alike (a shared block before some layers' norm): where
+    the per-layer kernels of the longest earlier layer it begins with end, and as far past them as that layer ran
+    (to the next per-layer kernel where that one ran more: an expert loop); 0 when it begins like no earlier
+    layer."""
+    at, seq = _per_layer_runs(ids, positions)
+    cut = np.searchsorted(at, starts).tolist()
+    last = seq[cut[-1]:]
+    alike = [j for j in range(len(cut) - 1) if 0 < cut[j + 1] - cut[j] <= len(last)
+             and np.array_equal(last[:cut[j + 1] - cut[j]], seq[cut[j]:cut[j + 1]])]
+    j = max(alike, key=lambda j: cut[j + 1] - cut[j], default=None)
+    if j is None or cut[j + 1] - cut[j] == len(last):
+        return 0  # like none, or no per-layer kernel follows (no final norm of per-layer names to tell)
+    ran = cut[-1] + cut[j + 1] - cut[j]  # the first per-layer kernel past it
+    return int(at[ran]) if starts[j + 1] > at[cut[j + 1] - 1] + 1 else int(at[ran - 1]) + 1
 
 
 def _tail_start(blocks: _Blocks, positions: dict[int, np.ndarray], last_start: int) -> int:
