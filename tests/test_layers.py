@@ -259,6 +259,53 @@ def test_every_stack_and_loop_of_the_generator_is_read_right(tmp_path, layers, m
     assert (sorted(k["count"] for k in d["layer_kinds"]) or [layers]) == want
 
 
+@pytest.mark.parametrize("layers, nope_every, kw", [
+    pytest.param(8, 4, {}, id="eager"),
+    pytest.param(12, 3, {}, id="eager-every3rd"),
+    pytest.param(8, 4, {"graph": "full", "sampling_in_graph": True}, id="full-graph"),
+    pytest.param(12, 3, {"graph": "full", "sampling_in_graph": True}, id="full-graph-every3rd"),
+    pytest.param(8, 4, {"inductor": True}, id="inductor"),
+    pytest.param(16, 4, {"graph": "piecewise", "alternate": True}, id="piecewise-alternating"),
+    pytest.param(12, 4, {"moe_from": 1, "experts": 16}, id="moe_from1"),
+    pytest.param(12, 3, {"moe_from": 0, "experts": 16, "inductor": True}, id="moe_from0-inductor"),
+])
+def test_layers_that_skip_the_rotary_embedding_are_layers(tmp_path, layers, nope_every, kw):
+    """NoPE layers (every 3rd or 4th: SmolLM3, Llama 4) run no rotary embedding: the rotary kernels run in only some
+    layers, and their smaller count cuts blocks of one or two layers. Every layer counts, one kind with rotary and one
+    without (times dense / MoE and the attention kind)."""
+    kw = dict(forwards=6, layers=layers, batch=8, nope_every=nope_every, seed=layers) | kw
+    d = report_dict(analyze_path(write(engine_forwards(**kw), tmp_path / "forwards.json")))
+    moe_from, alternate = kw.get("moe_from"), kw.get("alternate", False)
+    want = sorted(Counter((moe_from is not None and i >= moe_from, alternate and i % 2 == 1, (i + 1) % nope_every == 0)
+                          for i in range(layers)).values())
+    assert d["steps"]["decode"]["count"] == 6 and d["layers"] == layers
+    assert sorted(k["count"] for k in d["layer_kinds"]) == want
+
+
+VLLM_NORM = "void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>"
+VLLM_TAIL = [VLLM_NORM, "nvjet_sm90_tst_256x8_lm_head_TNT", "void at::native::reduce_kernel<ArgMaxOps<float>>"]
+
+
+def _vllm_layer(rope: bool) -> list[str]:
+    """A dense layer as vLLM runs Llama 4's attention: fused norms; a rotary kernel, then q and k each normed, in a
+    rotary layer only (a NoPE layer runs neither)."""
+    return ([VLLM_NORM, "nvjet_sm90_tst_64x8_qkv_TNT"]
+            + ["void vllm::rotary_embedding_kernel<c10::BFloat16, true>", "void vllm::rms_norm_kernel<float>",
+               "void vllm::rms_norm_kernel<float>"] * rope
+            + ["kernel_unified_attention_2d", "nvjet_sm90_tst_64x8_o_proj_TNT", VLLM_NORM,
+               "nvjet_sm90_tst_128x8_gate_up_TNT", "void vllm::act_and_mul_kernel<c10::BFloat16, silu>",
+               "nvjet_sm90_tst_64x8_down_TNT"])
+
+
+@pytest.mark.parametrize("layers", [12, 16, 24, 48])
+def test_nope_layers_among_rotary_layers_are_layers_of_their_own_kind(layers):
+    # The rotary kernels run in 3 of 4 layers (Llama 4 Scout: 48): their count's blocks hold one layer or two, and
+    # share more work than the layers do (the rotary besides what every layer runs); every layer still counts.
+    kinds = ["nope" if i % 4 == 3 else "rope" for i in range(layers)]
+    stack = [_vllm_layer(kind == "rope") for kind in kinds]
+    _assert_read_right([(PROLOGUE, stack, VLLM_TAIL), (PROLOGUE, stack, VLLM_TAIL)], kinds)
+
+
 # LFM2 as its eager decode forward runs (the H200 corpus trace, kernel for kernel): conv and attention layers in
 # turn, RMSNorm as eight kernels, the rotary tables in the forward's prologue on the norms' copy kernels.
 COPY, TO_BF16, MUL, ELEMENTWISE, ADD = ("void at::native::direct_copy_kernel_cuda", "void at::native::bfloat16_copy",

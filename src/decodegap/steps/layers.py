@@ -10,7 +10,10 @@ So layers are read from counts, not from a repeating sequence:
   of times (0 in a kind without it; one other number in some, as an expert loop with an idle expert);
 - a count is no partition when a layer's worth of its per-layer work runs outside its blocks, when a block runs no
   matrix product (every layer projects: a norm and a residual add are a quarter of a layer), or when another count
-  holds its layers and more before them (the dense layers before a stack of MoE layers, whose own count is smaller);
+  holds its layers and more before them (the dense layers before a stack of MoE layers, whose own count is smaller),
+  or when its names run once in most but not all of a larger count's blocks and nowhere else while that count's
+  names run unequally often in its own (the rotary embedding that NoPE layers skip: its blocks hold one layer or
+  two), where the larger count's blocks are whole layers (_whole) and explain about as many kernels (_merges);
   a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers; every set of
   names that interleaves on a count proposes a partition (a rotary pair, twice in each attention layer of a conv /
   attention stack, cuts none; a mask copied once before the layers and once per MoE layer cuts a poor one): the
@@ -173,6 +176,10 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     partitions = candidates + open_ended
     # A count that leaves a layer out is no partition: the MoE layers' own count leaves the dense ones before them.
     candidates = [b for b in candidates if not _leaves_out_first(b, candidates)]
+    # A count whose names run in only some layers (the rotary embedding NoPE layers skip) cuts blocks of one or two
+    # layers: the names that count every layer run unequally often in its blocks, while it runs at most once in each
+    # of theirs. Its blocks merge layers, so it is no partition where the larger count explains as much.
+    candidates = [b for b in candidates if not any(_merges(b, o, ids, positions, gemm, act_at) for o in candidates)]
     # A finer count explaining clearly fewer kernels than a coarser one is a loop inside the layers (an eager MoE
     # layer's experts, all taken when a training batch routes tokens to every one), not the layers.
     candidates = [b for b in candidates
@@ -287,6 +294,22 @@ def _leaves_out_first(blocks: _Blocks, others) -> bool:
         if np.array_equal(held, np.arange(ahead, other.count)):
             return True
     return False
+
+
+def _merges(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int],
+            act_at: np.ndarray) -> bool:
+    """True when `coarse`'s blocks are runs of `fine`'s of unequal length: each name that counts `coarse` runs once
+    in most of `fine`'s blocks and in no other (per-layer work some layers skip), none that counts `fine` runs a
+    fixed number of times in `coarse`'s (one layer here, two there), and `fine` explains about as many kernels. (A
+    layer's halves, an expert loop's bodies hold the layer's names a fixed number of times: no merge.)"""
+    if fine.count <= coarse.count or fine.explained < NEAR_EXPLAINED * coarse.explained:
+        return False
+    # Most layers run the skippable work (3 of 4 rotary layers); names in few of the blocks (a layer's attention
+    # among its experts' loop bodies) count the layers, and the finer blocks are a loop inside them.
+    once = all(n in fine.periodic and fine.periodic[n][0] == 1 and 2 * fine.periodic[n][1] > fine.count
+               for n in coarse.backers)
+    return (once and not any(coarse.periodic.get(n, (0,))[0] for n in fine.backers)
+            and _whole(coarse, fine, ids, positions, gemm, act_at))
 
 
 def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
