@@ -300,8 +300,9 @@ def _merges(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int
             act_at: np.ndarray) -> bool:
     """True when `coarse`'s blocks are runs of `fine`'s of unequal length: each name that counts `coarse` runs once
     in most of `fine`'s blocks and in no other (per-layer work some layers skip), none that counts `fine` runs a
-    fixed number of times in `coarse`'s (one layer here, two there), and `fine` explains about as many kernels. (A
-    layer's halves, an expert loop's bodies hold the layer's names a fixed number of times: no merge.)"""
+    fixed number of times in `coarse`'s (one layer here, two there), `fine` explains about as many kernels and its
+    blocks are whole layers (_whole: halves cut by a name that some layers run twice, a GLM-5 MoE layer's, leave
+    one half without an MLP activation)."""
     if fine.count <= coarse.count or fine.explained < NEAR_EXPLAINED * coarse.explained:
         return False
     # Most layers run the skippable work (3 of 4 rotary layers); names in few of the blocks (a layer's attention
