@@ -194,13 +194,49 @@ FAMILIES.update({
                                        num_dense_layers=2),
                  "hybrid: conv and attention layers in turn, 2 dense then grouped-GEMM MoE (LFM2-MoE)"),
 })
+# The third holdout's families (`--holdout3`): older and other dense designs none of the above has.
+FAMILIES.update({
+    "phi": ("PhiConfig", dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, vocab_size=VOCAB,
+                              max_position_embeddings=512, partial_rotary_factor=0.5),
+            "parallel attention + MLP from one LayerNorm, partial rotary, GELU (Phi-2)"),
+    "stablelm": ("StableLmConfig", dict(DENSE, partial_rotary_factor=0.25), "LayerNorm, a quarter rotary (StableLM 2)"),
+    "falcon": ("FalconConfig", dict(hidden_size=256, num_attention_heads=4, vocab_size=VOCAB, multi_query=True,
+                                    parallel_attn=True, new_decoder_architecture=False),
+               "multi-query attention in parallel with the MLP, fused qkv (Falcon-7B)"),
+    "bloom": ("BloomConfig", dict(hidden_size=256, n_head=4, vocab_size=VOCAB),
+              "ALiBi position biases, eager attention, an embedding LayerNorm (BLOOM)"),
+    "opt": ("OPTConfig", dict(hidden_size=256, ffn_dim=512, num_attention_heads=4, vocab_size=VOCAB,
+                              max_position_embeddings=512, word_embed_proj_dim=256),
+            "learned positions, ReLU MLP, biases (OPT)"),
+    "gptj": ("GPTJConfig", dict(n_embd=256, n_head=4, rotary_dim=32, vocab_size=VOCAB, n_positions=512),
+             "parallel attention + MLP, interleaved partial rotary, eager attention (GPT-J)"),
+    "gpt_bigcode": ("GPTBigCodeConfig", dict(n_embd=256, n_head=4, vocab_size=VOCAB, n_positions=512,
+                                             multi_query=True),
+                    "multi-query attention, learned positions (StarCoder 1 / SantaCoder)"),
+    "gemma": ("GemmaConfig", dict(DENSE, head_dim=64), "GeGLU MLP, scaled embeddings (Gemma 1)"),
+    "glm4": ("Glm4Config", dict(DENSE, head_dim=64, pad_token_id=0), "post-attention and post-MLP norms, fused "
+                                                                       "gate_up (GLM-4-0414)"),
+    "olmo": ("OlmoConfig", dict(DENSE), "non-parametric LayerNorm (OLMo 1)"),
+    "mpt": ("MptConfig", dict(d_model=256, n_heads=4, vocab_size=VOCAB, max_seq_len=512),
+            "ALiBi, no biases, blocks named `blocks`, eager attention (MPT)"),
+    "codegen": ("CodeGenConfig", dict(n_embd=256, n_head=4, rotary_dim=32, vocab_size=VOCAB, n_positions=512),
+                "fused qkv with an interleaved head layout, parallel attention + MLP, eager attention (CodeGen)"),
+    "nemotron": ("NemotronConfig", dict(DENSE, head_dim=64), "squared-ReLU MLP without gate, LayerNorm1P "
+                                                              "(Nemotron-4)"),
+    "persimmon": ("PersimmonConfig", dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                          vocab_size=VOCAB, max_position_embeddings=512),
+                  "q/k LayerNorms, squared-ReLU MLP, partial rotary (Persimmon)"),
+    "xglm": ("XGLMConfig", dict(d_model=256, ffn_dim=512, attention_heads=4, vocab_size=VOCAB,
+                                max_position_embeddings=512),
+             "sinusoidal positions, GELU, eager attention (XGLM)"),
+})
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "qwen3_next", "jamba", "glm4_moe",
        "phimoe", "granitemoe", "granitemoehybrid", "deepseek_v2", "ernie4_5_moe", "minimax", "jetmoe", "qwen3_5_moe",
        "dots1", "hunyuan_moe", "lfm2_moe"}
 # MoE families that run their experts on grouped GEMMs unless a spec says otherwise (the others: the eager loop)
 GROUPED_EXPERTS = {"granitemoe", "granitemoehybrid", "qwen3_5_moe", "dots1", "lfm2_moe"}
 NO_ATTENTION = {"mamba2"}  # no attention implementation to choose
-EAGER_ATTENTION = {"gpt_oss"}  # no SDPA path in transformers 5.17
+EAGER_ATTENTION = {"gpt_oss", "bloom", "gptj", "mpt", "codegen", "xglm"}  # no SDPA path in transformers 5.17
 
 
 def family_config(family: str, layers: int):
@@ -208,10 +244,9 @@ def family_config(family: str, layers: int):
 
     cname, kw, _ = FAMILIES[family]
     kw = dict(kw)
-    if family == "gpt2":
-        kw["n_layer"] = layers
-    else:
-        kw["num_hidden_layers"] = layers
+    layer_key = {"gpt2": "n_layer", "bloom": "n_layer", "gptj": "n_layer", "gpt_bigcode": "n_layer",
+                 "codegen": "n_layer", "mpt": "n_layers", "xglm": "num_layers"}
+    kw[layer_key.get(family, "num_hidden_layers")] = layers
     if family in ("lfm2", "lfm2_moe"):  # attention at every other layer, the conv layers between
         kw["layer_types"] = ["conv" if i % 2 == 0 else "full_attention" for i in range(layers)]
     if family in ("qwen3_next", "qwen3_5_moe", "minimax"):
@@ -252,7 +287,7 @@ def build(family: str, layers: int, device: str, experts: str | None = None):
 def decoder_layers(model) -> list:
     n = model.config.num_hidden_layers
     for name, m in model.named_modules():
-        if isinstance(m, torch.nn.ModuleList) and len(m) == n and name.rsplit(".", 1)[-1] in ("layers", "h"):
+        if isinstance(m, torch.nn.ModuleList) and len(m) == n and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
             return list(m)
     raise RuntimeError(f"no decoder-layer list of {n} in {type(model).__name__}")
 
@@ -1363,6 +1398,27 @@ HOLDOUT2 = [
     S("qwen3_moe4_train_accum_profstep", "qwen3_moe", "train", layers=4, rs=False, steps=[2],
       opts={"markers": "profstep", "micro": 3}, cost=10),
 ]
+# A third holdout (`--holdout3`): older and other dense designs (parallel attention + MLP, ALiBi, multi-query,
+# learned and sinusoidal positions, ReLU / squared-ReLU / GeGLU MLPs, post-norms) in the corpus's loops; never
+# committed as fixtures.
+HOLDOUT3 = [
+    S("phi6_eager_generate", "phi", "eager_generate", layers=6, batch=2, steps=[10, 8]),
+    S("stablelm6_sample_padded", "stablelm", "sample_padded", layers=6, batch=3, rs=False, steps=[10, 8]),
+    S("falcon6_hand", "falcon", "hand", layers=6, rs=False, steps=[10, 8]),
+    S("bloom6_eager_generate", "bloom", "eager_generate", layers=6, steps=[10, 8]),
+    S("opt6_profstep_hand", "opt", "profstep_hand", layers=6, steps=[6, 5]),
+    S("gptj6_eager_generate", "gptj", "eager_generate", layers=6, rs=False, steps=[10, 8]),
+    S("gpt_bigcode6_hand", "gpt_bigcode", "hand", layers=6, batch=2, steps=[10, 8]),
+    S("gemma8_cudagraph", "gemma", "cudagraph", layers=8, steps=[10, 8]),
+    S("glm4_6_beam", "glm4", "beam_generate", layers=6, batch=2, rs=False, steps=[8, 6]),
+    S("olmo6_train_nomarkers", "olmo", "train", layers=6, rs=False, steps=[2], opts={"markers": "none"}),
+    S("mpt6_eager_generate", "mpt", "eager_generate", layers=6, rs=False, steps=[10, 8]),
+    S("codegen6_sample_padded", "codegen", "sample_padded", layers=6, batch=3, steps=[8, 6]),
+    S("nemotron6_hand", "nemotron", "hand", layers=6, rs=False, steps=[10, 8]),
+    S("persimmon6_eager_generate", "persimmon", "eager_generate", layers=6, steps=[10, 8]),
+    S("xglm6_midstep", "xglm", "midstep", layers=6, rs=False, steps=[5, 4]),
+    S("phi12_compiled_generate", "phi", "compiled_generate", layers=12, steps=[10, 8], cost=COMPILE_COST + 10),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
@@ -1462,7 +1518,7 @@ def make_cut(out_dir: str, name: str, source: str, keep_forwards: int | None) ->
 
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -1493,7 +1549,7 @@ def corpus_bytes(out_dir: str) -> int:
 def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -1569,7 +1625,7 @@ def table_rows(folder: str) -> str:
 
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -1591,6 +1647,7 @@ def main() -> None:
     parser.add_argument("--no-cuts", action="store_true")
     parser.add_argument("--holdout", action="store_true", help="make the HOLDOUT traces instead (no cuts)")
     parser.add_argument("--holdout2", action="store_true", help="make the HOLDOUT2 traces instead (no cuts)")
+    parser.add_argument("--holdout3", action="store_true", help="make the HOLDOUT3 traces instead (no cuts)")
     parser.add_argument("--seconds", type=float, help="start no new trace after this many seconds")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1605,8 +1662,9 @@ def main() -> None:
             print(f"{s.name:36s} {s.family:12s} {s.loop:24s} layers {s.layers:2d} batch {s.batch} rs {s.rs} {s.opts}")
         return
     os.makedirs(args.out_dir, exist_ok=True)
-    names = args.only or [s.name for s in (HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)]
-    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2}
+    chosen = HOLDOUT3 if args.holdout3 else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS
+    names = args.only or [s.name for s in chosen]
+    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
@@ -1631,7 +1689,7 @@ def main() -> None:
             if p.returncode not in (0, 1):
                 failed.append(f"worker {i} died (rc {p.returncode})")
             os.remove(logf.name)
-    if not args.worker and not args.only and not args.holdout and not args.holdout2:
+    if not args.worker and not args.only and chosen is SPECS:
         failed += shrink_to_budget(args.out_dir, args.device, TOTAL_LIMIT - 1_500_000)  # room for cuts + README
     if not args.worker:
         try:
