@@ -315,3 +315,24 @@ def test_a_capture_inside_an_accumulating_iteration_leaves_it_out(tmp_path, micr
     d = _d(path)
     assert _counts(d) == {"training": 4}
     assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx(busy[1:5], abs=1e-3)
+
+
+@pytest.mark.parametrize("markers", ["gpu", "cpu", None])
+def test_learned_positions_are_a_second_lookup_of_the_same_forward(tmp_path, markers):
+    """OPT and GPT-2 look up learned position embeddings a few launches after the token embeddings: one forward, in
+    a ProfilerStep window holding just that forward as in a trace without marks (two lookups in one window were read
+    as two forwards: 12 steps for 6). Each step holds exactly its forward's kernels: the generator leaves 200 us
+    between forwards and 1 us between a forward's kernels."""
+    from tracegen import decode_loop
+
+    doc = decode_loop(steps=6, layers=4, markers=markers, positions=True)
+    kernels = sorted((e["ts"], e["dur"]) for e in doc["traceEvents"] if e.get("cat") == "kernel")
+    busy, last_end = [], None
+    for ts, dur in kernels:
+        if last_end is None or ts - last_end > 100:
+            busy.append(0.0)
+        busy[-1] += dur / 1e3
+        last_end = ts + dur
+    d = _d(write(doc, tmp_path / "t.json"))
+    assert _counts(d) == {"decode": 6} and d["layers"] == 4 and d["steps"]["dropped_partial"] == 0
+    assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx(busy, abs=1e-6) and len(busy) == 6

@@ -20,8 +20,9 @@ STEP_KERNELS = [("void at::native::index_select_kernel<c10::BFloat16>", 5.0),
 def decode_loop(steps: int = 5, layers: int = 4, markers: str | None = "gpu", gap_us: float = 200.0,
                 graph: bool = False, rocm: bool = False, integer_us: bool = False, old_categories: bool = False,
                 prefill: bool = False, collective_us: float | None = None, rank: int | None = None,
-                base_us: float = 1_000_000.0, extra_layer_kernels: tuple = ()) -> dict:
-    """A Kineto-shaped trace of `steps` decode steps of `layers` layers each."""
+                base_us: float = 1_000_000.0, extra_layer_kernels: tuple = (), positions: bool = False) -> dict:
+    """A Kineto-shaped trace of `steps` decode steps of `layers` layers each. `positions`: learned position
+    embeddings (OPT, GPT-2): the positions computed from the mask (two kernels), then a second embedding lookup."""
     events: list[dict] = []
     kernel_cat = "Kernel" if old_categories else "kernel"
     runtime_cat = "Runtime" if old_categories else "cuda_runtime"
@@ -74,6 +75,11 @@ def decode_loop(steps: int = 5, layers: int = 4, markers: str | None = "gpu", ga
             events.append({"ph": "X", "cat": runtime_cat, "name": "cudaGraphLaunch", "pid": 1, "tid": 1,
                            "ts": ts(t_gpu - 30), "dur": 9.0, "args": {"correlation": graph_corr, "External id": 0}})
         emit_kernel(STEP_KERNELS[0][0], STEP_KERNELS[0][1], "aten::embedding")
+        if positions:
+            emit_kernel("void at::native::tensor_kernel_scan_innermost_dim<long>", 2.0, "aten::cumsum")
+            emit_kernel("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctorOnSelf_add<long>>",
+                        1.0, "aten::sub")
+            emit_kernel(STEP_KERNELS[0][0], 2.0, "aten::embedding")
         for _ in range(layers):
             for name, category, dur in layer_kernels:
                 if is_prefill and category == "attention":

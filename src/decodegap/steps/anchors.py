@@ -182,8 +182,12 @@ def group(times: np.ndarray, sorted_when: np.ndarray, last: bool = False) -> np.
     the first time of each group, or the last (`last`, for anchors that close a forward)."""
     if len(times) < 2:
         return times
-    launches = np.diff(np.searchsorted(sorted_when, times))
+    at = np.searchsorted(sorted_when, times)
+    launches = np.diff(at)
     widest = launches.max()
+    if len(times) == 2:  # one spacing says nothing of a forward's size (a step annotation's window): the launches
+        # past the last (a start anchor's forward) or before the first (an end anchor's) do
+        widest = max(widest, at[0] if last else len(sorted_when) - at[1])
     if widest == 0:
         return times[-1:] if last else times[:1]
     apart = launches >= GROUP_GAP * widest
