@@ -22,7 +22,8 @@ So layers are read from counts, not from a repeating sequence:
   not make half-layers, an eager MoE's expert groups do not make layers); a block of k layers of a few kinds (a
   hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
   them (two names that take turns at one place in the blocks, sliding and full attention, count as run in every
-  one), most of them run work of their own besides, and each runs an MLP activation (every layer has its MLP or
+  one), most of them run work of their own besides or they are alike but for the coarser count's own kernel (a mask
+  Inductor fuses into every 4th layer: _alike), and each runs an MLP activation (every layer has its MLP or
   experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike; the last
   block runs to the forward's end, since a last layer of another kind, MoE after dense, runs longer than a typical
   block);
@@ -324,10 +325,25 @@ def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     for fine in sorted(finer, key=lambda b: (b.count, b.common), reverse=True):
         common = fine.common + _taking_turns(fine, positions, gemm)
         if (fine.explained >= NEAR_EXPLAINED * best.explained and common >= FINER_COMMON * fine.beside_gemm
-                and _own_work_share(fine, positions, gemm) >= FINER_COMMON
+                and (_own_work_share(fine, positions, gemm) >= FINER_COMMON or _alike(best, fine, positions))
                 and _whole(best, fine, ids, positions, gemm, act_at)):
             return fine
     return best
+
+
+def _alike(coarse: _Blocks, fine: _Blocks, positions: dict[int, np.ndarray]) -> bool:
+    """The finer blocks are alike layers, and the coarser count only the kernels that run in every few of them: no
+    name but the coarser count's own runs in some interior finer blocks and not in others (a mask Inductor fuses into
+    every 4th layer; a hybrid group's layers each run a mixer of their own instead)."""
+    c = fine.count
+    if c < 4:
+        return False
+    partial = 0
+    for n, p in positions.items():
+        held = np.unique(np.searchsorted(fine.bounds, p, side="right") - 1)
+        interior = held[(held >= 1) & (held < c - 1)]
+        partial += 0 < len(interior) < c - 2 and n not in coarse.backers
+    return partial == 0
 
 
 def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[int]) -> int:
