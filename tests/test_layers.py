@@ -819,14 +819,15 @@ def _phi_layer(i: int) -> list[str]:
             1: "triton_per_fused_add_embedding_native_layer_norm_view_8",
             2: "triton_per_fused_add_embedding_native_layer_norm_view_9"}.get(
         i, f"triton_per_fused_add_native_layer_norm_view_{10 + i % 2}")
-    rotary_tables = (["triton_poi_fused__to_copy_expand_unsqueeze_1", "triton_poi_fused__to_copy_bmm_expand_unsqueeze_2",
+    rotary_tables = (["triton_poi_fused__to_copy_expand_unsqueeze_1",
+                      "triton_poi_fused__to_copy_bmm_expand_unsqueeze_2",
                       "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_tn_align1>"] if i == 0 else [])
     return ([norm, PHI_GEMM] + rotary_tables
             + [PHI_GEMM, "triton_poi_fused__to_copy_add_bmm_cat_cos_mul_neg_sin_slice_transpose_unsqueeze_view_3",
                "triton_poi_fused_cat_4", PHI_GEMM, "triton_poi_fused_cat_transpose_view_5"]
             + ([PHI_MASK] if i % 4 == 0 else [])
-            + ["fmha_cutlassF_bf16_aligned_64x64_rf_sm80", PHI_GEMM, PHI_GEMM, "triton_poi_fused_add_mul_pow_tanh_view_7",
-               PHI_GEMM])
+            + ["fmha_cutlassF_bf16_aligned_64x64_rf_sm80", PHI_GEMM, PHI_GEMM,
+               "triton_poi_fused_add_mul_pow_tanh_view_7", PHI_GEMM])
 
 
 PHI_PROLOGUE = ["void at::native::vectorized_elementwise_kernel<2, at::native::BinaryFunctor<long>>",
