@@ -601,57 +601,42 @@ def fit(ctx: Ctx, spec: Spec, capture) -> None:
     print(f"{spec.name}: still {size / 1e3:.0f} kB at the smallest knob", flush=True)
 
 
-def loop_eager_generate(ctx: Ctx, spec: Spec) -> None:
+def _one_generate(ctx: Ctx, spec: Spec, extra: dict, what) -> None:
+    """A warm-up generate, then profile() around one generate(max_new_tokens=n, **extra); `what(n)` describes it."""
     model = build(spec.family, spec.layers, ctx.device)
     info = layer_info(model, ctx.device)
     log = ForwardLog(model)
     ids = prompt(spec.batch, ctx.device)
     with torch.no_grad():
-        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(3))  # warm-up
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(3), **extra)  # warm-up
     sync(ctx.device)
 
     def capture(n):
         log.clear()
         with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
             log.set_rec(True)
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(n))
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(n), **extra)
             sync(ctx.device)
             log.set_rec(False)
-        return prof, log, base_truth(
-            spec, info, f"greedy model.generate(max_new_tokens={n}) at batch {spec.batch}, prompt {PROMPT} tokens, "
-                        "DynamicCache; no step markers",
-            "profile(activities=[CPU, CUDA]) around one generate(); a warm-up generate ran before"), None
+        how = "profile(activities=[CPU, CUDA]) around one generate(); a warm-up generate ran before"
+        return prof, log, base_truth(spec, info, what(n), how), None
 
     fit(ctx, spec, capture)
+
+
+def loop_eager_generate(ctx: Ctx, spec: Spec) -> None:
+    _one_generate(ctx, spec, {}, lambda n: f"greedy model.generate(max_new_tokens={n}) at batch {spec.batch}, prompt "
+                                           f"{PROMPT} tokens, DynamicCache; no step markers")
 
 
 def loop_beam_generate(ctx: Ctx, spec: Spec) -> None:
     """Beam search: generate(num_beams=opts beams, default 3) on batch x beams rows; the cache is reordered by the
     surviving beams after every step (an index_select per layer's keys and values, between the forwards)."""
     beams = spec.opts.get("beams", 3)
-    model = build(spec.family, spec.layers, ctx.device)
-    info = layer_info(model, ctx.device)
-    log = ForwardLog(model)
-    ids = prompt(spec.batch, ctx.device)
-    kw = lambda n: dict(gen_kwargs(n), num_beams=beams, early_stopping=False, length_penalty=0.0)  # noqa: E731
-    with torch.no_grad():
-        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw(3))  # warm-up
-    sync(ctx.device)
-
-    def capture(n):
-        log.clear()
-        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
-            log.set_rec(True)
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw(n))
-            sync(ctx.device)
-            log.set_rec(False)
-        return prof, log, base_truth(
-            spec, info, f"beam search model.generate(num_beams={beams}, max_new_tokens={n}) at batch {spec.batch} "
-                        f"({spec.batch * beams} rows), prompt {PROMPT} tokens, DynamicCache reordered by beam every "
-                        "step; no step markers",
-            "profile(activities=[CPU, CUDA]) around one generate(); a warm-up generate ran before"), None
-
-    fit(ctx, spec, capture)
+    _one_generate(ctx, spec, dict(num_beams=beams, early_stopping=False, length_penalty=0.0),
+                  lambda n: f"beam search model.generate(num_beams={beams}, max_new_tokens={n}) at batch {spec.batch} "
+                            f"({spec.batch * beams} rows), prompt {PROMPT} tokens, DynamicCache reordered by beam "
+                            "every step; no step markers")
 
 
 def padded_prompts(batch: int, device: str):
