@@ -1404,6 +1404,22 @@ HOLDOUT3 = [
     S("xglm6_midstep", "xglm", "midstep", layers=6, rs=False, steps=[5, 4]),
     S("phi12_compiled_generate", "phi", "compiled_generate", layers=12, steps=[10, 8], cost=COMPILE_COST + 10),
 ]
+# A fourth holdout (`--holdout4`): the second holdout's stacks that read wrong at first (and were fixed on its
+# traces), at other depths and in other loops, to check that the fixes hold beyond the traces that led to them.
+HOLDOUT4 = [
+    S("bamba12_sample_padded", "bamba", "sample_padded", layers=12, batch=3, rs=False, steps=[6, 5], cost=10),
+    S("bamba6_profstep_hand", "bamba", "profstep_hand", layers=6, batch=2, steps=[5, 4], cost=8),
+    S("recurrent_gemma9_hand", "recurrent_gemma", "hand", layers=9, batch=2, rs=False, steps=[8, 6]),
+    S("zamba2_9_eager_generate", "zamba2", "eager_generate", layers=9, batch=2, rs=False, steps=[6, 5], cost=10),
+    S("granitemoehybrid12_sample_padded", "granitemoehybrid", "sample_padded", layers=12, batch=3, rs=False,
+      steps=[6, 5], cost=10),
+    S("dots1_6_eager_generate", "dots1", "eager_generate", layers=6, batch=2, steps=[8, 6]),
+    S("smollm3_12_hand", "smollm3", "hand", layers=12, rs=False, steps=[10, 8]),
+    S("opt8_eager_generate", "opt", "eager_generate", layers=8, batch=2, steps=[10, 8]),
+    S("phi8_profstep_hand", "phi", "profstep_hand", layers=8, steps=[6, 5]),
+    S("minimax8_train_nomarkers", "minimax", "train", layers=8, rs=False, steps=[2], opts={"markers": "none"},
+      cost=10),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
@@ -1503,7 +1519,7 @@ def make_cut(out_dir: str, name: str, source: str, keep_forwards: int | None) ->
 
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -1534,7 +1550,7 @@ def corpus_bytes(out_dir: str) -> int:
 def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -1610,7 +1626,7 @@ def table_rows(folder: str) -> str:
 
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -1633,6 +1649,7 @@ def main() -> None:
     parser.add_argument("--holdout", action="store_true", help="make the HOLDOUT traces instead (no cuts)")
     parser.add_argument("--holdout2", action="store_true", help="make the HOLDOUT2 traces instead (no cuts)")
     parser.add_argument("--holdout3", action="store_true", help="make the HOLDOUT3 traces instead (no cuts)")
+    parser.add_argument("--holdout4", action="store_true", help="make the HOLDOUT4 traces instead (no cuts)")
     parser.add_argument("--seconds", type=float, help="start no new trace after this many seconds")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1647,9 +1664,10 @@ def main() -> None:
             print(f"{s.name:36s} {s.family:12s} {s.loop:24s} layers {s.layers:2d} batch {s.batch} rs {s.rs} {s.opts}")
         return
     os.makedirs(args.out_dir, exist_ok=True)
-    chosen = HOLDOUT3 if args.holdout3 else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS
+    chosen = (HOLDOUT4 if args.holdout4 else HOLDOUT3 if args.holdout3 else HOLDOUT2 if args.holdout2
+              else HOLDOUT if args.holdout else SPECS)
     names = args.only or [s.name for s in chosen]
-    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3}
+    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
