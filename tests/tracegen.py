@@ -209,11 +209,9 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
         rope = [(name("poi_fused_rotary_cat"), 2.0, "aten::add", None)]
         if nope_every:
             rope = [] if (i + 1) % nope_every == 0 else [
-                ("void at::native::mul_kernel", 1.0, "aten::mul", None), ("void at::native::neg_kernel", 1.0,
-                                                                          "aten::neg", None),
-                ("void at::native::CatArrayBatchedCopy", 1.0, "aten::cat", None),
-                ("void at::native::mul_kernel", 1.0, "aten::mul", None),
-                ("void at::native::CUDAFunctor_add", 1.0, "aten::add", None)]
+                (f"void at::native::{kernel}", 1.0, f"aten::{op}", None)
+                for kernel, op in (("mul_kernel", "mul"), ("neg_kernel", "neg"), ("CatArrayBatchedCopy", "cat"),
+                                   ("mul_kernel", "mul"), ("CUDAFunctor_add", "add"))]
         pre = [(name("red_fused_add_mean_mul_pow_rsqrt"), 3.0, "aten::rms_norm", None),
                ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", 12.0, "aten::mm", [[tokens, 4096], [4096, 6144]])] + rope
         attention = [(attn, 20.0, "vllm::unified_attention", None)]
@@ -270,11 +268,12 @@ def engine_forwards(forwards: int = 1, layers: int = 8, annotation: str | None =
         launch("void vllm::rms_norm_kernel<c10::BFloat16>", 3.0, "aten::rms_norm")
         lm_rows = batch
         launch("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT", 60.0, "aten::mm", [[lm_rows, 4096], [4096, vocab]])
-        if not sampling_in_graph:
+        if not sampling_in_graph:  # the argmax runs eagerly after the graph
             end_graph()
         launch("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
                8.0, "aten::argmax")
-        end_graph()
+        if sampling_in_graph:
+            end_graph()
         if item:  # a stop-token check, the token copied to the host, and the host waiting for it
             launch("void at::native::vectorized_elementwise_kernel<4, at::native::CompareEqFunctor<long>>", 2.0,
                    "aten::eq")
