@@ -776,8 +776,9 @@ __device__ __forceinline__ void wgmma_pv32(float (&d)[16], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-// The 18 k-steps of a tile's scores as one async group, issued (not waited for).
-__device__ __forceinline__ void issue_scores64(float (&sc)[32], uint2 dk, uint2 dkr, uint2 dq, uint2 dqr) {
+// The 18 k-steps as one async group; `hand_over` (a named barrier id, or 0): arrived at once they are issued.
+__device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dkr, uint2 dq, uint2 dqr,
+                                             int hand_over) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 16; ++ks)
@@ -786,12 +787,6 @@ __device__ __forceinline__ void issue_scores64(float (&sc)[32], uint2 dk, uint2 
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) wgmma_qk64(sc, desc_at(dkr, 32 * ks), desc_at(dqr, 32 * ks), 1);
   wgmma_commit();
-}
-
-// The same, waited for; `hand_over` (a named barrier id, or 0): arrived at once they are issued.
-__device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dkr, uint2 dq, uint2 dqr,
-                                             int hand_over) {
-  issue_scores64(sc, dk, dkr, dq, dqr);
   if (hand_over) named_bar_arrive(hand_over, 256);
   wgmma_wait<0>();
   fence_regs(sc);
@@ -802,14 +797,8 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
 // m64n64k16), so it widens only its half of each tile's V rows. Both consumers' P^T (double-buffered by tile
 // parity), the flags and factors of a moved reference max, and at the end the softmax sums go through shared
 // memory, with one barrier of both consumers (named barrier 5) a tile.
-// AHEAD (variant 45, with DIMSPLIT): a consumer issues the next tile's score products as soon as its softmax of this
-// tile is done, before this tile's P.V, so that the tensor pipe works on scores and P.V of both consumers while the
-// other's softmax runs (one score tile in flight: 32 more registers during P.V, where the softmax's are free); no
-// turns: the two consumers fall half a tile apart by themselves (the second one's first scores queue behind the
-// first one's).
-template <bool DIMSPLIT, bool AHEAD>
+template <bool DIMSPLIT>
 __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
-  static_assert(DIMSPLIT || !AHEAD, "AHEAD builds on DIMSPLIT");
   using L = WideLayout;
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -946,35 +935,21 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
   // threads: one waits, the other arrives), so that one's softmax runs while the other's products do (1-2% faster
   // on the H100 than letting them run free); the first turn is warpgroup 0's, and each turn handed over is taken
   // (warpgroup 1 hands none over after its last tile).
-  if (!AHEAD && k == 1 && ntiles > 0) named_bar_arrive(3, 256);
-  float sc[32];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) sc[i] = 0.f;
-  auto tile_landed = [&](int t) { mbar_wait(bar_full + 8 * (t % kWideStages), (t / kWideStages) & 1); };
-  auto stage_of = [&](int t) { return sbase + L::kStage + (t % kWideStages) * kStageBytes; };
-  if (AHEAD && ntiles > 0) {
-#pragma unroll
-    for (int i = 0; i < kMT; ++i) fence_regs(o[i]);  // O's zeros are set before any wgmma is in flight
-    tile_landed(0);
-    issue_scores64(sc, desc_words<1>(stage_of(0), 1024), desc_words<2>(stage_of(0) + kRope, 512), dq, dqr);
-  }
+  if (k == 1 && ntiles > 0) named_bar_arrive(3, 256);
 
   for (int t = 0; t < ntiles; ++t) {
     const int s = t % kWideStages, par = DIMSPLIT ? t & 1 : 0;
-    const uint32_t stage = stage_of(t);
+    const uint32_t stage = sbase + L::kStage + s * kStageBytes;
     uint8_t* psm = smem + L::kP + par * 2 * kWidePBytes + k * kWidePBytes;  // this warpgroup's P^T rows
     const uint2 dp = desc_words<1>(sbase + L::kP + par * 2 * kWidePBytes + (DIMSPLIT ? 0 : k * kWidePBytes), 1024);
-    if constexpr (AHEAD) {
-      wgmma_wait<0>();  // tile 0's scores (the later tiles' were retired with the tile before's P.V)
-      fence_regs(sc);
-    } else {
-      tile_landed(t);
+    mbar_wait(bar_full + 8 * s, (t / kWideStages) & 1);  // tile t has landed
+
+    float sc[32];
 #pragma unroll
-      for (int i = 0; i < 32; ++i) sc[i] = 0.f;
-      named_bar_sync(3 + k, 256);  // this warpgroup's turn
-      score_tile64(sc, desc_words<1>(stage, 1024), desc_words<2>(stage + kRope, 512), dq, dqr,
-                   k == 0 || t + 1 < ntiles ? 4 - k : 0);
-    }
+    for (int i = 0; i < 32; ++i) sc[i] = 0.f;
+    named_bar_sync(3 + k, 256);  // this warpgroup's turn
+    score_tile64(sc, desc_words<1>(stage, 1024), desc_words<2>(stage + kRope, 512), dq, dqr,
+                 k == 0 || t + 1 < ntiles ? 4 - k : 0);
 
     // sv[4j + f]: token row 16w + g + 8 (f >> 1), head 8j + 2c + (f & 1)
     const int live = end - (start + t * kBN);  // rows at or past `live` lie past the slice's end
@@ -1015,18 +990,10 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     }
 #pragma unroll
     for (int q = 0; q < 16; ++q) l_run[2 * (q >> 2) + (q & 1)] += p[q];
-    if (AHEAD && t + 1 < ntiles) {  // sv and p are spent: the accumulator takes tile t + 1's scores
-      tile_landed(t + 1);
-      issue_scores64(sc, desc_words<1>(stage_of(t + 1), 1024), desc_words<2>(stage_of(t + 1) + kRope, 512), dq, dqr);
-    }
     if constexpr (DIMSPLIT) {
       named_bar_sync(5, 256);  // both consumers' P^T, flags and factors are written
       const bool f0 = xflag[2 * par], f1 = xflag[2 * par + 1];
       if (f0 || f1) {  // rare: a reference max moved; this thread's heads 8j + 2c + e belong to consumer j >> 2
-        if constexpr (AHEAD) {  // no accumulator is rewritten while a wgmma is in flight: the next scores first
-          wgmma_wait<0>();
-          fence_regs(sc);
-        }
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -1083,7 +1050,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
       }
       wgmma_commit();
     }
-    wgmma_wait<0>();  // AHEAD: with tile t + 1's scores, issued before (retired in order: long done)
+    wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < kMT; ++i) fence_regs(o[i]);
   }
@@ -1287,8 +1254,7 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
 extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
   *block_n = kBN;
   *smem_bytes = WideLayout::kAlloc;
-  for (auto kernel : {mla_decode_tok_wide_sm90<false, false>, mla_decode_tok_wide_sm90<true, false>,
-                      mla_decode_tok_wide_sm90<true, true>}) {
+  for (auto kernel : {mla_decode_tok_wide_sm90<false>, mla_decode_tok_wide_sm90<true>}) {
     const int err = prepare_kernel(kernel, kWideThreads, WideLayout::kAlloc, regs, per_sm);
     if (err != cudaSuccess) return err;
     // setmaxnreg.inc waits until the CTA's registers allow it: a build with fewer per thread would hang
@@ -1304,25 +1270,21 @@ extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stri
 }
 
 // fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
-// merge, also for one split. mode: 0 = P.V by heads (variant 41), 1 = by dims (42), 3 = by dims with the next tile's
-// scores issued ahead (45). Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA, or
-// for an unknown mode).
+// merge, also for one split. Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA).
 extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* table, const void* lens, void* part,
                                   void* part_lse, long long stride_qb, long long stride_qh, long long stride_page,
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
-                                  int batch, int page_size, long long num_pages, float qk_scale, int mode,
+                                  int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
                                   void* stream) {
-  if (num_heads < 1 || num_splits < 1 || (mode != 0 && mode != 1 && mode != 3)) return cudaErrorInvalidValue;
+  if (num_heads < 1 || num_splits < 1) return cudaErrorInvalidValue;
   Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
                      num_heads, num_splits, page_size, qk_scale);
   if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (mode == 3)
-    mla_decode_tok_wide_sm90<true, true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
-  else if (mode == 1)
-    mla_decode_tok_wide_sm90<true, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+  if (dimsplit)
+    mla_decode_tok_wide_sm90<true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   else
-    mla_decode_tok_wide_sm90<false, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+    mla_decode_tok_wide_sm90<false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   return cudaGetLastError();
 }
