@@ -177,10 +177,8 @@ def _tok_library(device_index: int):
     lib.dg_mla_tokw_prepare.restype = i
     lib.dg_mla_tokw_applies.argtypes = [p, i, ll, ll]
     lib.dg_mla_tokw_applies.restype = i
-    lib.dg_mla_tokw_launch.argtypes = [p] * 6 + [ll] * 5 + [i] * 4 + [ll, f, i, p, i, p, p, ll, ll, f]
+    lib.dg_mla_tokw_launch.argtypes = [p] * 6 + [ll] * 5 + [i] * 4 + [ll, f, i, p]
     lib.dg_mla_tokw_launch.restype = i
-    lib.dg_mla_tokw_max_clusters.argtypes = [i, ctypes.POINTER(i)]
-    lib.dg_mla_tokw_max_clusters.restype = i
     return lib
 
 
@@ -246,33 +244,6 @@ def tok_cluster_combine(device_index: int, variant: int, splits: int, batch: int
     info = kernel_info(device_index, variant)
     slots = info.ctas_per_sm * torch.cuda.get_device_properties(device_index).multi_processor_count
     return -(-batch // clusters) <= -(-(batch * splits) // slots)
-
-
-@functools.lru_cache(maxsize=None)
-def tokw_max_clusters(device_index: int, splits: int) -> int:
-    """How many clusters of `splits` CTAs of the many-head tokens-major kernel fit on the GPU at once."""
-    wgmma_info(device_index, 46)  # the shared-memory limit is set first
-    out = ctypes.c_int()
-    with torch.cuda.device(device_index):
-        err = _tok_library(device_index).dg_mla_tokw_max_clusters(splits, ctypes.byref(out))
-    return out.value if err == 0 else 0
-
-
-def tokw_cluster_combine(device_index: int, variant: int, splits: int, num_heads: int, batch: int) -> bool:
-    """Whether the many-head tokens-major `variant` combines its `splits` splits itself (variant 46): at most
-    TOK_CLUSTER_MAX_SPLITS (DECODEGAP_MLA_TOK_CLUSTER=0: never), and only where the clusters take no more waves than
-    the same CTAs without clusters would."""
-    if variant not in TOKW_CLUSTER_VARIANTS or os.environ.get("DECODEGAP_MLA_TOK_CLUSTER", "") == "0":
-        return False
-    if not 1 <= splits <= TOK_CLUSTER_MAX_SPLITS:
-        return False
-    clusters = tokw_max_clusters(device_index, splits)
-    if clusters < 1:
-        return False
-    groups = -(-num_heads // 64) * batch
-    slots = wgmma_info(device_index, variant).ctas_per_sm * torch.cuda.get_device_properties(
-        device_index).multi_processor_count
-    return -(-groups // clusters) <= -(-(groups * splits) // slots)
 
 
 def applies(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
@@ -369,16 +340,11 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # its 32 heads, all 512 dims); 42 by output dims (each consumer 256 dims of all 64 heads, so it widens half of V;
 # P^T and the moves of the reference max exchanged every tile). Tried beside them and removed: 40, 41 with the
 # consumers running free, 1-2% slower (benchmarks/results/mla_decode_h100_2026-12-06.md).
-# 46 is 42 whose splits (at most TOK_CLUSTER_MAX_SPLITS) combine themselves as one cluster per (head block,
-# sequence), through distributed shared memory (no partials in HBM, no merge kernel), where the clusters take no more
-# waves than the CTAs alone; elsewhere it runs as 42.
-TOKW_VARIANTS = {41: 0, 42: 1, 46: 1}  # -> dg_mla_tokw_launch's dimsplit argument
-TOKW_CLUSTER_VARIANTS = frozenset({46})
+TOKW_VARIANTS = {41: 0, 42: 1}  # -> dg_mla_tokw_launch's dimsplit argument
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
                   8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  23: torch.bfloat16, 41: torch.float8_e4m3fn, 42: torch.float8_e4m3fn,
-                  46: torch.float8_e4m3fn}
+                  23: torch.bfloat16, 41: torch.float8_e4m3fn, 42: torch.float8_e4m3fn}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second
@@ -490,11 +456,10 @@ def applies_wgmma(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                  part: torch.Tensor | None, part_lse: torch.Tensor | None, out: torch.Tensor,
                  lse: torch.Tensor | None, q_scale: float, s_scale: float, out_scale: float, num_splits: int,
-                 variant: int | None = None, cluster: bool = False) -> bool:
+                 variant: int | None = None) -> bool:
     """The wgmma kernel on the current stream. num_splits > 1: partials [B, H, S, 512] (fp16 for an FP8 cache,
     fp32 for BF16; sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton merge;
     num_splits == 1: the bf16 output (times out_scale) and, when `lse` is given, the natural-log lse [B, H].
-    `cluster` (variant 46 where tokw_cluster_combine says so): no partials, the output and lse as with one split.
     q must be contiguous; the scales are mla_decode_triton's. Returns whether its loads ran through TMA (the TMA
     variants where the cache allows)."""
     batch, num_heads, _ = q.shape
@@ -502,9 +467,7 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     variant = default_wgmma_variant(kv_cache.dtype, num_heads) if variant is None else variant
     if WGMMA_VARIANTS.get(variant) != kv_cache.dtype:
         raise ValueError(f"wgmma variant {variant} does not read a {kv_cache.dtype} cache")
-    if cluster and variant not in TOKW_CLUSTER_VARIANTS:
-        raise ValueError(f"wgmma variant {variant} has no cluster combine")
-    if (num_splits > 1 or variant in TOKW_VARIANTS) and not cluster:
+    if num_splits > 1 or variant in TOKW_VARIANTS:
         want = torch.float16 if fp8 else torch.float32
         if part is None or part_lse is None or part.dtype != want or part_lse.dtype != torch.float32:
             raise TypeError(f"the wgmma kernel writes {want} partials and fp32 lse")
@@ -512,7 +475,7 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
     wgmma_info(device_index, variant)  # shared-memory limit set once, outside any capture
     if variant in TOKW_VARIANTS:
         return _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, q_scale * s_scale, num_splits,
-                            TOKW_VARIANTS[variant], (out, lse, out_scale) if cluster else None)
+                            TOKW_VARIANTS[variant])
     lib = _wgmma_library(device_index)
     elem = kv_cache.element_size()
     used_tma = ctypes.c_int()
@@ -529,19 +492,14 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
 
 
 def _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, qk_scale: float, num_splits: int,
-                 dimsplit: int, cluster: tuple | None = None) -> bool:
-    """Variants 41, 42, 46: fp16 partials and their log2-sum-exp for every split count (the merge writes the
-    output); `cluster` = (out, lse or None, out_scale): variant 46's cluster combine writes them itself."""
-    out, lse, out_scale = cluster if cluster is not None else (None, None, 0.0)
+                 dimsplit: int) -> bool:
+    """Variants 41, 42: fp16 partials and their log2-sum-exp for every split count (the merge writes the output)."""
     lib = _tok_library(q.device.index if q.device.index is not None else torch.cuda.current_device())
     err = lib.dg_mla_tokw_launch(
-        q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(),
-        part.data_ptr() if part is not None else None, part_lse.data_ptr() if part_lse is not None else None,
-        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+        q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(), part.data_ptr(),
+        part_lse.data_ptr(), q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
         q.shape[1], num_splits, q.shape[0], kv_cache.shape[1], kv_cache.shape[0], qk_scale, dimsplit,
-        torch.cuda.current_stream(q.device).cuda_stream, int(cluster is not None),
-        out.data_ptr() if out is not None else None, lse.data_ptr() if lse is not None else None,
-        out.stride(0) if out is not None else 0, out.stride(1) if out is not None else 0, out_scale)
+        torch.cuda.current_stream(q.device).cuda_stream)
     if err != 0:
         raise RuntimeError(f"the tokens-major many-head MLA decode kernel failed to launch: CUDA error {err}")
     return True

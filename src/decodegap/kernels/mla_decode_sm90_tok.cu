@@ -727,13 +727,10 @@ struct WideLayout {
   static constexpr int kP = kQ + 2 * kQ2Bytes;             // P^T [tile parity][consumer][32 heads][64 tokens]
   static constexpr int kRed = kP + 4 * kWidePBytes;        // [consumer][4 warps][32 heads] floats
   static constexpr int kX = kRed + 2 * 4 * kWideHeads * 4;  // DIMSPLIT's exchange: alpha [2][64], flags [2][2], l [64]
-  static constexpr int kC = kX + 1024;                     // CLUSTER: lse [64], scale [64], weights [64][8]
-  static constexpr int kBar = kC + (2 + kMaxClusterSplits) * 64 * 4;  // full[stages], then empty[stages]
+  static constexpr int kBar = kX + 1024;                   // full[stages], then empty[stages]
   static constexpr int kAlloc = kBar + 16 * kWideStages + 1024;
 };
 static_assert(WideLayout::kAlloc <= 232448, "one CTA per SM");
-constexpr int kWideCPad = 516;  // CLUSTER: the fp32 partial's row stride per head, [64 heads][kWideCPad] at 0
-static_assert(64 * kWideCPad * 4 <= WideLayout::kP, "the cluster combine's partial fits over the stages and Q2");
 
 // S^T (+)= K . Q2^T, one k-step of 32 e4m3 over 64 columns: d[4j + f] = (token 16 warp + g + 8 (f >> 1), column
 // 8j + 2c + (f & 1)).
@@ -795,86 +792,13 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
   fence_regs(sc);
 }
 
-// CLUSTER's end (see below): this CTA (rank `split` of the S in its cluster) combines heads split, split + S, ... of
-// its 64-head block from all S CTAs' partials and log2-sum-exps in their shared memory; ct: the consumer thread,
-// 0..255. Every thread of the CTA takes part in the two cluster barriers (the producer's in its `leave`).
-__device__ __forceinline__ void cluster_combine_wide(const Args& a, uint8_t* smem, int ct, long long b, int split) {
-  using L = WideLayout;
-  const int H = a.num_heads, S = a.num_splits, h0 = 64 * blockIdx.x;
-  float* clse = reinterpret_cast<float*>(smem + L::kC);  // [64] log2 units
-  float* cscale = clse + 64;                             // [64] out_scale / sum of the weights
-  float* cw = cscale + 64;                               // [64][kMaxClusterSplits] exp2(lse_s - max)
-  cluster_sync();  // every CTA's partial and lse written, visible to the cluster
-  if (ct < 64 && ct % S == split && h0 + ct < H) {
-    const int n = ct;
-    float ls[kMaxClusterSplits];
-    float m = -INFINITY;
-#pragma unroll
-    for (int s2 = 0; s2 < kMaxClusterSplits; ++s2) {
-      ls[s2] = s2 < S ? ld_dsmem_f32(mapa_u32(smem_u32(clse + n), s2)) : -INFINITY;
-      m = fmaxf(m, ls[s2]);
-    }
-    const float mr = m == -INFINITY ? 0.f : m;
-    float sum = 0.f;
-#pragma unroll
-    for (int s2 = 0; s2 < kMaxClusterSplits; ++s2) {
-      const float wv = fast_exp2(ls[s2] - mr);  // exp2(-inf) = 0: empty splits weigh nothing
-      cw[n * kMaxClusterSplits + s2] = wv;
-      sum += wv;
-    }
-    cscale[n] = sum > 0.f ? a.out_scale / sum : 0.f;
-    if (a.lse != nullptr) a.lse[b * H + h0 + n] = sum > 0.f ? (m + log2f(sum)) * 0.6931471805599453f : -INFINITY;
-  }
-  named_bar_sync(5, 256);  // the weights, for all the consumer threads
-  // Thread ct: dims 4 (ct & 127) .. + 3 of heads split + S (2 r + (ct >> 7)), two heads a round, all S loads of two
-  // rounds in flight.
-  const int d4 = 4 * (ct & 127);
-  for (int r0 = 0; split + S * 2 * r0 < 64; r0 += 2) {
-    float4 v[2][kMaxClusterSplits];
-    int n[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      n[rr] = split + S * (2 * (r0 + rr) + (ct >> 7));
-      const bool ok = n[rr] < 64 && h0 + n[rr] < H;
-      const uint32_t pa = smem_u32(reinterpret_cast<float*>(smem) + (ok ? n[rr] : 0) * kWideCPad + d4);
-#pragma unroll
-      for (int s2 = 0; s2 < kMaxClusterSplits; ++s2)
-        v[rr][s2] = ok && s2 < S ? ld_dsmem_f32x4(mapa_u32(pa, s2)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      if (n[rr] >= 64 || h0 + n[rr] >= H) continue;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int s2 = 0; s2 < kMaxClusterSplits; ++s2) {
-        const float wv = s2 < S ? cw[n[rr] * kMaxClusterSplits + s2] : 0.f;
-        acc.x = fmaf(wv, v[rr][s2].x, acc.x);
-        acc.y = fmaf(wv, v[rr][s2].y, acc.y);
-        acc.z = fmaf(wv, v[rr][s2].z, acc.z);
-        acc.w = fmaf(wv, v[rr][s2].w, acc.w);
-      }
-      const float sc2 = cscale[n[rr]];
-      *reinterpret_cast<uint2*>(a.out + b * a.stride_ob + (long long)(h0 + n[rr]) * a.stride_oh + d4) =
-          make_uint2(pack_bf16x2(acc.x * sc2, acc.y * sc2), pack_bf16x2(acc.z * sc2, acc.w * sc2));
-    }
-  }
-  cluster_sync();  // no CTA leaves while another still reads its shared memory
-}
-
 // DIMSPLIT (variant 42, the default; 41 without it): each consumer still computes the scores of its 32 heads, but
 // P.V is split by output dims instead: consumer k accumulates dims 256k .. 256k + 255 of all 64 heads (4 M-tiles of
 // m64n64k16), so it widens only its half of each tile's V rows. Both consumers' P^T (double-buffered by tile
 // parity), the flags and factors of a moved reference max, and at the end the softmax sums go through shared
 // memory, with one barrier of both consumers (named barrier 5) a tile.
-// CLUSTER (variant 46, with DIMSPLIT): the S splits of a (head block, sequence) are one cluster (rank = split) and
-// combine themselves at the end, as the <= 16-head kernel's cluster combine does: each CTA puts its normalized
-// partial (fp32) over its stages and Q2, and its log2-sum-exp, in its own shared memory; after a cluster barrier
-// CTA r combines heads r, r + S, ... of the block from all S CTAs' shared memory (DSMEM loads) and writes the bf16
-// output (times out_scale) and the natural-log lse: no partials in HBM, no merge kernel. The producer's warps stay
-// to the end: every thread of the cluster takes part in its two barriers.
-template <bool DIMSPLIT, bool CLUSTER>
+template <bool DIMSPLIT>
 __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
-  static_assert(DIMSPLIT || !CLUSTER, "the cluster combine builds on DIMSPLIT's epilogue");
   using L = WideLayout;
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -906,16 +830,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
 
   if (wg == 0) {  // the producer: warp 0 issues every tile's copies (lane r the page run r), the others leave
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWideProducerRegs));
-    auto leave = [] {
-      if constexpr (CLUSTER) {  // the consumers' two cluster barriers (their partials written; their reads done)
-        cluster_sync();
-        cluster_sync();
-      }
-    };
-    if (w != 0) {
-      leave();
-      return;
-    }
+    if (w != 0) return;
     const int* trow = a.table + b * a.stride_tb;
     auto run_page = [&](int t) -> int {  // this lane's run of tile t: its page, or -1
       const int n = start + t * kBN + lane * a.box_rows;
@@ -943,7 +858,6 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
       }
       page = page_next;
     }
-    leave();
     return;
   }
 
@@ -1160,13 +1074,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     if (DIMSPLIT && w == 0 && g == 0) xl[kWideHeads * k + n] = l;  // for the other consumer's dims
     if (head >= H) continue;
     const long long slot = (b * H + head) * S + split;
-    if (w == 0 && g == 0) {
-      const float lse2 = l > 0.f ? m_ref[hh] + log2f(l) : -kInf;
-      if constexpr (CLUSTER)
-        reinterpret_cast<float*>(smem + L::kC)[kWideHeads * k + n] = lse2;
-      else
-        a.part_lse[slot] = lse2;
-    }
+    if (w == 0 && g == 0) a.part_lse[slot] = l > 0.f ? m_ref[hh] + log2f(l) : -kInf;
     if constexpr (!DIMSPLIT) {
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int j = hh >> 1, e = hh & 1;
@@ -1187,23 +1095,13 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
         const int n = 8 * j + 2 * c + e, head = 64 * blockIdx.x + n;
         if (head >= H) continue;
         const float l = xl[n], inv = l > 0.f ? 1.f / l : 0.f;
-        if constexpr (CLUSTER) {  // fp32 into this CTA's shared memory: the stages' and Q2's reads are all done
-          float4* dst = reinterpret_cast<float4*>(reinterpret_cast<float*>(smem) + n * kWideCPad + 256 * k + 64 * w +
-                                                  8 * g);
-          dst[0] = make_float4(o[0][4 * j + e] * inv, o[0][4 * j + 2 + e] * inv, o[1][4 * j + e] * inv,
-                               o[1][4 * j + 2 + e] * inv);
-          dst[1] = make_float4(o[2][4 * j + e] * inv, o[2][4 * j + 2 + e] * inv, o[3][4 * j + e] * inv,
-                               o[3][4 * j + 2 + e] * inv);
-        } else {
-          uint32_t u[4];
+        uint32_t u[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) u[i] = pack_f16x2(o[i][4 * j + e] * inv, o[i][4 * j + 2 + e] * inv);  // dims 2i, 2i+1
-          *reinterpret_cast<uint4*>(a.part + ((b * H + head) * S + split) * 512 + 256 * k + 64 * w + 8 * g) =
-              make_uint4(u[0], u[1], u[2], u[3]);
-        }
+        for (int i = 0; i < 4; ++i) u[i] = pack_f16x2(o[i][4 * j + e] * inv, o[i][4 * j + 2 + e] * inv);  // dims 2i, 2i+1
+        *reinterpret_cast<uint4*>(a.part + ((b * H + head) * S + split) * 512 + 256 * k + 64 * w + 8 * g) =
+            make_uint4(u[0], u[1], u[2], u[3]);
       }
   }
-  if constexpr (CLUSTER) cluster_combine_wide(a, smem, tid - 128, b, split);
 }
 
 // Host side, both launchers: the arguments the two kernels share.
@@ -1356,8 +1254,7 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
 extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
   *block_n = kBN;
   *smem_bytes = WideLayout::kAlloc;
-  for (auto kernel : {mla_decode_tok_wide_sm90<false, false>, mla_decode_tok_wide_sm90<true, false>,
-                      mla_decode_tok_wide_sm90<true, true>}) {
+  for (auto kernel : {mla_decode_tok_wide_sm90<false>, mla_decode_tok_wide_sm90<true>}) {
     const int err = prepare_kernel(kernel, kWideThreads, WideLayout::kAlloc, regs, per_sm);
     if (err != cudaSuccess) return err;
     // setmaxnreg.inc waits until the CTA's registers allow it: a build with fewer per thread would hang
@@ -1372,63 +1269,22 @@ extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stri
   return tma_pages(nullptr, kv, page_size, stride_page, stride_slot, 0);
 }
 
-// The many-head kernel's cluster combine: grid (head blocks, S, B) in clusters of (1, S, 1).
-cudaLaunchConfig_t wide_cluster_config(int blocks, int splits, int batch, cudaStream_t stream,
-                                       cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks, splits, batch);
-  cfg.blockDim = dim3(kWideThreads, 1, 1);
-  cfg.dynamicSmemBytes = WideLayout::kAlloc;
-  cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = splits;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
-// How many clusters of `splits` CTAs of the many-head kernel (its cluster combine) fit on the device at once.
-extern "C" int dg_mla_tokw_max_clusters(int splits, int* out) {
-  *out = 0;
-  if (splits < 1 || splits > kMaxClusterSplits) return cudaErrorInvalidValue;
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = wide_cluster_config(1, splits, 1, nullptr, attr);
-  return cudaOccupancyMaxActiveClusters(out, mla_decode_tok_wide_sm90<true, true>, &cfg);
-}
-
 // fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
-// merge, also for one split; or, with `cluster` (dimsplit only, 1 <= S <= 8), no partials: the bf16 output (times
-// out_scale) and the natural-log lse (where lse is not null), each (head block, sequence)'s splits combining as one
-// cluster. Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA).
+// merge, also for one split. Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA).
 extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* table, const void* lens, void* part,
                                   void* part_lse, long long stride_qb, long long stride_qh, long long stride_page,
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
                                   int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
-                                  void* stream, int cluster, void* out, void* lse, long long stride_ob,
-                                  long long stride_oh, float out_scale) {
+                                  void* stream) {
   if (num_heads < 1 || num_splits < 1) return cudaErrorInvalidValue;
-  if (cluster && (!dimsplit || num_splits > kMaxClusterSplits || out == nullptr)) return cudaErrorInvalidValue;
   Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
                      num_heads, num_splits, page_size, qk_scale);
   if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (cluster) {
-    a.out = static_cast<uint16_t*>(out);
-    a.lse = static_cast<float*>(lse);
-    a.stride_ob = stride_ob;
-    a.stride_oh = stride_oh;
-    a.out_scale = out_scale;
-    cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t cfg = wide_cluster_config(grid.x, num_splits, batch, st, attr);
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, mla_decode_tok_wide_sm90<true, true>, a);
-    return err != cudaSuccess ? err : cudaGetLastError();
-  }
   if (dimsplit)
-    mla_decode_tok_wide_sm90<true, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+    mla_decode_tok_wide_sm90<true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   else
-    mla_decode_tok_wide_sm90<false, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+    mla_decode_tok_wide_sm90<false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   return cudaGetLastError();
 }

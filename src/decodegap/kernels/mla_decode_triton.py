@@ -707,11 +707,6 @@ def _mla_decode_wgmma(q, kv_cache, block_table, seq_lens, out, lse, sm_scale, kv
         sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, None, None, out, lse if return_lse else None,
                           q_scale, s_scale, float(kv_scale), 1, variant)
         return (out, lse) if return_lse else out
-    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if sm90.tokw_cluster_combine(device_index, variant, num_splits, num_heads, batch):  # no partials, no merge
-        sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, None, None, out, lse if return_lse else None,
-                          q_scale, s_scale, float(kv_scale), num_splits, variant, cluster=True)
-        return (out, lse) if return_lse else out
     part, part_lse = _workspace(batch, num_heads, num_splits, q.device, poison_workspace,
                                 _wgmma_partial_dtype(kv_cache))
     sm90.launch_wgmma(q, kv_cache, block_table, seq_lens, part, part_lse, out, None, q_scale, s_scale,
