@@ -35,7 +35,20 @@
 
 #include "mla_decode_sm90_common.cuh"
 
+// Benchmark-only probes of the many-head kernel (benchmarks/mla_wgmma_limits.py builds the file with
+// -DDG_TOK_PROBE=N; the library mla_decode_sm90.py builds has 0): 1 = its producer publishes each stage unfilled
+// (the consumers alone); 2 = the consumers release each stage unread (the producer alone); 3 = the consumers skip
+// the softmax (P.V of a stale P); 4 = they skip P.V; 5 = they skip the score products (the softmax of zeros);
+// 6 = the softmax without its proxy fence (P^T's stores not ordered before the P.V that reads them); 7 = without the
+// warpgroup's vote on a moved reference max; 8 = without the consumers' barrier a tile (P.V of the other's P^T
+// half as it stands).
+#ifndef DG_TOK_PROBE
+#define DG_TOK_PROBE 0
+#endif
+
 namespace {
+
+constexpr int kTokProbe = DG_TOK_PROBE;
 
 constexpr int kThreads = 128;
 constexpr int kBN = 64;                            // tokens per KV tile (the wgmma M)
@@ -219,7 +232,7 @@ __device__ __forceinline__ void store_p(float (&p)[4 * NJ], const float (&sv)[4 
       *reinterpret_cast<__half*>(psm + n * 128 + (((tt >> 3) ^ (n & 7)) << 4) + (tt & 7) * 2) =
           __float2half_rn(p[4 * j + f]);
     }
-  fence_proxy_async();  // P's generic stores, read by wgmma
+  if (kTokProbe != 6) fence_proxy_async();  // P's generic stores, read by wgmma
 }
 
 // This warp's max of each of the thread's heads over its 16 token rows (rows g and g + 8 of every lane g).
@@ -797,8 +810,14 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
 // m64n64k16), so it widens only its half of each tile's V rows. Both consumers' P^T (double-buffered by tile
 // parity), the flags and factors of a moved reference max, and at the end the softmax sums go through shared
 // memory, with one barrier of both consumers (named barrier 5) a tile.
-template <bool DIMSPLIT>
+// LAG (variant 47, with DIMSPLIT): P.V runs a tile behind the scores. A consumer's tile t is its score products,
+// its softmax, then the P.V of tile t - 1 (whose P^T halves and moved-max factors both consumers wrote a tile ago),
+// then the barrier of both. So the first consumer's P.V of the previous tile is in the tensor pipe while the second
+// consumer's softmax runs, which with the P.V of the same tile had nothing to overlap: the softmax was measured at a
+// third of 42's time (benchmarks/mla_wgmma_limits.py, probe 3). The stage of tile t is handed back a tile later.
+template <bool DIMSPLIT, bool LAG>
 __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
+  static_assert(DIMSPLIT || !LAG, "LAG builds on DIMSPLIT's exchange");
   using L = WideLayout;
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -845,6 +864,11 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
       const int tok0 = start + t * kBN;
       const int runs = (min(kBN, end - tok0) + a.box_rows - 1) / a.box_rows;
       const uint32_t bar = bar_full + 8 * s;
+      if constexpr (kTokProbe == 1) {
+        if (lane == 0) mbar_arrive(bar);
+        page = page_next;
+        continue;
+      }
       if (lane == 0) mbar_expect_tx(bar, runs * a.box_rows * 576);
       __syncwarp();
       if (page >= 0) {
@@ -931,33 +955,123 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
 #pragma unroll
   for (int hh = 0; hh < 8; ++hh) m_ref[hh] = -kInf, l_run[hh] = 0.f;
   const uint2 dq = desc_words<1>(sbase + qbase, 1024), dqr = desc_words<2>(sbase + qbase + kQ2Rope, 512);
+  // The P.V of tile u (its P^T halves, flags and factors written by both consumers, its V still in its stage):
+  // O rescaled where a reference max moved at u, then Out^T += V^T . P^T; hands the stage back.
+  auto pv_tile = [&](int u) {
+    const int su = u % kWideStages, paru = DIMSPLIT ? u & 1 : 0;
+    const uint32_t stage_u = sbase + L::kStage + su * kStageBytes;
+    const uint2 dp = desc_words<1>(sbase + L::kP + paru * 2 * kWidePBytes + (DIMSPLIT ? 0 : k * kWidePBytes), 1024);
+    const int live = end - (start + u * kBN);  // rows at or past `live` lie past the slice's end
+    if constexpr (DIMSPLIT) {
+      const bool f0 = xflag[2 * paru], f1 = xflag[2 * paru + 1];
+      if (f0 || f1) {  // rare: a reference max moved; this thread's heads 8j + 2c + e belong to consumer j >> 2
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float al = (j < 4 ? f0 : f1) ? xalpha[64 * paru + 8 * j + 2 * c + e] : 1.f;
+#pragma unroll
+            for (int i = 0; i < kMT; ++i) o[i][4 * j + e] *= al, o[i][4 * j + 2 + e] *= al;
+          }
+      }
+    }
+
+    if constexpr (kTokProbe == 4) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty + 8 * su);
+      return;
+    }
+    // Out^T += V^T . P^T, as in the kernel above: k-step kk = tokens 16kk .. 16kk + 15; this thread reads 16 bytes
+    // (unit g of chunk w: dims 128w + 16g ..; DIMSPLIT: 8 bytes, dims 256k + 64w + 8g ..) of rows r = 16kk + 2c,
+    // +1 (A regs 0, 1) and + 8, + 9 (A regs 2, 3); rows past the slice's end read as zeros.
+    const uint32_t vbase = stage_u + (DIMSPLIT ? 2 * k + (w >> 1) : w) * kLatChunk;
+    const int vunit = DIMSPLIT ? 4 * (w & 1) + (g >> 1) : g, vbyte = DIMSPLIT ? 8 * (g & 1) : 0;
+    constexpr int kWords = DIMSPLIT ? 2 : 4;  // 32-bit words of e4m3 a row this thread reads
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int r = 16 * kk + 2 * c;
+      uint32_t a0[kWords], a1[kWords], a2[kWords], a3[kWords];
+      auto row_words = [&](uint32_t (&dst)[kWords], int row, int sw) {
+        const uint32_t addr = vbase + row * 128 + ((vunit ^ sw) << 4) + vbyte;
+        if constexpr (DIMSPLIT) {
+          const uint2 x = lds64(addr);
+          dst[0] = row < live ? x.x : 0u;
+          dst[1] = row < live ? x.y : 0u;
+        } else {
+          const uint4 x = lds128(addr);
+          dst[0] = row < live ? x.x : 0u;
+          dst[1] = row < live ? x.y : 0u;
+          dst[2] = row < live ? x.z : 0u;
+          dst[3] = row < live ? x.w : 0u;
+        }
+      };
+      row_words(a0, r, 2 * c);
+      row_words(a1, r + 1, 2 * c + 1);
+      row_words(a2, r + 8, 2 * c);
+      row_words(a3, r + 9, 2 * c + 1);
+      uint32_t va[kMT][4];  // [M-tile i][A reg]
+      widen_vt<kWords>(a0, a1, a2, a3, va);
+      if (kk == 3) {  // every V row of the stage this warp reads is in registers: hand the stage back
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_empty + 8 * su);
+      }
+      if (kk >= 1) wgmma_wait<0>();  // k-step kk - 1's products are done (one k-step's A registers in flight)
+      wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < kMT; ++i) {
+        if constexpr (DIMSPLIT)
+          wgmma_pv64(o[i], va[i], desc_at(dp, 32 * kk));
+        else
+          wgmma_pv32(o[i], va[i], desc_at(dp, 32 * kk));
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) fence_regs(o[i]);
+  };
+
   // The two consumers take turns to issue their score products (named barriers 3 and 4, both warpgroups' 256
   // threads: one waits, the other arrives), so that one's softmax runs while the other's products do (1-2% faster
   // on the H100 than letting them run free); the first turn is warpgroup 0's, and each turn handed over is taken
   // (warpgroup 1 hands none over after its last tile).
-  if (k == 1 && ntiles > 0) named_bar_arrive(3, 256);
+  if (kTokProbe != 2 && k == 1 && ntiles > 0) named_bar_arrive(3, 256);
 
   for (int t = 0; t < ntiles; ++t) {
     const int s = t % kWideStages, par = DIMSPLIT ? t & 1 : 0;
     const uint32_t stage = sbase + L::kStage + s * kStageBytes;
     uint8_t* psm = smem + L::kP + par * 2 * kWidePBytes + k * kWidePBytes;  // this warpgroup's P^T rows
-    const uint2 dp = desc_words<1>(sbase + L::kP + par * 2 * kWidePBytes + (DIMSPLIT ? 0 : k * kWidePBytes), 1024);
     mbar_wait(bar_full + 8 * s, (t / kWideStages) & 1);  // tile t has landed
+    if constexpr (kTokProbe == 2) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty + 8 * s);
+      continue;
+    }
 
     float sc[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) sc[i] = 0.f;
     named_bar_sync(3 + k, 256);  // this warpgroup's turn
-    score_tile64(sc, desc_words<1>(stage, 1024), desc_words<2>(stage + kRope, 512), dq, dqr,
-                 k == 0 || t + 1 < ntiles ? 4 - k : 0);
+    if constexpr (kTokProbe == 5) {
+      if (k == 0 || t + 1 < ntiles) named_bar_arrive(4 - k, 256);
+    } else {
+      score_tile64(sc, desc_words<1>(stage, 1024), desc_words<2>(stage + kRope, 512), dq, dqr,
+                   k == 0 || t + 1 < ntiles ? 4 - k : 0);
+    }
 
     // sv[4j + f]: token row 16w + g + 8 (f >> 1), head 8j + 2c + (f & 1)
     const int live = end - (start + t * kBN);  // rows at or past `live` lie past the slice's end
     const bool live0 = 16 * w + g < live, live1 = 16 * w + g + 8 < live;
     float sv[16], p[16];
-    const bool grow = tile_scores<4>(sc, sv, m_ref, s_eff, live0, live1);
-    store_p<4>(p, sv, m_ref, psm, w, g, c);  // with the reference max as it stands: kept unless a score outgrew it
-    const bool moved = warpgroup_any(bar_id, grow);
+    bool grow = false;
+    if constexpr (kTokProbe == 3) {
+#pragma unroll
+      for (int q = 0; q < 16; ++q) sv[q] = p[q] = 0.f;
+    } else {
+      grow = tile_scores<4>(sc, sv, m_ref, s_eff, live0, live1);
+      store_p<4>(p, sv, m_ref, psm, w, g, c);  // with the reference max as it stands: kept unless a score outgrew it
+    }
+    const bool moved = kTokProbe == 3 || kTokProbe == 7 ? false : warpgroup_any(bar_id, grow);
     if (DIMSPLIT && ctid == 0) xflag[2 * par + k] = moved;
     if (moved) {
       // Rare: the tile's exact max per head (the 4 warps' maxima through shared memory), rescale, P again.
@@ -990,70 +1104,15 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     }
 #pragma unroll
     for (int q = 0; q < 16; ++q) l_run[2 * (q >> 2) + (q & 1)] += p[q];
-    if constexpr (DIMSPLIT) {
-      named_bar_sync(5, 256);  // both consumers' P^T, flags and factors are written
-      const bool f0 = xflag[2 * par], f1 = xflag[2 * par + 1];
-      if (f0 || f1) {  // rare: a reference max moved; this thread's heads 8j + 2c + e belong to consumer j >> 2
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float al = (j < 4 ? f0 : f1) ? xalpha[64 * par + 8 * j + 2 * c + e] : 1.f;
-#pragma unroll
-            for (int i = 0; i < kMT; ++i) o[i][4 * j + e] *= al, o[i][4 * j + 2 + e] *= al;
-          }
-      }
+    if constexpr (LAG) {
+      if (t > 0) pv_tile(t - 1);
+      named_bar_sync(5, 256);  // both consumers' P^T, flags and factors of tile t are written, their P.V of t - 1 done
+    } else {
+      if constexpr (DIMSPLIT && kTokProbe != 8) named_bar_sync(5, 256);  // both consumers' P^T, flags, factors written
+      pv_tile(t);
     }
-
-    // Out^T += V^T . P^T, as in the kernel above: k-step kk = tokens 16kk .. 16kk + 15; this thread reads 16 bytes
-    // (unit g of chunk w: dims 128w + 16g ..; DIMSPLIT: 8 bytes, dims 256k + 64w + 8g ..) of rows r = 16kk + 2c,
-    // +1 (A regs 0, 1) and + 8, + 9 (A regs 2, 3); rows past the slice's end read as zeros.
-    const uint32_t vbase = stage + (DIMSPLIT ? 2 * k + (w >> 1) : w) * kLatChunk;
-    const int vunit = DIMSPLIT ? 4 * (w & 1) + (g >> 1) : g, vbyte = DIMSPLIT ? 8 * (g & 1) : 0;
-    constexpr int kWords = DIMSPLIT ? 2 : 4;  // 32-bit words of e4m3 a row this thread reads
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const int r = 16 * kk + 2 * c;
-      uint32_t a0[kWords], a1[kWords], a2[kWords], a3[kWords];
-      auto row_words = [&](uint32_t (&dst)[kWords], int row, int sw) {
-        const uint32_t addr = vbase + row * 128 + ((vunit ^ sw) << 4) + vbyte;
-        if constexpr (DIMSPLIT) {
-          const uint2 x = lds64(addr);
-          dst[0] = row < live ? x.x : 0u;
-          dst[1] = row < live ? x.y : 0u;
-        } else {
-          const uint4 x = lds128(addr);
-          dst[0] = row < live ? x.x : 0u;
-          dst[1] = row < live ? x.y : 0u;
-          dst[2] = row < live ? x.z : 0u;
-          dst[3] = row < live ? x.w : 0u;
-        }
-      };
-      row_words(a0, r, 2 * c);
-      row_words(a1, r + 1, 2 * c + 1);
-      row_words(a2, r + 8, 2 * c);
-      row_words(a3, r + 9, 2 * c + 1);
-      uint32_t va[kMT][4];  // [M-tile i][A reg]
-      widen_vt<kWords>(a0, a1, a2, a3, va);
-      if (kk == 3) {  // every V row of the stage this warp reads is in registers: hand the stage back
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_empty + 8 * s);
-      }
-      if (kk >= 1) wgmma_wait<0>();  // k-step kk - 1's products are done (one k-step's A registers in flight)
-      wgmma_fence();
-#pragma unroll
-      for (int i = 0; i < kMT; ++i) {
-        if constexpr (DIMSPLIT)
-          wgmma_pv64(o[i], va[i], desc_at(dp, 32 * kk));
-        else
-          wgmma_pv32(o[i], va[i], desc_at(dp, 32 * kk));
-      }
-      wgmma_commit();
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < kMT; ++i) fence_regs(o[i]);
   }
+  if (LAG && kTokProbe != 2 && ntiles > 0) pv_tile(ntiles - 1);
 
   // Epilogue: the sums over the tile's 64 rows (lanes g, then the 4 warps), then this warpgroup's partials.
   named_bar_sync(bar_id, 128);  // red free
@@ -1254,7 +1313,8 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
 extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
   *block_n = kBN;
   *smem_bytes = WideLayout::kAlloc;
-  for (auto kernel : {mla_decode_tok_wide_sm90<false>, mla_decode_tok_wide_sm90<true>}) {
+  for (auto kernel : {mla_decode_tok_wide_sm90<false, false>, mla_decode_tok_wide_sm90<true, false>,
+                      mla_decode_tok_wide_sm90<true, true>}) {
     const int err = prepare_kernel(kernel, kWideThreads, WideLayout::kAlloc, regs, per_sm);
     if (err != cudaSuccess) return err;
     // setmaxnreg.inc waits until the CTA's registers allow it: a build with fewer per thread would hang
@@ -1270,21 +1330,25 @@ extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stri
 }
 
 // fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
-// merge, also for one split. Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA).
+// merge, also for one split. mode: 0 = P.V by heads (variant 41), 1 = by dims (42), 3 = by dims a tile behind the
+// scores (47). Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA, or for another
+// mode).
 extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* table, const void* lens, void* part,
                                   void* part_lse, long long stride_qb, long long stride_qh, long long stride_page,
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
-                                  int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
+                                  int batch, int page_size, long long num_pages, float qk_scale, int mode,
                                   void* stream) {
-  if (num_heads < 1 || num_splits < 1) return cudaErrorInvalidValue;
+  if (num_heads < 1 || num_splits < 1 || (mode != 0 && mode != 1 && mode != 3)) return cudaErrorInvalidValue;
   Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
                      num_heads, num_splits, page_size, qk_scale);
   if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (dimsplit)
-    mla_decode_tok_wide_sm90<true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+  if (mode == 3)
+    mla_decode_tok_wide_sm90<true, true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+  else if (mode == 1)
+    mla_decode_tok_wide_sm90<true, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   else
-    mla_decode_tok_wide_sm90<false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+    mla_decode_tok_wide_sm90<false, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   return cudaGetLastError();
 }
