@@ -810,14 +810,8 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
 // m64n64k16), so it widens only its half of each tile's V rows. Both consumers' P^T (double-buffered by tile
 // parity), the flags and factors of a moved reference max, and at the end the softmax sums go through shared
 // memory, with one barrier of both consumers (named barrier 5) a tile.
-// LAG (variant 47, with DIMSPLIT): P.V runs a tile behind the scores. A consumer's tile t is its score products,
-// its softmax, then the P.V of tile t - 1 (whose P^T halves and moved-max factors both consumers wrote a tile ago),
-// then the barrier of both. So the first consumer's P.V of the previous tile is in the tensor pipe while the second
-// consumer's softmax runs, which with the P.V of the same tile had nothing to overlap: the softmax was measured at a
-// third of 42's time (benchmarks/mla_wgmma_limits.py, probe 3). The stage of tile t is handed back a tile later.
-template <bool DIMSPLIT, bool LAG>
+template <bool DIMSPLIT>
 __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
-  static_assert(DIMSPLIT || !LAG, "LAG builds on DIMSPLIT's exchange");
   using L = WideLayout;
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -1104,15 +1098,9 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     }
 #pragma unroll
     for (int q = 0; q < 16; ++q) l_run[2 * (q >> 2) + (q & 1)] += p[q];
-    if constexpr (LAG) {
-      if (t > 0) pv_tile(t - 1);
-      named_bar_sync(5, 256);  // both consumers' P^T, flags and factors of tile t are written, their P.V of t - 1 done
-    } else {
-      if constexpr (DIMSPLIT && kTokProbe != 8) named_bar_sync(5, 256);  // both consumers' P^T, flags, factors written
-      pv_tile(t);
-    }
+    if constexpr (DIMSPLIT && kTokProbe != 8) named_bar_sync(5, 256);  // both consumers' P^T, flags, factors written
+    pv_tile(t);
   }
-  if (LAG && kTokProbe != 2 && ntiles > 0) pv_tile(ntiles - 1);
 
   // Epilogue: the sums over the tile's 64 rows (lanes g, then the 4 warps), then this warpgroup's partials.
   named_bar_sync(bar_id, 128);  // red free
@@ -1313,8 +1301,7 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
 extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
   *block_n = kBN;
   *smem_bytes = WideLayout::kAlloc;
-  for (auto kernel : {mla_decode_tok_wide_sm90<false, false>, mla_decode_tok_wide_sm90<true, false>,
-                      mla_decode_tok_wide_sm90<true, true>}) {
+  for (auto kernel : {mla_decode_tok_wide_sm90<false>, mla_decode_tok_wide_sm90<true>}) {
     const int err = prepare_kernel(kernel, kWideThreads, WideLayout::kAlloc, regs, per_sm);
     if (err != cudaSuccess) return err;
     // setmaxnreg.inc waits until the CTA's registers allow it: a build with fewer per thread would hang
@@ -1330,25 +1317,21 @@ extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stri
 }
 
 // fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
-// merge, also for one split. mode: 0 = P.V by heads (variant 41), 1 = by dims (42), 3 = by dims a tile behind the
-// scores (47). Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA, or for another
-// mode).
+// merge, also for one split. Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA).
 extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* table, const void* lens, void* part,
                                   void* part_lse, long long stride_qb, long long stride_qh, long long stride_page,
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
-                                  int batch, int page_size, long long num_pages, float qk_scale, int mode,
+                                  int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
                                   void* stream) {
-  if (num_heads < 1 || num_splits < 1 || (mode != 0 && mode != 1 && mode != 3)) return cudaErrorInvalidValue;
+  if (num_heads < 1 || num_splits < 1) return cudaErrorInvalidValue;
   Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
                      num_heads, num_splits, page_size, qk_scale);
   if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (mode == 3)
-    mla_decode_tok_wide_sm90<true, true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
-  else if (mode == 1)
-    mla_decode_tok_wide_sm90<true, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+  if (dimsplit)
+    mla_decode_tok_wide_sm90<true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   else
-    mla_decode_tok_wide_sm90<false, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+    mla_decode_tok_wide_sm90<false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   return cudaGetLastError();
 }
