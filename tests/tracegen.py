@@ -416,3 +416,117 @@ def kineto_order(doc: dict) -> dict:
     head = [e for e in events if e.get("cat") in host_first]
     tail = sorted((e for e in events if e.get("cat") not in host_first), key=lambda e: e.get("ts", 0))
     return doc | {"traceEvents": head + tail}
+
+
+def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: int = 1, kv_cache: bool = True,
+                  record_shapes: bool = False, attention: str = "eager", logits: str = "all",
+                  first: int = 0, generations: int = 1) -> dict:
+    """A greedy generate loop as an eager HF model runs it (modelled on an MPT block: layer norm, fused QKV, attention,
+    output projection, residual add, layer norm, GELU MLP, residual add), one forward per new token, no annotations.
+    Launch grids follow the tensors they cover (a layer norm launches one block per row, an elementwise kernel one per
+    8,192 elements, a GEMM one per 64 x 1,024 tile of its output), so they grow with the tokens a forward processes.
+    `kv_cache`: the first forward processes the prompt and each later one only the new token, appending its keys and
+    values to the cache (two `aten::cat` per layer); without it (HF's `use_cache=False`) every forward processes the
+    whole sequence again (prompt + tokens generated so far): each is a prefill. `record_shapes`: the CPU ops carry
+    their input shapes. `attention`: "eager" (batched matmuls, `aten::bmm` as torch.matmul runs them, around a
+    masked softmax) or "sdpa" (one flash kernel under `aten::_scaled_dot_product_flash_attention`). `logits`: "all"
+    (the lm_head over every position, as older HF models do) or "last" (only each sequence's last position).
+    `first`: the capture starts at that forward of the loop (a trace taken mid-generation). `generations`: that many
+    generate calls back to back, `forwards` forwards each, each starting again from the prompt. Each event's args
+    carry `tracegen_forward` (its index in the trace); the truth per forward is `generate_loop_truth(...)` with the
+    same arguments."""
+    hidden, heads, head_dim, inter, vocab = 2048, 16, 128, 8192, 50432
+    events: list[dict] = []
+    state = {"t_gpu": 1000.0, "t_cpu": 500.0, "corr": 10}
+
+    def launch(name: str, grid: list[int], op: str, dims: list | None = None, block: list[int] | None = None) -> None:
+        state["corr"] += 1
+        corr, cpu = state["corr"], state["t_cpu"]
+        args = {"External id": corr}
+        if record_shapes and dims:
+            args |= {"Input Dims": dims, "Input type": ["c10::BFloat16"] * len(dims)}
+        events.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": 1, "ts": cpu, "dur": 4.0,
+                       "args": args})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": cpu + 1, "dur": 3.0, "args": {"correlation": corr, "External id": corr}})
+        state["t_cpu"] += 6.0
+        state["t_gpu"] = max(state["t_gpu"], cpu + 5)
+        dur = round(2.0 + 0.05 * grid[0] * grid[1] * grid[2], 3)  # more blocks, longer
+        events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": round(state["t_gpu"], 3),
+                       "dur": dur, "args": {"device": 0, "stream": 7, "correlation": corr, "External id": corr,
+                                            "grid": grid, "block": block or [128, 1, 1]}})
+        state["t_gpu"] += dur + 0.5
+
+    def cdiv(a: int, b: int) -> int:
+        return -(-a // b)
+
+    def elementwise(functor: str, elements: int, op: str, dims: list) -> None:
+        launch(f"void at::native::vectorized_elementwise_kernel<8, at::native::{functor}<c10::BFloat16>>",
+               [cdiv(elements, 8192), 1, 1], op, dims)
+
+    def gemm(rows: int, k: int, n: int) -> None:
+        launch("nvjet_sm90_tst_64x8_64x16_2x4_h_bz_TNT", [cdiv(rows, 64), cdiv(n, 1024), 1], "aten::mm",
+               [[rows, k], [k, n]], [384, 1, 1])
+
+    def layer_norm(rows: int) -> None:
+        launch("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>",
+               [rows, 1, 1], "aten::native_layer_norm", [[rows, hidden], [hidden], [hidden]], [32, 4, 1])
+
+    def attend(q: int, kv: int) -> None:
+        b, h, d = batch, heads, head_dim
+        if kv_cache and kv > q:  # the new keys and values appended to the cache
+            for _ in range(2):
+                launch("void at::native::(anonymous namespace)::CatArrayBatchedCopy<c10::BFloat16, unsigned int, 4>",
+                       [cdiv(b * h * kv * d, 8192), 1, 1], "aten::cat", [[b, h, kv - q, d], [b, h, q, d]])
+        if attention == "sdpa":
+            launch("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>",
+                   [cdiv(q, 128), h, b], "aten::_scaled_dot_product_flash_attention",
+                   [[b, h, q, d], [b, h, kv, d], [b, h, kv, d]])
+            return
+        launch("void cutlass::Kernel2<cutlass_75_wmma_tensorop_bf16_s161616gemm_bf16_32x32_32x1_tn_align1>",
+               [cdiv(kv, 32), cdiv(q, 32), b * h], "aten::bmm", [[b * h, q, d], [b * h, d, kv]])
+        elementwise("AUnaryFunctor_mul", b * h * q * kv * 4, "aten::mul", [[b, h, q, kv], []])
+        launch("void at::native::elementwise_kernel<128, 2, at::native::masked_fill_kernel>",
+               [cdiv(b * h * q * kv * 8, 8192), 1, 1], "aten::masked_fill_", [[b, h, q, kv], [1, 1, q, kv], []])
+        launch("void (anonymous namespace)::softmax_warp_forward<float, float, float, 5, false, false>",
+               [cdiv(b * h * q, 32), 1, 1], "aten::_softmax", [[b, h, q, kv], [], []], [32, 4, 1])
+        launch("void cutlass::Kernel2<cutlass_75_wmma_tensorop_bf16_s161616gemm_bf16_32x32_32x1_nn_align1>",
+               [cdiv(d, 64), cdiv(q, 32), b * h], "aten::bmm", [[b * h, q, kv], [b * h, kv, d]])
+
+    def forward(f: int) -> None:
+        q = (prompt + f) if not kv_cache else (prompt if f == 0 else 1)
+        kv = prompt + f
+        rows = batch * q
+        launch("void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int>",
+               [cdiv(rows * hidden, 8192), 1, 1], "aten::embedding", [[vocab, hidden], [batch, q]])
+        for _ in range(layers):
+            layer_norm(rows)
+            gemm(rows, hidden, 3 * hidden)
+            attend(q, kv)
+            gemm(rows, hidden, hidden)
+            elementwise("CUDAFunctor_add", rows * hidden, "aten::add", [[batch, q, hidden], [batch, q, hidden]])
+            layer_norm(rows)
+            gemm(rows, hidden, inter)
+            elementwise("GeluCUDAKernelImpl", rows * inter, "aten::gelu", [[batch, q, inter]])
+            gemm(rows, inter, hidden)
+            elementwise("CUDAFunctor_add", rows * hidden, "aten::add", [[batch, q, hidden], [batch, q, hidden]])
+        layer_norm(rows)
+        gemm(rows if logits == "all" else batch, hidden, vocab)
+        launch("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
+               [batch, 1, 1], "aten::argmax", [[batch, vocab]])
+
+    for i in range(forwards * generations):
+        start = len(events)
+        forward(first + i % forwards)
+        for e in events[start:]:
+            e["args"]["tracegen_forward"] = i
+        state["t_cpu"] += 300.0  # the host appends the token and prepares the next forward
+        state["t_gpu"] = max(state["t_gpu"], state["t_cpu"])
+    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}], "traceEvents": events}
+
+
+def generate_loop_truth(forwards: int = 10, kv_cache: bool = True, first: int = 0, generations: int = 1,
+                        **_) -> list[str]:
+    """The phase of each forward `generate_loop` writes with these arguments: with a KV cache the loop's first forward
+    is the prefill and the others decode; without one every forward processes the whole sequence: a prefill."""
+    return ["prefill" if not kv_cache or first + i == 0 else "decode" for i in range(forwards)] * generations

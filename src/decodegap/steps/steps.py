@@ -22,7 +22,16 @@ import numpy as np
 
 from decodegap.steps import anchors as forward_anchors
 from decodegap.steps.anchors import FAMILIES, lost_launches
-from decodegap.steps.phase import is_training, phase_from_tokens, phases_from_launches, step_tokens, widest_gemm_rows
+from decodegap.steps.phase import (
+    GrowingRun,
+    growing_runs,
+    is_training,
+    phase_from_tokens,
+    phases_from_launches,
+    rows_alone,
+    step_tokens,
+    widest_gemm_rows,
+)
 from decodegap.steps.repetition import (
     REGULAR,
     Anchor,
@@ -585,6 +594,8 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     typical_len = float(np.median(lengths))
     reference = Counter(names[pieces[int(np.argsort(lengths)[len(lengths) // 2])].rows].tolist())
     typical_i = int(np.argsort(lengths)[len(lengths) // 2])
+    if not training:
+        evidence = _recomputed(trace, pieces, tokens, evidence, names, warnings)
     by_launch = (phases_from_launches(trace, [p.rows for p in pieces], names, typical_i) if None in evidence
                  else None) or [None] * len(pieces)
     typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
@@ -625,6 +636,35 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     rows = np.concatenate([s.rows for s in steps]) if steps else np.empty(0, np.int64)
     graphs = len(np.unique(links.runtime_idx[rows][links.from_graph[rows]]))
     return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
+
+
+def _recomputed(trace: Trace, pieces: list[_Piece], tokens: list, evidence: list, names: np.ndarray,
+                warnings: list[str]) -> list:
+    """Forwards that recompute a growing sequence (a loop without a KV cache) are prefills, though only their launch
+    grids say so: where no annotation or attention shape gives the phase, a run of forwards whose launches mostly grow
+    from first to last (steps.phase.growing_runs) is read as prefills; a run that grows less than that but more than a
+    decode step over a KV cache does gets a warning."""
+    open_ = [not (p.mark and p.mark.phase) and (e is None or rows_alone(t))
+             for p, t, e in zip(pieces, tokens, evidence, strict=True)]
+    if len(pieces) < 2 or not any(open_):
+        return evidence
+    evidence = list(evidence)
+    for run in growing_runs(trace, [p.rows for p in pieces], names) or []:
+        inside = [i for i in range(run.first, run.last + 1) if open_[i]]
+        if run.recomputes:
+            for i in inside:
+                evidence[i] = "prefill"
+        elif run.uncertain and inside:
+            warnings.append(_uncertain_words(run))
+    return evidence
+
+
+def _uncertain_words(run: GrowingRun) -> str:
+    return (f"forwards {run.first}-{run.last}: {run.grown:.0%} of the kernel launches they share run on more thread "
+            f"blocks in the last than in the first: more than a decode step's attention over a growing KV cache "
+            f"grows, less than forwards that each recompute the whole sequence (no KV cache) grow; neither an "
+            f"annotation nor an attention op's shapes say which (record_shapes=True records them), so their phase is "
+            f"uncertain")
 
 
 def _drop_incomplete(trace: Trace, links: Links, pieces: list[_Piece], tokens: list, evidence: list):
