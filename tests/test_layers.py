@@ -606,12 +606,14 @@ def _generate_tail(varies: int) -> list[str]:
                            "Memcpy DtoH (Device -> Pinned)"] + [VARIES] * varies)
 
 
-@pytest.mark.parametrize("layers, first", [(8, 3), (8, 0), (8, 1), (8, 2), (12, 3)])
+@pytest.mark.parametrize("layers, first", [(8, 3), (8, 0), (8, 1), (8, 2), (12, 3), (6, 3), (6, 2), (5, 3)])
 def test_mamba_layers_count_a_hybrid_stack_whose_attention_layers_run_after_their_rotary(layers, first):
     # Attention every 4th layer from `first` (Bamba's: 3, the last layer one), two forwards whose inputs take a
     # different number of copies. The attention's kernels run in some of the Mamba kernels' blocks and, first or
     # last, outside them, where they lie among the layers' input norms (the embedding precedes the first; the output
-    # head and sampling follow the final one).
+    # head and sampling follow the final one). With one attention layer (6 and 5 layers), the SiLU the conv and the
+    # MLPs share runs 2M + A times and cuts each Mamba layer into its mixer and MLP halves; the mixer's gated norm is
+    # an activation only the mixer halves run, which must not pass those halves for layers (they had read 11 of 6).
     stack = ["attention" if i % 4 == first else "mamba" for i in range(layers)]
     kinds = [_bamba_attention() if kind == "attention" else _bamba_mamba() for kind in stack]
     _assert_read_right([(_bamba_prologue(v), kinds, _generate_tail(v)) for v in (1, 3)], stack)

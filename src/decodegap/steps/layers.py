@@ -33,7 +33,8 @@ So layers are read from counts, not from a repeating sequence:
   among the layers' input norms (after the first run of the norm, before the final one: a lone attention layer
   first or last, whose kernels may follow its rotary and cache copies); where what runs only beside them holds an
   MLP activation, they are part of the blocks' layers instead (a shared attention + MLP block in some Mamba layers,
-  a Mamba mixer's gated norm in the blocks MoE routers cut: a part would pass for a layer on it); the
+  a Mamba mixer's gated norm in the blocks MoE routers cut: a part would pass for a layer on it), where the rules
+  above kept those blocks (a SiLU the conv and the MLPs share cuts Mamba layers into halves); the
   last block runs on to the final norm, since a last layer of the other kind may run a longer expert loop than any;
   a split may start from a count that is no partition only for the lone layers it leaves out at an end (2 of 3
   attention layers in its blocks, the last after them: their own kernels run in 2 blocks and once outside) (_mixed);
@@ -192,7 +193,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # Names that run once in the forward may be a lone layer's mixer (an attention layer among Mamba ones).
     lone = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts == 1)
             if independent(int(n)) and int(n) not in matmul}
-    best = _mixed(best, partitions, ids, positions, lone, gemm, gemm_at, act_at, set(act))
+    best = _mixed(best, partitions, candidates, ids, positions, lone, gemm, gemm_at, act_at, set(act))
     return _layers(best, ids, positions, names, gemm)
 
 
@@ -371,9 +372,9 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
     return total
 
 
-def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
-           lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray,
-           act: set[int]) -> _Blocks:
+def _mixed(best: _Blocks, candidates: list[_Blocks], kept: list[_Blocks], ids: np.ndarray,
+           positions: dict[int, np.ndarray], lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray,
+           act_at: np.ndarray, act: set[int]) -> _Blocks:
     """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with attention layers among
     them): the names that count one kind's layers hold layers of the other kind inside some of their blocks. Names
     that run in some blocks of a partition and nowhere else (the attention kernels; also before its first block or
@@ -383,7 +384,8 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     every part, unless an activation runs among the names only those blocks run (the other mixer's own). Of such
     splits, the one whose parts run the most work in common wins over `best` when it cuts more layers, or when some
     block of `best` runs no MLP activation (halves cut by a name that runs twice per layer).
-    `lone`: where the names that run once in the forward run."""
+    `lone`: where the names that run once in the forward run; `kept`: the partitions the partition rules kept, the
+    only ones taken as they are (any in `candidates` may be split)."""
     runs = positions | lone
     whole = _share_running(best.bounds, act_at) == 1  # else `best` cuts halves (an attention part runs no MLP)
     per_layer = _per_layer_runs(ids, positions)
@@ -394,6 +396,11 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
                 # An MLP activation among what runs only beside the other mixer (a Mamba mixer's gated norm among
                 # MoE layers, a shared attention + MLP block in some Mamba layers) makes that mixer part of the
                 # coarse blocks' layers, not layers of its own: its parts would pass for layers on that activation.
+                # Taken as it is, the coarse partition must be one the partition rules kept (halves of Mamba layers,
+                # their mixer and MLP parts, are a loop inside the Mamba count's blocks, and the mixer's own gated
+                # norm would pass them for layers here).
+                if not any(coarse is k for k in kept):
+                    continue
                 split = coarse
             else:
                 cuts = np.sort(np.concatenate((coarse.cuts, extra)))
