@@ -816,7 +816,7 @@ PHI_MASK = ("triton_poi_fused__scaled_dot_product_efficient_attention__to_copy_a
             "nd_expand_index_le_lt_scalar_tensor_slice_sub_unsqueeze_view_where_6")
 
 
-def _phi_layer(i: int) -> list[str]:
+def _phi_layer(i: int, mask_at: int = 0) -> list[str]:
     norm = {0: "triton_per_fused_embedding_native_layer_norm_0",
             1: "triton_per_fused_add_embedding_native_layer_norm_view_8",
             2: "triton_per_fused_add_embedding_native_layer_norm_view_9"}.get(
@@ -827,7 +827,7 @@ def _phi_layer(i: int) -> list[str]:
     return ([norm, PHI_GEMM] + rotary_tables
             + [PHI_GEMM, "triton_poi_fused__to_copy_add_bmm_cat_cos_mul_neg_sin_slice_transpose_unsqueeze_view_3",
                "triton_poi_fused_cat_4", PHI_GEMM, "triton_poi_fused_cat_transpose_view_5"]
-            + ([PHI_MASK] if i % 4 == 0 else [])
+            + ([PHI_MASK] if i % 4 == mask_at else [])
             + ["fmha_cutlassF_bf16_aligned_64x64_rf_sm80", PHI_GEMM, PHI_GEMM,
                "triton_poi_fused_add_mul_pow_tanh_view_7", PHI_GEMM])
 
@@ -841,12 +841,13 @@ PHI_TAIL = ["triton_per_fused_add_native_layer_norm_view_12", "nvjet_sm90_tst_64
             "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>"]
 
 
-@pytest.mark.parametrize("layers", [12, 16])
-def test_alike_layers_with_a_kernel_in_every_fourth_are_each_a_layer(layers):
+@pytest.mark.parametrize("layers, mask_at", [(12, 0), (16, 0), (12, 2), (8, 1)])
+def test_alike_layers_with_a_kernel_in_every_fourth_are_each_a_layer(layers, mask_at):
     # The mask kernel, in every 4th layer only, cut blocks of 4 layers that ran more work in common than the layers
     # themselves (3 layers were read for 12): alike layers, where no name but that kernel runs in some of them and
-    # not in others, are the finer partition though they run no work of their own.
-    stack = [_phi_layer(i) for i in range(layers)]
+    # not in others, are the finer partition though they run no work of their own; and one kind, the mask's layers
+    # no kind of their own (they had read 3 + 9).
+    stack = [_phi_layer(i, mask_at) for i in range(layers)]
     seqs = [PHI_PROLOGUE + [k for layer in stack for k in layer] + PHI_TAIL] * 3  # decode forwards alike
     names = sorted({n for f in seqs for n in f})
     mapping, canonical = name_classes(names)
@@ -855,7 +856,8 @@ def test_alike_layers_with_a_kernel_in_every_fourth_are_each_a_layer(layers):
     found = count_layers(arrays[0], canonical, data_independent(arrays))
     norms = [len(PHI_PROLOGUE) + sum(len(layer) for layer in stack[:i]) for i in range(layers)]
     assert found.count == layers
+    assert found.kind_of == () and [k.count for k in found.kinds] == [layers]
     # A layer's input norm is fused with the residual add that ends the layer before it: each layer begins at that
-    # kernel or at its first projection right after it, the same in every layer. (Where the last one ends, and its
-    # kinds, are still read wrong: the README's second holdout paragraph.)
+    # kernel or at its first projection right after it, the same in every layer. (Where the last one ends is still
+    # read wrong: the README's third holdout paragraph.)
     assert found.starts in (tuple(norms), tuple(n + 1 for n in norms))

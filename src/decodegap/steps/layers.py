@@ -57,7 +57,9 @@ So layers are read from counts, not from a repeating sequence:
   kernels in beam search's bookkeeping) does not carry the last layer past it where the norm's kernels run there;
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
   the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
-  layers: a lone full-attention layer's own cache copy) are one kind; one line per kind. A last layer shorter than
+  layers: a lone full-attention layer's own cache copy) are one kind, but for the coarser count's names that alike
+  layers run in every few of them (_alike: the mask Inductor fuses into every 4th layer tells no kind); one line
+  per kind. A last layer shorter than
   every other is taken as cut off (of a kind that runs all it runs) only where no final norm ended it.
   Which GEMM tile ran tells no kind (cuBLAS picks it by shape), nor do the kernels a compiler fused into an edge
   layer with the once-per-forward work.
@@ -67,7 +69,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 from itertools import combinations
 
@@ -247,6 +249,7 @@ class _Blocks:
     beside_gemm: int = 0  # the explained kernels but GEMMs'
     mixers: tuple[int, ...] = ()  # names that cut the layers of a second kind between the backers' (_mixed)
     open_ended: bool = False  # a partition but for the layers it leaves out (of another kind, at an end: _mixed)
+    alike: tuple[int, ...] = ()  # a coarser count's names, run in every few of these alike layers: no kind (_finer)
 
 
 def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int, tuple[int, int, int, int]]:
@@ -325,10 +328,15 @@ def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     finer = [b for b in candidates if b.count > best.count and b.count % best.count == 0]
     for fine in sorted(finer, key=lambda b: (b.count, b.common), reverse=True):
         common = fine.common + _taking_turns(fine, positions, gemm)
-        if (fine.explained >= NEAR_EXPLAINED * best.explained and common >= FINER_COMMON * fine.beside_gemm
-                and (_own_work_share(fine, positions, gemm) >= FINER_COMMON or _alike(best, fine, positions))
-                and _whole(best, fine, ids, positions, gemm, act_at)):
+        if (fine.explained < NEAR_EXPLAINED * best.explained or common < FINER_COMMON * fine.beside_gemm
+                or not _whole(best, fine, ids, positions, gemm, act_at)):
+            continue
+        if _own_work_share(fine, positions, gemm) >= FINER_COMMON:
             return fine
+        if _alike(best, fine, positions):
+            # Alike layers: what the coarser count ran in every few of them (a mask Inductor recomputes in every
+            # 4th) tells no kind either.
+            return replace(fine, alike=tuple(best.backers))
     return best
 
 
@@ -565,7 +573,7 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
         final, end, last = _last_end(ids, starts, positions, names, tail, latest)
     period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
     ends = np.append(starts[1:], max(end, last + 1))
-    kinds, kind_of = _kinds(ids, starts, ends, positions, names, whole_last=bool(final))
+    kinds, kind_of = _kinds(ids, starts, ends, positions, names, whole_last=bool(final), alike=set(blocks.alike))
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
     if blocks.mixers:
         other = int(isin(ids, np.array(blocks.mixers)).sum()) // len(blocks.mixers)
@@ -765,7 +773,10 @@ def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[lis
 
 
 def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dict[int, np.ndarray],
-           names: list[str] | None, whole_last: bool = False) -> tuple[list[LayerKind], list[int]]:
+           names: list[str] | None, whole_last: bool = False,
+           alike: set[int] = frozenset()) -> tuple[list[LayerKind], list[int]]:
+    """The kinds of the layers between `starts` and `ends`, and each layer's; `alike`: names that tell no kind (a
+    coarser count's in alike layers, _finer)."""
     n_layers = len(starts)
     # The GEMM library picks its tile by the shape it gets (an expert's token count), so which GEMM kernel a layer's
     # loop ran tells no layer kind from another: the GEMMs a layer runs more than once count as one name here (a dense
@@ -783,7 +794,8 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
     inside = np.zeros(len(ids), dtype=bool)
     inside[int(starts[0]):int(ends[-1])] = True
     own = {n for n in share if inside[positions[n]].all()}
-    telling = {n for n, k in share.items() if (KIND_PRESENCE * n_layers < k or n in own) and k < n_layers}
+    telling = {n for n, k in share.items()
+               if (KIND_PRESENCE * n_layers < k or n in own) and k < n_layers and n not in alike}
     signatures = [s & telling for s in present]
     # The first and last layer border the once-per-forward work, which compilers and engines fuse into them (the
     # embedding with the first norm): a lone edge layer a name or two off its neighbour is that neighbour's kind.
