@@ -38,6 +38,10 @@ So layers are read from counts, not from a repeating sequence:
   last block runs on to the final norm, since a last layer of the other kind may run a longer expert loop than any;
   a split may start from a count that is no partition only for the lone layers it leaves out at an end (2 of 3
   attention layers in its blocks, the last after them: their own kernels run in 2 blocks and once outside) (_mixed);
+- two mixers that take turns layer by layer (conv, attention, ...), where only their own kernels run once per layer
+  (a compiler fused the norms into other kernels), count pairs: the counting names run as two runs per block, and
+  where what follows each run up to the other runs an MLP activation and a matrix product and runs like what
+  follows the other (the same MLP or experts after either mixer), the blocks split at both runs (_in_turn);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
@@ -196,6 +200,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     lone = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts == 1)
             if independent(int(n)) and int(n) not in matmul}
     best = _mixed(best, partitions, candidates, ids, positions, lone, gemm, gemm_at, act_at, set(act))
+    best = _in_turn(best, ids, positions, gemm, gemm_at, act_at)
     return _layers(best, ids, positions, names, gemm)
 
 
@@ -418,6 +423,51 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], kept: list[_Blocks], ids: n
                 splits.append(split)
     # As among partitions: the layers run the most work in common (a split of a layer's halves runs less).
     return max(splits, key=lambda b: (b.common, b.count), default=best)
+
+
+def _in_turn(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int],
+             gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
+    """A hybrid stack whose two mixers take turns layer by layer (conv, attention, conv, ...) counts a pair of layers
+    per block where the mixers' own kernels are all that runs once per layer (a compiler fuses each layer's norms
+    into other kernels). The counting names then run as two runs in every block, each followed by the layer's MLP or
+    experts: the blocks split at each run into layers where every part runs an MLP activation and a matrix product,
+    and what follows each run, up to the other, runs an MLP and like what follows the other (the same MLP after
+    either mixer). A layer's halves fail that: what follows its attention (its projection, the MLP's first half) runs
+    unlike what follows the MLP's activation (the next layer's norm and mixer), and where the MLP's own kernels
+    count too, only a residual add and a norm follow each run. Unchanged where no such split holds."""
+    if blocks.mixers or len(blocks.backers) < 2:
+        return blocks
+    backers = sorted(blocks.backers, key=lambda n: int(positions[n][0]))
+    runs = np.array([positions[n] for n in backers])
+    first = runs.min(axis=0)
+    for k in range(1, len(runs)):  # the first k names' runs, then the others', in every block
+        a_end, b_at, b_end = runs[:k].max(axis=0), runs[k:].min(axis=0), runs[k:].max(axis=0)
+        if not (a_end < b_at).all():
+            continue
+        cuts = np.sort(np.concatenate((first, b_at)))
+        split = _blocks_at(cuts, backers[:k], positions, len(ids), gemm, gemm_at, tuple(backers[k:]),
+                           _per_layer_runs(ids, positions))
+        nexts = np.append(first[1:], len(ids))
+        if (split.valid and _share_running(split.bounds, act_at) == 1
+                and _followed_alike(ids, gemm, gemm_at, act_at, a_end, b_at, b_end, nexts)):
+            return split
+    return blocks
+
+
+def _followed_alike(ids: np.ndarray, gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray, a_end: np.ndarray,
+                    b_at: np.ndarray, b_end: np.ndarray, nexts: np.ndarray) -> bool:
+    """Whether each mixer's run is followed by an MLP: what runs after one's run up to the other's, and after the
+    other's up to the next block's first, runs an MLP activation and a matrix product in every block, and the two
+    run alike in most blocks (GEMM tiles as one name). A layer's halves cut at the mixer and the MLP kernels leave
+    the MLP inside a run, and only a residual add and a norm after each."""
+    stretches = np.concatenate((np.stack((a_end + 1, b_at), axis=1), np.stack((b_end + 1, nexts), axis=1)))
+    for lo, hi in stretches.tolist():
+        if not (((act_at >= lo) & (act_at < hi)).any() and ((gemm_at >= lo) & (gemm_at < hi)).any()):
+            return False
+    names = np.where(isin(ids, np.fromiter(gemm, dtype=np.int64, count=len(gemm))), -1, ids)
+    shares = [SequenceMatcher(None, names[a + 1:b].tolist(), names[e + 1:n].tolist(), autojunk=False).ratio()
+              for a, b, e, n in zip(a_end.tolist(), b_at.tolist(), b_end.tolist(), nexts.tolist(), strict=True)]
+    return float(np.median(shares)) >= ALIKE_LAYERS
 
 
 def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray], gemm: set[int], at: np.ndarray,
