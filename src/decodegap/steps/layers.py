@@ -33,10 +33,15 @@ So layers are read from counts, not from a repeating sequence:
   among the layers' input norms (after the first run of the norm, before the final one: a lone attention layer
   first or last, whose kernels may follow its rotary and cache copies); where what runs only beside them holds an
   MLP activation, they are part of the blocks' layers instead (a shared attention + MLP block in some Mamba layers,
-  a Mamba mixer's gated norm in the blocks MoE routers cut: a part would pass for a layer on it); the
+  a Mamba mixer's gated norm in the blocks MoE routers cut: a part would pass for a layer on it), where the rules
+  above kept those blocks (a SiLU the conv and the MLPs share cuts Mamba layers into halves); the
   last block runs on to the final norm, since a last layer of the other kind may run a longer expert loop than any;
   a split may start from a count that is no partition only for the lone layers it leaves out at an end (2 of 3
   attention layers in its blocks, the last after them: their own kernels run in 2 blocks and once outside) (_mixed);
+- two mixers that take turns layer by layer (conv, attention, ...), where only their own kernels run once per layer
+  (a compiler fused the norms into other kernels), count pairs: the counting names run as two runs per block, and
+  where what follows each run up to the other runs an MLP activation and a matrix product and runs like what
+  follows the other (the same MLP or experts after either mixer), the blocks split at both runs (_in_turn);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
@@ -56,7 +61,9 @@ So layers are read from counts, not from a repeating sequence:
   kernels in beam search's bookkeeping) does not carry the last layer past it where the norm's kernels run there;
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
   the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
-  layers: a lone full-attention layer's own cache copy) are one kind; one line per kind. A last layer shorter than
+  layers: a lone full-attention layer's own cache copy) are one kind, but for the coarser count's names that alike
+  layers run in every few of them (_alike: the mask Inductor fuses into every 4th layer tells no kind); one line
+  per kind. A last layer shorter than
   every other is taken as cut off (of a kind that runs all it runs) only where no final norm ended it.
   Which GEMM tile ran tells no kind (cuBLAS picks it by shape), nor do the kernels a compiler fused into an edge
   layer with the once-per-forward work.
@@ -66,7 +73,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 from itertools import combinations
 
@@ -192,7 +199,8 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # Names that run once in the forward may be a lone layer's mixer (an attention layer among Mamba ones).
     lone = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts == 1)
             if independent(int(n)) and int(n) not in matmul}
-    best = _mixed(best, partitions, ids, positions, lone, gemm, gemm_at, act_at, set(act))
+    best = _mixed(best, partitions, candidates, ids, positions, lone, gemm, gemm_at, act_at, set(act))
+    best = _in_turn(best, ids, positions, gemm, gemm_at, act_at)
     return _layers(best, ids, positions, names, gemm)
 
 
@@ -246,6 +254,7 @@ class _Blocks:
     beside_gemm: int = 0  # the explained kernels but GEMMs'
     mixers: tuple[int, ...] = ()  # names that cut the layers of a second kind between the backers' (_mixed)
     open_ended: bool = False  # a partition but for the layers it leaves out (of another kind, at an end: _mixed)
+    alike: tuple[int, ...] = ()  # a coarser count's names, run in every few of these alike layers: no kind (_finer)
 
 
 def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int, tuple[int, int, int, int]]:
@@ -324,10 +333,15 @@ def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     finer = [b for b in candidates if b.count > best.count and b.count % best.count == 0]
     for fine in sorted(finer, key=lambda b: (b.count, b.common), reverse=True):
         common = fine.common + _taking_turns(fine, positions, gemm)
-        if (fine.explained >= NEAR_EXPLAINED * best.explained and common >= FINER_COMMON * fine.beside_gemm
-                and (_own_work_share(fine, positions, gemm) >= FINER_COMMON or _alike(best, fine, positions))
-                and _whole(best, fine, ids, positions, gemm, act_at)):
+        if (fine.explained < NEAR_EXPLAINED * best.explained or common < FINER_COMMON * fine.beside_gemm
+                or not _whole(best, fine, ids, positions, gemm, act_at)):
+            continue
+        if _own_work_share(fine, positions, gemm) >= FINER_COMMON:
             return fine
+        if _alike(best, fine, positions):
+            # Alike layers: what the coarser count ran in every few of them (a mask Inductor recomputes in every
+            # 4th) tells no kind either.
+            return replace(fine, alike=tuple(best.backers))
     return best
 
 
@@ -371,9 +385,9 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
     return total
 
 
-def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
-           lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray,
-           act: set[int]) -> _Blocks:
+def _mixed(best: _Blocks, candidates: list[_Blocks], kept: list[_Blocks], ids: np.ndarray,
+           positions: dict[int, np.ndarray], lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray,
+           act_at: np.ndarray, act: set[int]) -> _Blocks:
     """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with attention layers among
     them): the names that count one kind's layers hold layers of the other kind inside some of their blocks. Names
     that run in some blocks of a partition and nowhere else (the attention kernels; also before its first block or
@@ -383,7 +397,8 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     every part, unless an activation runs among the names only those blocks run (the other mixer's own). Of such
     splits, the one whose parts run the most work in common wins over `best` when it cuts more layers, or when some
     block of `best` runs no MLP activation (halves cut by a name that runs twice per layer).
-    `lone`: where the names that run once in the forward run."""
+    `lone`: where the names that run once in the forward run; `kept`: the partitions the partition rules kept, the
+    only ones taken as they are (any in `candidates` may be split)."""
     runs = positions | lone
     whole = _share_running(best.bounds, act_at) == 1  # else `best` cuts halves (an attention part runs no MLP)
     per_layer = _per_layer_runs(ids, positions)
@@ -394,6 +409,11 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
                 # An MLP activation among what runs only beside the other mixer (a Mamba mixer's gated norm among
                 # MoE layers, a shared attention + MLP block in some Mamba layers) makes that mixer part of the
                 # coarse blocks' layers, not layers of its own: its parts would pass for layers on that activation.
+                # Taken as it is, the coarse partition must be one the partition rules kept (halves of Mamba layers,
+                # their mixer and MLP parts, are a loop inside the Mamba count's blocks, and the mixer's own gated
+                # norm would pass them for layers here).
+                if not any(coarse is k for k in kept):
+                    continue
                 split = coarse
             else:
                 cuts = np.sort(np.concatenate((coarse.cuts, extra)))
@@ -403,6 +423,51 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
                 splits.append(split)
     # As among partitions: the layers run the most work in common (a split of a layer's halves runs less).
     return max(splits, key=lambda b: (b.common, b.count), default=best)
+
+
+def _in_turn(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int],
+             gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
+    """A hybrid stack whose two mixers take turns layer by layer (conv, attention, conv, ...) counts a pair of layers
+    per block where the mixers' own kernels are all that runs once per layer (a compiler fuses each layer's norms
+    into other kernels). The counting names then run as two runs in every block, each followed by the layer's MLP or
+    experts: the blocks split at each run into layers where every part runs an MLP activation and a matrix product,
+    and what follows each run, up to the other, runs an MLP and like what follows the other (the same MLP after
+    either mixer). A layer's halves fail that: what follows its attention (its projection, the MLP's first half) runs
+    unlike what follows the MLP's activation (the next layer's norm and mixer), and where the MLP's own kernels
+    count too, only a residual add and a norm follow each run. Unchanged where no such split holds."""
+    if blocks.mixers or len(blocks.backers) < 2:
+        return blocks
+    backers = sorted(blocks.backers, key=lambda n: int(positions[n][0]))
+    runs = np.array([positions[n] for n in backers])
+    first = runs.min(axis=0)
+    for k in range(1, len(runs)):  # the first k names' runs, then the others', in every block
+        a_end, b_at, b_end = runs[:k].max(axis=0), runs[k:].min(axis=0), runs[k:].max(axis=0)
+        if not (a_end < b_at).all():
+            continue
+        cuts = np.sort(np.concatenate((first, b_at)))
+        split = _blocks_at(cuts, backers[:k], positions, len(ids), gemm, gemm_at, tuple(backers[k:]),
+                           _per_layer_runs(ids, positions))
+        nexts = np.append(first[1:], len(ids))
+        if (split.valid and _share_running(split.bounds, act_at) == 1
+                and _followed_alike(ids, gemm, gemm_at, act_at, a_end, b_at, b_end, nexts)):
+            return split
+    return blocks
+
+
+def _followed_alike(ids: np.ndarray, gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray, a_end: np.ndarray,
+                    b_at: np.ndarray, b_end: np.ndarray, nexts: np.ndarray) -> bool:
+    """Whether each mixer's run is followed by an MLP: what runs after one's run up to the other's, and after the
+    other's up to the next block's first, runs an MLP activation and a matrix product in every block, and the two
+    run alike in most blocks (GEMM tiles as one name). A layer's halves cut at the mixer and the MLP kernels leave
+    the MLP inside a run, and only a residual add and a norm after each."""
+    stretches = np.concatenate((np.stack((a_end + 1, b_at), axis=1), np.stack((b_end + 1, nexts), axis=1)))
+    for lo, hi in stretches.tolist():
+        if not (((act_at >= lo) & (act_at < hi)).any() and ((gemm_at >= lo) & (gemm_at < hi)).any()):
+            return False
+    names = np.where(isin(ids, np.fromiter(gemm, dtype=np.int64, count=len(gemm))), -1, ids)
+    shares = [SequenceMatcher(None, names[a + 1:b].tolist(), names[e + 1:n].tolist(), autojunk=False).ratio()
+              for a, b, e, n in zip(a_end.tolist(), b_at.tolist(), b_end.tolist(), nexts.tolist(), strict=True)]
+    return float(np.median(shares)) >= ALIKE_LAYERS
 
 
 def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray], gemm: set[int], at: np.ndarray,
@@ -558,7 +623,7 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
         final, end, last = _last_end(ids, starts, positions, names, tail, latest)
     period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
     ends = np.append(starts[1:], max(end, last + 1))
-    kinds, kind_of = _kinds(ids, starts, ends, positions, names, whole_last=bool(final))
+    kinds, kind_of = _kinds(ids, starts, ends, positions, names, whole_last=bool(final), alike=set(blocks.alike))
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
     if blocks.mixers:
         other = int(isin(ids, np.array(blocks.mixers)).sum()) // len(blocks.mixers)
@@ -758,7 +823,10 @@ def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[lis
 
 
 def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dict[int, np.ndarray],
-           names: list[str] | None, whole_last: bool = False) -> tuple[list[LayerKind], list[int]]:
+           names: list[str] | None, whole_last: bool = False,
+           alike: set[int] = frozenset()) -> tuple[list[LayerKind], list[int]]:
+    """The kinds of the layers between `starts` and `ends`, and each layer's; `alike`: names that tell no kind (a
+    coarser count's in alike layers, _finer)."""
     n_layers = len(starts)
     # The GEMM library picks its tile by the shape it gets (an expert's token count), so which GEMM kernel a layer's
     # loop ran tells no layer kind from another: the GEMMs a layer runs more than once count as one name here (a dense
@@ -776,7 +844,8 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
     inside = np.zeros(len(ids), dtype=bool)
     inside[int(starts[0]):int(ends[-1])] = True
     own = {n for n in share if inside[positions[n]].all()}
-    telling = {n for n, k in share.items() if (KIND_PRESENCE * n_layers < k or n in own) and k < n_layers}
+    telling = {n for n, k in share.items()
+               if (KIND_PRESENCE * n_layers < k or n in own) and k < n_layers and n not in alike}
     signatures = [s & telling for s in present]
     # The first and last layer border the once-per-forward work, which compilers and engines fuse into them (the
     # embedding with the first norm): a lone edge layer a name or two off its neighbour is that neighbour's kind.
