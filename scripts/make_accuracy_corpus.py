@@ -19,7 +19,8 @@ replays; hand-written decode loops (argmax, with or without `.item()`); profiler
 forward (hand loop, or from a forward hook inside generate) and one ProfilerStep around a whole generate(); training
 (forward + backward + AdamW) with ProfilerStep and with no marker; a deep eager stack without markers; windows that
 start and stop inside a forward (prof.start()/prof.stop() from a decoder-layer hook); `decodegap record` on an
-unmodified script; and cut files (a whole trace's JSON text truncated at a byte offset).
+unmodified script; generate and hand loops without a KV cache (use_cache=False: every forward a prefill of the
+sequence so far); and cut files (a whole trace's JSON text truncated at a byte offset).
 
 Every trace is rewritten by scripts/trim_trace.py (every event kept except flow arrows and python_function; the args
 Concrete Inputs, Input Strides, Ev Idx, Record function id dropped) and gzipped; one over the size limit is captured
@@ -230,12 +231,31 @@ FAMILIES.update({
                                 max_position_embeddings=512),
              "sinusoidal positions, GELU, eager attention (XGLM)"),
 })
+# The fifth holdout's families (`--holdout5`): designs no earlier set has, and two variants of ones it has.
+FAMILIES.update({
+    "mistral_sw": ("MistralConfig", dict(DENSE, sliding_window=8),
+                   "dense GQA with a sliding window (8) in every layer (Mistral 7B v0.1)"),
+    "bamba_attn0": ("BambaConfig", dict(SMALL, **M2, use_mamba_kernels=False),
+                    "hybrid: Mamba-2 mixers (torch path), attention at layer 0 and every 4th after it, dense MLP "
+                    "(Bamba with the attention layer first)"),
+    "cohere": ("CohereConfig", dict(DENSE, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+               "parallel attention + MLP from one LayerNorm, logit scale, no sliding window (Command R)"),
+    "gemma4": ("Gemma4TextConfig", dict(DENSE, head_dim=64, global_head_dim=64, sliding_window=8,
+                                        vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=32),
+               "5 sliding (window 8) : 1 full attention, the last layer full, per-layer input embeddings added in "
+               "every layer (Gemma 4 text)"),
+    "afmoe": ("AfmoeConfig", dict(SMALL, head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                                  num_dense_layers=1, sliding_window=8),
+              "a dense first layer, then eager MoE with a shared expert; 3 sliding : 1 full attention (Arcee AFMoE)"),
+    "falcon_mamba": ("FalconMambaConfig", dict(hidden_size=128, state_size=8, vocab_size=VOCAB, use_mambapy=False),
+                     "attention-free: Mamba-1 layers only (selective scan, torch path) (Falcon-Mamba)"),
+})
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "qwen3_next", "jamba", "glm4_moe",
        "phimoe", "granitemoe", "granitemoehybrid", "deepseek_v2", "ernie4_5_moe", "minimax", "jetmoe", "qwen3_5_moe",
-       "dots1", "hunyuan_moe", "lfm2_moe"}
+       "dots1", "hunyuan_moe", "lfm2_moe", "afmoe"}
 # MoE families that run their experts on grouped GEMMs unless a spec says otherwise (the others: the eager loop)
 GROUPED_EXPERTS = {"granitemoe", "granitemoehybrid", "qwen3_5_moe", "dots1", "lfm2_moe"}
-NO_ATTENTION = {"mamba2"}  # no attention implementation to choose
+NO_ATTENTION = {"mamba2", "falcon_mamba"}  # no attention implementation to choose
 EAGER_ATTENTION = {"gpt_oss", "bloom", "gptj", "mpt", "codegen", "xglm"}  # no SDPA path in transformers 5.17
 
 
@@ -255,6 +275,8 @@ def family_config(family: str, layers: int):
         kw["layer_types"] = ["attention" if i % 4 == 2 else "mamba" for i in range(layers)]
     if family == "bamba":
         kw["attn_layer_indices"] = [i for i in range(layers) if i % 4 == 3]
+    if family == "bamba_attn0":
+        kw["attn_layer_indices"] = [i for i in range(layers) if i % 4 == 0]
     if family == "zamba2":
         kw["layers_block_type"] = ["hybrid" if i % 3 == 2 else "mamba" for i in range(layers)]
     if family == "nemotron_h":  # M: Mamba-2, -: MLP, *: attention; one block a layer
@@ -637,6 +659,49 @@ def loop_beam_generate(ctx: Ctx, spec: Spec) -> None:
                   lambda n: f"beam search model.generate(num_beams={beams}, max_new_tokens={n}) at batch {spec.batch} "
                             f"({spec.batch * beams} rows), prompt {PROMPT} tokens, DynamicCache reordered by beam "
                             "every step; no step markers")
+
+
+def loop_nocache_generate(ctx: Ctx, spec: Spec) -> None:
+    """generate(use_cache=False): no KV cache, so every forward runs the whole sequence so far (prompt + the tokens
+    made): n prefills of 16, 17, .. 16 + n - 1 tokens per sequence."""
+    _one_generate(ctx, spec, {"use_cache": False},
+                  lambda n: f"greedy model.generate(max_new_tokens={n}, use_cache=False) at batch {spec.batch}, prompt "
+                            f"{PROMPT} tokens: no KV cache, every forward recomputes the whole sequence ({PROMPT} .. "
+                            f"{PROMPT + n - 1} tokens); no step markers")
+
+
+def loop_nocache_hand(ctx: Ctx, spec: Spec) -> None:
+    """Hand-written loop without a cache: model(input_ids=the whole sequence, use_cache=False), the argmax token
+    appended on the device (torch.cat), no host sync."""
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    ids0 = prompt(spec.batch, ctx.device)
+
+    def run(n):
+        ids = ids0
+        with torch.no_grad():
+            for _ in range(n):
+                logits = model(input_ids=ids, use_cache=False).logits
+                ids = torch.cat([ids, logits[:, -1:].argmax(-1)], dim=1)
+
+    run(3)  # warm-up
+    sync(ctx.device)
+
+    def capture(n):
+        log.clear()
+        with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            run(n)
+            sync(ctx.device)
+            log.set_rec(False)
+        return prof, log, base_truth(
+            spec, info, f"hand-written loop at batch {spec.batch} without a cache: model(input_ids=the whole "
+                        f"sequence, use_cache=False) {n} times ({PROMPT} .. {PROMPT + n - 1} tokens), the argmax token "
+                        "appended on the device (torch.cat), no host sync",
+            "profile() around the loop; a warm-up loop ran before; no markers"), None
+
+    fit(ctx, spec, capture)
 
 
 def padded_prompts(batch: int, device: str):
@@ -1244,7 +1309,8 @@ LOOPS = {"eager_generate": loop_eager_generate, "sample_padded": loop_sample_pad
          "profstep_hand": loop_profstep_hand, "hand_extend": loop_hand_extend,
          "profstep_generate_hook": loop_profstep_generate_hook,
          "profstep_wraps_generate": loop_profstep_wraps_generate, "train": loop_train, "midstep": loop_midstep,
-         "record": loop_record, "beam_generate": loop_beam_generate}
+         "record": loop_record, "beam_generate": loop_beam_generate, "nocache_generate": loop_nocache_generate,
+         "nocache_hand": loop_nocache_hand}
 
 
 def S(name, family, loop, **kw) -> Spec:
@@ -1420,6 +1486,29 @@ HOLDOUT4 = [
     S("minimax8_train_nomarkers", "minimax", "train", layers=8, rs=False, steps=[2], opts={"markers": "none"},
       cost=10),
 ]
+# A fifth holdout (`--holdout5`): the fixes of the third and fourth holdouts on ground they were not made on. Loops
+# without a KV cache (use_cache=False: every forward a prefill of the sequence so far, as MPT's) in four other
+# families (dense, parallel attention + MLP, eager MoE, a Mamba-2 hybrid) and a hand loop with a sliding window;
+# compiled two-mixer stacks (a dense LFM2, a deeper LFM2-MoE) and a compiled parallel-attention stack at depths not
+# used before; a Bamba with its attention layer first in a ProfilerStep-per-forward generate; and families no set
+# had (Gemma 4 text, Arcee AFMoE, Falcon-Mamba, Command R).
+HOLDOUT5 = [
+    S("qwen2_6_nocache_generate", "qwen2", "nocache_generate", layers=6, batch=2, steps=[10, 8]),
+    S("gpt_neox6_nocache_generate", "gpt_neox", "nocache_generate", layers=6, rs=False, steps=[10, 8]),
+    S("olmoe4_nocache_generate", "olmoe", "nocache_generate", layers=4, batch=2, rs=False, steps=[8, 6]),
+    S("bamba8_nocache_generate", "bamba", "nocache_generate", layers=8, batch=2, steps=[6, 5], cost=10),
+    S("mistral_sw6_nocache_hand", "mistral_sw", "nocache_hand", layers=6, rs=False, steps=[10, 8]),
+    S("lfm2_8_compiled_generate", "lfm2", "compiled_generate", layers=8, steps=[10, 8], cost=COMPILE_COST + 10),
+    S("lfm2_moe10_compiled_generate", "lfm2_moe", "compiled_generate", layers=10, rs=False, steps=[10, 8],
+      opts={"experts": "grouped_mm"}, cost=COMPILE_COST + 20),
+    S("cohere10_compiled_hand", "cohere", "compiled_hand", layers=10, steps=[10, 8], cost=COMPILE_COST + 10),
+    S("bamba_attn0_7_profstep_generate_hook", "bamba_attn0", "profstep_generate_hook", layers=7, batch=2,
+      steps=[5, 4], cost=8),
+    S("gemma4_8_eager_generate", "gemma4", "eager_generate", layers=8, steps=[10, 8]),
+    S("afmoe6_sample_padded", "afmoe", "sample_padded", layers=6, batch=3, rs=False, steps=[8, 6]),
+    S("falcon_mamba6_eager_generate", "falcon_mamba", "eager_generate", layers=6, batch=2, rs=False, steps=[8, 6],
+      cost=8),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
@@ -1519,7 +1608,7 @@ def make_cut(out_dir: str, name: str, source: str, keep_forwards: int | None) ->
 
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -1550,7 +1639,7 @@ def corpus_bytes(out_dir: str) -> int:
 def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -1626,7 +1715,7 @@ def table_rows(folder: str) -> str:
 
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -1650,6 +1739,7 @@ def main() -> None:
     parser.add_argument("--holdout2", action="store_true", help="make the HOLDOUT2 traces instead (no cuts)")
     parser.add_argument("--holdout3", action="store_true", help="make the HOLDOUT3 traces instead (no cuts)")
     parser.add_argument("--holdout4", action="store_true", help="make the HOLDOUT4 traces instead (no cuts)")
+    parser.add_argument("--holdout5", action="store_true", help="make the HOLDOUT5 traces instead (no cuts)")
     parser.add_argument("--seconds", type=float, help="start no new trace after this many seconds")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1664,10 +1754,10 @@ def main() -> None:
             print(f"{s.name:36s} {s.family:12s} {s.loop:24s} layers {s.layers:2d} batch {s.batch} rs {s.rs} {s.opts}")
         return
     os.makedirs(args.out_dir, exist_ok=True)
-    chosen = (HOLDOUT4 if args.holdout4 else HOLDOUT3 if args.holdout3 else HOLDOUT2 if args.holdout2
-              else HOLDOUT if args.holdout else SPECS)
+    chosen = (HOLDOUT5 if args.holdout5 else HOLDOUT4 if args.holdout4 else HOLDOUT3 if args.holdout3
+              else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)
     names = args.only or [s.name for s in chosen]
-    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4}
+    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
