@@ -355,6 +355,17 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def recorded(ctx: Ctx, spec: Spec, log, body) -> profile:
+    """body() run once under torch.profiler (no grad), the forward log recording only inside it; the profiler."""
+    log.clear()
+    with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+        log.set_rec(True)
+        body()
+        sync(ctx.device)
+        log.set_rec(False)
+    return prof
+
+
 # truth: forwards -----------------------------------------------------------------------------------------------
 @dataclass
 class Fwd:
@@ -634,12 +645,8 @@ def _one_generate(ctx: Ctx, spec: Spec, extra: dict, what) -> None:
     sync(ctx.device)
 
     def capture(n):
-        log.clear()
-        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
-            log.set_rec(True)
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(n), **extra)
-            sync(ctx.device)
-            log.set_rec(False)
+        prof = recorded(ctx, spec, log, lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                                               **gen_kwargs(n), **extra))
         how = "profile(activities=[CPU, CUDA]) around one generate(); a warm-up generate ran before"
         return prof, log, base_truth(spec, info, what(n), how), None
 
@@ -689,12 +696,7 @@ def loop_nocache_hand(ctx: Ctx, spec: Spec) -> None:
     sync(ctx.device)
 
     def capture(n):
-        log.clear()
-        with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
-            log.set_rec(True)
-            run(n)
-            sync(ctx.device)
-            log.set_rec(False)
+        prof = recorded(ctx, spec, log, lambda: run(n))
         return prof, log, base_truth(
             spec, info, f"hand-written loop at batch {spec.batch} without a cache: model(input_ids=the whole "
                         f"sequence, use_cache=False) {n} times ({PROMPT} .. {PROMPT + n - 1} tokens), the argmax token "
@@ -725,12 +727,8 @@ def loop_sample_padded(ctx: Ctx, spec: Spec) -> None:
     sync(ctx.device)
 
     def capture(n):
-        log.clear()
-        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
-            log.set_rec(True)
-            model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs(n, sample=True))
-            sync(ctx.device)
-            log.set_rec(False)
+        prof = recorded(ctx, spec, log,
+                        lambda: model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs(n, sample=True)))
         t = base_truth(spec, info, f"sampling model.generate(do_sample, top_k=50, top_p=0.9, temperature=0.8, "
                                    f"max_new_tokens={n}) at batch {spec.batch}, prompts of {lengths} tokens "
                                    f"left-padded to {PROMPT} (attention_mask zeros)",
@@ -761,12 +759,7 @@ def loop_compiled_generate(ctx: Ctx, spec: Spec) -> None:
     print(f"{spec.name}: warm-up generates (compilation) {time.time() - t0:.1f} s", flush=True)
 
     def capture(n):
-        log.clear()
-        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
-            log.set_rec(True)
-            model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs(n))
-            sync(ctx.device)
-            log.set_rec(False)
+        prof = recorded(ctx, spec, log, lambda: model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs(n)))
         t = base_truth(spec, info, f"torch.compile(model.forward) (Inductor, default mode); greedy generate("
                                    f"max_new_tokens={n}) at batch {spec.batch}" +
                        (f"; MoE experts_implementation={experts}" if spec.family in MOE else ""),
@@ -804,12 +797,7 @@ def loop_compiled_hand(ctx: Ctx, spec: Spec) -> None:
     print(f"{spec.name}: warm-up loops (compilation) {time.time() - t0:.1f} s", flush=True)
 
     def capture(n):
-        log.clear()
-        with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
-            log.set_rec(True)
-            run(n)
-            sync(ctx.device)
-            log.set_rec(False)
+        prof = recorded(ctx, spec, log, lambda: run(n))
         return prof, log, base_truth(
             spec, info, f"torch.compile(model.forward); a hand-written loop: model(input_ids, past_key_values="
                         f"DynamicCache) {n} times (the prefill first), argmax on the device, no host sync",
@@ -982,12 +970,7 @@ def loop_hand_extend(ctx: Ctx, spec: Spec) -> None:
     sync(ctx.device)
 
     def capture(n):
-        log.clear()
-        with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
-            log.set_rec(True)
-            run(n)
-            sync(ctx.device)
-            log.set_rec(False)
+        prof = recorded(ctx, spec, log, lambda: run(n))
         return prof, log, base_truth(
             spec, info, f"hand-written loop at batch {spec.batch}: a prefill of 12 tokens, an extend of the next 4 "
                         f"prompt tokens on the same DynamicCache (chunked prefill), then {n - 2} decode forwards; "
