@@ -944,3 +944,55 @@ def test_two_mixers_in_turn_whose_norms_a_compiler_fused_are_each_a_layer(stack)
     # still read as the layer before's, whose experts or MLP end in a projection too (the README says so).
     assert found.starts[0] == starts[0]
     assert all(s <= got <= s + 1 for s, got in zip(starts, found.starts, strict=True))
+
+
+LFM_SILU = "triton_poi_fused__unsafe_view_mul_silu_8"
+LFM_QNORM = "triton_per_fused__to_copy__unsafe_view_add_bmm_cat_cos_mean_mul_neg_pow_rsqrt_sin_slice_transpose_10"
+LFM_KNORM = "triton_per_fused__scaled_dot_product_efficient_attention__to_copy__unsafe_view_add_arange_12"
+LFM_KV = "triton_poi_fused__unsafe_view_cat_transpose_view_14"
+
+
+def _lfm2_dense_layer(kind: str, first_attention: bool = False) -> list[str]:
+    """A compiled dense LFM2 layer: its input norm (fused with the residual add before it), its mixer, the MLP's norm
+    and a SwiGLU MLP. The first attention layer computes the rotary tables too: Inductor fuses that once-per-forward
+    work into its k norm, which then runs as kernels of their own."""
+    if kind == "conv":
+        mixer = [LFM_GEMM, "triton_poi_fused__unsafe_view_cat_mul_split_transpose_4",
+                 "triton_poi_fused_copy_copy__slice_5",
+                 "void at::native::conv_depthwise2d_forward_kernel_generic<c10::BFloat16, int>",
+                 "triton_poi_fused__unsafe_view_mul_slice_split_transpose_6", LFM_GEMM]
+    else:
+        knorm = (["triton_per_fused__to_copy__unsafe_view_mean_pow_view_11", LFM_MASK,
+                  "triton_poi_fused__to_copy__unsafe_view_add_bmm_cat_cos_mean_mul_pow_rsqrt_transpose_13", LFM_KV]
+                 + ["triton_poi_fused__to_copy__unsafe_view_add_bmm_cat_cos_mean_mul_pow_rsqrt_transpose_13"] * 3
+                 if first_attention else [LFM_KNORM, LFM_KV])
+        mixer = [LFM_GEMM, LFM_QNORM, LFM_GEMM, LFM_GEMM] + knorm + [
+            LFM_MASK, LFM_MASK, "fmha_cutlassF_bf16_aligned_64x64_rf_sm80", LFM_GEMM]
+    return [LFM_NORM] + mixer + [LFM_NORM, LFM_GEMM, LFM_GEMM, LFM_SILU, LFM_GEMM]
+
+
+def _lfm2_dense_forward(stack: list[str]) -> tuple[list[str], list[list[str]], list[str]]:
+    prologue = [LFM_DTOD, LFM_DTOD, "triton_poi_fused__to_copy_bmm_expand_unsqueeze_0", LFM_MASK, LFM_MASK,
+                "triton_poi_fused__to_copy_unsqueeze_0", "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_tn>"]
+    layers = [_lfm2_dense_layer(kind, kind == "attention" and kind not in stack[:i]) for i, kind in enumerate(stack)]
+    tail = [LFM_NORM, "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", "void elementwise_kernel_with_index<arange_cuda_out>",
+            "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>", LFM_DTOD, LFM_DTOD,
+            "void at::native::reduce_kernel<ArgMaxOps<float>>", "Memcpy DtoH (Device -> Pinned)"]
+    return prologue, layers, tail
+
+
+@pytest.mark.parametrize("stack", [["conv", "attention"] * n for n in (3, 4, 5)])
+def test_two_mixers_in_turn_with_the_longer_one_last_run_to_the_final_norm(stack):
+    # A compiled dense LFM2: the conv's and the attention's kernels count the pairs (4 were read for 8 layers). Split
+    # at both mixers, the last block, an attention layer longer than the median (conv) block, runs on to the final
+    # norm, though the output head after it projects on a tile of its own: its MLP (and its activation) is inside.
+    prologue, layers, tail = _lfm2_dense_forward(stack)
+    seq = prologue + [k for layer in layers for k in layer] + tail
+    names = sorted(set(seq))
+    mapping, canonical = name_classes(names)
+    index = {n: int(mapping[i]) for i, n in enumerate(names)}
+    arrays = [np.array([index[n] for n in seq])] * 2  # compiled: every decode forward runs alike
+    found = count_layers(arrays[0], canonical, data_independent(arrays))
+    assert found.count == len(stack)
+    assert found.starts == tuple(len(prologue) + sum(len(layer) for layer in layers[:i]) for i in range(len(stack)))
+    assert found.end == len(prologue) + sum(len(layer) for layer in layers)

@@ -41,7 +41,10 @@ So layers are read from counts, not from a repeating sequence:
 - two mixers that take turns layer by layer (conv, attention, ...), where only their own kernels run once per layer
   (a compiler fused the norms into other kernels), count pairs: the counting names run as two runs per block, and
   where what follows each run up to the other runs an MLP activation and a matrix product and runs like what
-  follows the other (the same MLP or experts after either mixer), the blocks split at both runs (_in_turn);
+  follows the other (the same MLP or experts after either mixer), the blocks split at both runs (_in_turn); the
+  last block runs on to the final norm (an attention layer after conv ones runs longer than the median block),
+  found by the input norm's kernels before the mixer's first projection: the output head after the final norm
+  projects on a tile of its own (_final_head);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
@@ -220,7 +223,7 @@ def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.nda
     if per_layer is not None:
         # A mixer split's last block runs on to the final norm (_final_head): its last layer may be of the other kind
         # and run a longer expert loop than any (a lone attention layer after Mamba ones).
-        end = max(end, _final_head(cuts, *per_layer))
+        end = max(end, _final_head(cuts, *per_layer, gemm))
     bounds = np.append(cuts, end)
     periodic = _periodic(positions, bounds)
     fixed = {n: (k, r) for n, (k, _, _, r) in periodic.items() if k}
@@ -495,18 +498,21 @@ def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray], gemm: set[
              {n for n, w in where.items() if w == where[group[0]]}) for group in groups.values()]
 
 
-def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray) -> int:
+def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray, gemm: set[int]) -> int:
     """Where the last run, after the last cut, of the head that comes before every cut ends (each block ends with
-    the next layer's head, its input norm; the final norm runs its kernels once more): 0 where none runs."""
+    the next layer's head, its input norm; the final norm runs its kernels once more): 0 where none runs. The head
+    is taken up to its last kernel that is no matrix product: the mixer's first projection may run before the cut,
+    and the output head that follows the final norm projects on a tile of its own (a wider output)."""
     i = np.searchsorted(at, cuts).tolist()
     head = min(_common_suffix(seq[:i[0]], seq[:j]) for j in i)
+    projects = 0  # the head's last kernels that are matrix products
+    while projects < head and int(seq[i[0] - 1 - projects]) in gemm:
+        projects += 1
+    head -= projects
     if not head:
         return 0
-    pattern, n = seq[i[0] - head:i[0]], len(seq) - head + 1
-    runs = np.ones(max(n, 0), dtype=bool)
-    for t, name in enumerate(pattern.tolist()):
-        runs &= seq[t:t + n] == name
-    after = np.flatnonzero(runs[i[-1] + 1:])
+    pattern = seq[i[0] - projects - head:i[0] - projects]
+    after = _runs_of(pattern, seq[i[-1] + 1:])
     return int(at[i[-1] + after[-1] + head]) + 1 if len(after) else 0
 
 
