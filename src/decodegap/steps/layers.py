@@ -69,7 +69,8 @@ So layers are read from counts, not from a repeating sequence:
   per kind. A last layer shorter than
   every other is taken as cut off (of a kind that runs all it runs) only where no final norm ended it.
   Which GEMM tile ran tells no kind (cuBLAS picks it by shape), nor do the kernels a compiler fused into an edge
-  layer with the once-per-forward work.
+  layer with the once-per-forward work, or into the first layer of a kind that uses it (the rotary tables in the
+  first attention layer of a conv / attention stack: a lone layer a name or two off a kind only later layers run).
 The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
 
 from __future__ import annotations
@@ -866,6 +867,17 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
             continue
         if names and all(compiler_generated(names[n]) for n in closest ^ signatures[edge]):  # only a compiler fuses
             signatures[edge] = closest
+    # A compiler also fuses once-per-forward work into the first layer that uses it (the rotary table into the first
+    # attention layer of a conv / attention stack): a lone layer a name or two off a kind that only later layers run,
+    # all of those names compiler-generated, is of that kind.
+    for i in range(1, n_layers - 1):
+        if names is None or any(sig == signatures[i] for j, sig in enumerate(signatures) if j != i):
+            continue
+        later = [sig for j, sig in enumerate(signatures) if j > i and all(signatures[h] != sig for h in range(i))]
+        closest = min(later, key=lambda sig: len(sig ^ signatures[i]), default=None)
+        if (closest is not None and len(closest ^ signatures[i]) <= EDGE_FUSED_NAMES
+                and all(compiler_generated(names[n]) for n in closest ^ signatures[i])):
+            signatures[i] = closest
     # The last layer's block runs into the once-per-forward tail; when it is shorter than every other layer it was
     # cut off there (the cuts sit inside the layers) and shows only part of its kind: a kind that runs all it runs.
     # Not where it ends at the final norm (`whole_last`): it is whole, of a lighter kind (a lone attention layer
