@@ -1012,3 +1012,56 @@ def test_the_first_attention_layer_that_computes_the_rotary_tables_is_of_its_kin
     assert found.count == len(stack)
     first = {k: found.kind_of[stack.index(k)] for k in stack}
     assert found.kind_of == tuple(first[k] for k in stack) and len(set(first.values())) == 2
+
+
+G4_WEIGHT, G4_PLE_GATE = "void at::native::BinaryFunctor<float, float, float, MulFunctor>", "nvjet_sm90_tst_64x8_1x1_TNT"
+G4_PROLOGUE = ["void at::native::indexSelectSmallIndex", ELEMENTWISE, "void at::native::indexSelectSmallIndex",
+               ELEMENTWISE, GEMM, "void at::native::mul_scalar<c10::BFloat16>", COPY,
+               "void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",
+               "void at::native::add_scalar_kernel<float>", "void at::native::rsqrt_kernel_cuda",
+               "void at::native::mul_kernel<float>", COPY, TO_BF16, ADD, "void at::native::mul_scalar<c10::BFloat16>",
+               "cutlass_80_simt_sgemm_128x32", "void at::native::cos_kernel", "void at::native::sin_kernel", TO_BF16]
+G4_TAIL = ([COPY, "void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",
+            "void at::native::add_scalar_kernel<float>", "void at::native::rsqrt_kernel_cuda",
+            "void at::native::mul_kernel<float>", COPY, G4_WEIGHT, TO_BF16]  # the final norm
+           + ["nvjet_sm90_tst_64x8_lm_head_TNT", "void at::native::div_kernel", "void at::native::tanh_kernel",
+              "void at::native::mul_scalar<float>", "void at::native::reduce_kernel<ArgMaxOps<float>>"])
+
+
+def _gemma4_norm(kind: str = "layer") -> list[str]:
+    """Gemma 4's RMSNorm, eager: a layer norm's weight multiply runs on a kernel of its own, a q / k norm's on the
+    normalising multiply's kernel; the v norm has no weight."""
+    norm = [COPY, "void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",
+            "void at::native::add_scalar_kernel<float>", "void at::native::rsqrt_kernel_cuda",
+            "void at::native::mul_kernel<float>"]
+    weight = {"layer": [COPY, G4_WEIGHT], "head": [COPY, "void at::native::mul_kernel<float>"], "v": []}[kind]
+    return norm + weight + [TO_BF16]
+
+
+def _gemma4_layer(full: bool) -> list[str]:
+    """An eager Gemma 4 text layer as the H100 trace runs it: norms around the attention and the MLP, q / k / v
+    norms, a GeGLU MLP, and then the per-layer input block: a gate projection (on a tile of its own), the same GeLU
+    and multiply as the MLP's, a projection, its norm and residual add, and the layer's scalar. Sliding layers run
+    the memory-efficient kernel on a windowed cache, full ones flash attention."""
+    rope = [ELEMENTWISE, "void at::native::neg_kernel", "void at::native::CatArrayBatchedCopy", ELEMENTWISE, ADD]
+    cache = (["void at::native::CatArrayBatchedCopy_vectorized"] * 2 + ["void pytorch_flash::flash_fwd_kernel"] if full
+             else ["void at::native::CatArrayBatchedCopy"] * 2 + ["void at::native::direct_copy_kernel<strided>"] * 2
+             + ["void at::native::FillFunctor<c10::BFloat16>"] * 2
+             + ["void at::native::where_kernel", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"])
+    attention = ([GEMM] + _gemma4_norm("head") + rope + [GEMM, GEMM] + _gemma4_norm("head") + rope + _gemma4_norm("v")
+                 + cache + [GEMM])
+    mlp = [GEMM, GELU, GEMM, MUL_NC, GEMM]
+    per_layer_input = [G4_PLE_GATE, GELU, MUL_NC, GEMM] + _gemma4_norm() + [ADD, ELEMENTWISE]
+    return (_gemma4_norm() + attention + _gemma4_norm() + [ADD] + _gemma4_norm() + mlp + _gemma4_norm() + [ADD]
+            + per_layer_input)
+
+
+@pytest.mark.parametrize("layers", [6, 8, 12])
+def test_a_layer_whose_per_layer_input_gate_runs_the_mlps_activation_is_one_layer(layers):
+    # Gemma 4's per-layer input gate runs the MLP's GeLU and multiply again: the activation counts 2L blocks, each
+    # running it and a projection (16 layers of 3 kinds were read for 8). Its blocks run unlike (the MLP's end and
+    # the gate; the rest of the layer), so they are parts of layers: the gate's own projection tile counts them.
+    # 5 sliding : 1 full attention, the last layer full.
+    kinds = ["full" if i % 6 == 5 or i == layers - 1 else "sliding" for i in range(layers)]
+    stack = [_gemma4_layer(kind == "full") for kind in kinds]
+    _assert_read_right([(G4_PROLOGUE, stack, G4_TAIL), (G4_PROLOGUE, stack, G4_TAIL)], kinds)

@@ -24,9 +24,11 @@ So layers are read from counts, not from a repeating sequence:
   them (two names that take turns at one place in the blocks, sliding and full attention, count as run in every
   one), most of them run work of their own besides or they are alike but for the coarser count's own kernel (a mask
   Inductor fuses into every 4th layer: _alike), and each runs an MLP activation (every layer has its MLP or
-  experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike; the last
-  block runs to the forward's end, since a last layer of another kind, MoE after dense, runs longer than a typical
-  block);
+  experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike; where
+  the activation is what counts the finer blocks, each runs one for being cut there, and neighbouring blocks run
+  at least partly alike, sharing their norms and MLP (Gemma 4's per-layer input gate runs the MLP's GeLU again: a
+  short part of each layer cut there shares little with the rest); the last block runs to the forward's end, since
+  a last layer of another kind, MoE after dense, runs longer than a typical block);
 - a hybrid stack's layers each run one mixer of two kinds (Mamba layers with attention layers among them): the
   names that run in some blocks of a partition and nowhere else split those blocks at each run where each part runs
   an MLP activation and a matrix product, and add a block where they run before the first block or after the last
@@ -96,6 +98,7 @@ OUTSIDE_NAMES = 1 / 3  # share of per-layer names with a layer's worth of runs o
 FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
 CUT_OFF = 0.9  # a last layer's block under this share of the shortest other layer was cut off by the forward's tail
 ALIKE_LAYERS = 0.7  # how alike neighbouring layers of a hybrid group run at least, where no activation tells
+PARTS_ALIKE = 0.4  # ... at least, where an activation counts them: below, a layer's parts (an extra block and the rest)
 # An MLP's activation (eager, Inductor-fused and engine kernels name it): every layer runs its own MLP or experts
 ACTIVATION = re.compile(r"silu|gelu|swiglu|geglu|act_and_mul|relu|swish", re.IGNORECASE)
 KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
@@ -561,7 +564,15 @@ def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int,
            act_at: np.ndarray) -> bool:
     """Whether the finer blocks are whole layers, not a layer's halves: where every coarse block runs an MLP
     activation, every finer one must (each layer has its MLP or experts; an attention half has none); where the names
-    tell no activation, neighbouring finer blocks must run alike kernel sequences (a layer's halves do not)."""
+    tell no activation, neighbouring finer blocks must run alike kernel sequences (a layer's halves do not). Where an
+    activation is what counts the finer blocks, each runs one for being cut there (a layer that runs a second
+    activation besides its MLP's, Gemma 4's per-layer input gate, cut into two parts that each run one): neighbouring
+    blocks must run at least PARTS_ALIKE alike, as layers of two kinds that share their norms and MLP do (a conv
+    layer beside a masked attention layer: 51%), and a short part beside the rest of its layer does not (Gemma 4's
+    MLP end and gate beside the rest: 27%)."""
+    if isin(np.array(fine.backers, dtype=np.int64), ids[act_at]).any():
+        # Layers of two kinds share their norms and MLP; a short part of a layer shares little with the rest.
+        return _alike_neighbours(fine, ids, positions, gemm) >= PARTS_ALIKE
     if _share_running(coarse.bounds, act_at) == 1:
         # The last finer block runs to the forward's end: its length is a typical block's guess, and a last layer of
         # another kind runs longer (an MoE layer after dense ones reaches its experts' activation late); what follows
