@@ -944,3 +944,124 @@ def test_two_mixers_in_turn_whose_norms_a_compiler_fused_are_each_a_layer(stack)
     # still read as the layer before's, whose experts or MLP end in a projection too (the README says so).
     assert found.starts[0] == starts[0]
     assert all(s <= got <= s + 1 for s, got in zip(starts, found.starts, strict=True))
+
+
+LFM_SILU = "triton_poi_fused__unsafe_view_mul_silu_8"
+LFM_QNORM = "triton_per_fused__to_copy__unsafe_view_add_bmm_cat_cos_mean_mul_neg_pow_rsqrt_sin_slice_transpose_10"
+LFM_KNORM = "triton_per_fused__scaled_dot_product_efficient_attention__to_copy__unsafe_view_add_arange_12"
+LFM_KV = "triton_poi_fused__unsafe_view_cat_transpose_view_14"
+
+
+def _lfm2_dense_layer(kind: str, first_attention: bool = False) -> list[str]:
+    """A compiled dense LFM2 layer: its input norm (fused with the residual add before it), its mixer, the MLP's norm
+    and a SwiGLU MLP. The first attention layer computes the rotary tables too: Inductor fuses that once-per-forward
+    work into its k norm, which then runs as kernels of their own."""
+    if kind == "conv":
+        mixer = [LFM_GEMM, "triton_poi_fused__unsafe_view_cat_mul_split_transpose_4",
+                 "triton_poi_fused_copy_copy__slice_5",
+                 "void at::native::conv_depthwise2d_forward_kernel_generic<c10::BFloat16, int>",
+                 "triton_poi_fused__unsafe_view_mul_slice_split_transpose_6", LFM_GEMM]
+    else:
+        knorm = (["triton_per_fused__to_copy__unsafe_view_mean_pow_view_11", LFM_MASK,
+                  "triton_poi_fused__to_copy__unsafe_view_add_bmm_cat_cos_mean_mul_pow_rsqrt_transpose_13", LFM_KV]
+                 + ["triton_poi_fused__to_copy__unsafe_view_add_bmm_cat_cos_mean_mul_pow_rsqrt_transpose_13"] * 3
+                 if first_attention else [LFM_KNORM, LFM_KV])
+        mixer = [LFM_GEMM, LFM_QNORM, LFM_GEMM, LFM_GEMM] + knorm + [
+            LFM_MASK, LFM_MASK, "fmha_cutlassF_bf16_aligned_64x64_rf_sm80", LFM_GEMM]
+    return [LFM_NORM] + mixer + [LFM_NORM, LFM_GEMM, LFM_GEMM, LFM_SILU, LFM_GEMM]
+
+
+def _lfm2_dense_forward(stack: list[str]) -> tuple[list[str], list[list[str]], list[str]]:
+    prologue = [LFM_DTOD, LFM_DTOD, "triton_poi_fused__to_copy_bmm_expand_unsqueeze_0", LFM_MASK, LFM_MASK,
+                "triton_poi_fused__to_copy_unsqueeze_0", "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_tn>"]
+    layers = [_lfm2_dense_layer(kind, kind == "attention" and kind not in stack[:i]) for i, kind in enumerate(stack)]
+    tail = [LFM_NORM, "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", "void elementwise_kernel_with_index<arange_cuda_out>",
+            "void at::native::CatArrayBatchedCopy_alignedK_contig<8u>", LFM_DTOD, LFM_DTOD,
+            "void at::native::reduce_kernel<ArgMaxOps<float>>", "Memcpy DtoH (Device -> Pinned)"]
+    return prologue, layers, tail
+
+
+@pytest.mark.parametrize("stack", [["conv", "attention"] * n for n in (3, 4, 5)])
+def test_two_mixers_in_turn_with_the_longer_one_last_run_to_the_final_norm(stack):
+    # A compiled dense LFM2: the conv's and the attention's kernels count the pairs (4 were read for 8 layers). Split
+    # at both mixers, the last block, an attention layer longer than the median (conv) block, runs on to the final
+    # norm, though the output head after it projects on a tile of its own: its MLP (and its activation) is inside.
+    prologue, layers, tail = _lfm2_dense_forward(stack)
+    seq = prologue + [k for layer in layers for k in layer] + tail
+    names = sorted(set(seq))
+    mapping, canonical = name_classes(names)
+    index = {n: int(mapping[i]) for i, n in enumerate(names)}
+    arrays = [np.array([index[n] for n in seq])] * 2  # compiled: every decode forward runs alike
+    found = count_layers(arrays[0], canonical, data_independent(arrays))
+    assert found.count == len(stack)
+    assert found.starts == tuple(len(prologue) + sum(len(layer) for layer in layers[:i]) for i in range(len(stack)))
+    assert found.end == len(prologue) + sum(len(layer) for layer in layers)
+
+
+@pytest.mark.parametrize("stack", [["conv", "attention"] * n for n in (3, 4, 5)])
+def test_the_first_attention_layer_that_computes_the_rotary_tables_is_of_its_kind(stack):
+    # Inductor fuses the once-per-forward rotary tables into the first attention layer's k norm (kernels only it
+    # runs): that layer is an attention layer all the same, not a kind of its own (1 + 3 + 4 were read).
+    prologue, layers, tail = _lfm2_dense_forward(stack)
+    seq = prologue + [k for layer in layers for k in layer] + tail
+    names = sorted(set(seq))
+    mapping, canonical = name_classes(names)
+    index = {n: int(mapping[i]) for i, n in enumerate(names)}
+    arrays = [np.array([index[n] for n in seq])] * 2
+    found = count_layers(arrays[0], canonical, data_independent(arrays))
+    assert found.count == len(stack)
+    first = {k: found.kind_of[stack.index(k)] for k in stack}
+    assert found.kind_of == tuple(first[k] for k in stack) and len(set(first.values())) == 2
+
+
+G4_WEIGHT, G4_PLE_GATE = "void at::native::BinaryFunctor<float, float, float, MulFunctor>", "nvjet_sm90_tst_64x8_1x1_TNT"
+G4_PROLOGUE = ["void at::native::indexSelectSmallIndex", ELEMENTWISE, "void at::native::indexSelectSmallIndex",
+               ELEMENTWISE, GEMM, "void at::native::mul_scalar<c10::BFloat16>", COPY,
+               "void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",
+               "void at::native::add_scalar_kernel<float>", "void at::native::rsqrt_kernel_cuda",
+               "void at::native::mul_kernel<float>", COPY, TO_BF16, ADD, "void at::native::mul_scalar<c10::BFloat16>",
+               "cutlass_80_simt_sgemm_128x32", "void at::native::cos_kernel", "void at::native::sin_kernel", TO_BF16]
+G4_TAIL = ([COPY, "void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",
+            "void at::native::add_scalar_kernel<float>", "void at::native::rsqrt_kernel_cuda",
+            "void at::native::mul_kernel<float>", COPY, G4_WEIGHT, TO_BF16]  # the final norm
+           + ["nvjet_sm90_tst_64x8_lm_head_TNT", "void at::native::div_kernel", "void at::native::tanh_kernel",
+              "void at::native::mul_scalar<float>", "void at::native::reduce_kernel<ArgMaxOps<float>>"])
+
+
+def _gemma4_norm(kind: str = "layer") -> list[str]:
+    """Gemma 4's RMSNorm, eager: a layer norm's weight multiply runs on a kernel of its own, a q / k norm's on the
+    normalising multiply's kernel; the v norm has no weight."""
+    norm = [COPY, "void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",
+            "void at::native::add_scalar_kernel<float>", "void at::native::rsqrt_kernel_cuda",
+            "void at::native::mul_kernel<float>"]
+    weight = {"layer": [COPY, G4_WEIGHT], "head": [COPY, "void at::native::mul_kernel<float>"], "v": []}[kind]
+    return norm + weight + [TO_BF16]
+
+
+def _gemma4_layer(full: bool) -> list[str]:
+    """An eager Gemma 4 text layer as the H100 trace runs it: norms around the attention and the MLP, q / k / v
+    norms, a GeGLU MLP, and then the per-layer input block: a gate projection (on a tile of its own), the same GeLU
+    and multiply as the MLP's, a projection, its norm and residual add, and the layer's scalar. Sliding layers run
+    the memory-efficient kernel on a windowed cache, full ones flash attention."""
+    rope = [ELEMENTWISE, "void at::native::neg_kernel", "void at::native::CatArrayBatchedCopy", ELEMENTWISE, ADD]
+    cache = (["void at::native::CatArrayBatchedCopy_vectorized"] * 2 + ["void pytorch_flash::flash_fwd_kernel"] if full
+             else ["void at::native::CatArrayBatchedCopy"] * 2 + ["void at::native::direct_copy_kernel<strided>"] * 2
+             + ["void at::native::FillFunctor<c10::BFloat16>"] * 2
+             + ["void at::native::where_kernel", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"])
+    attention = ([GEMM] + _gemma4_norm("head") + rope + [GEMM, GEMM] + _gemma4_norm("head") + rope + _gemma4_norm("v")
+                 + cache + [GEMM])
+    mlp = [GEMM, GELU, GEMM, MUL_NC, GEMM]
+    per_layer_input = [G4_PLE_GATE, GELU, MUL_NC, GEMM] + _gemma4_norm() + [ADD, ELEMENTWISE]
+    return (_gemma4_norm() + attention + _gemma4_norm() + [ADD] + _gemma4_norm() + mlp + _gemma4_norm() + [ADD]
+            + per_layer_input)
+
+
+@pytest.mark.parametrize("layers", [6, 8, 12])
+def test_a_layer_whose_per_layer_input_gate_runs_the_mlps_activation_is_one_layer(layers):
+    # Gemma 4's per-layer input gate runs the MLP's GeLU and multiply again: the activation counts 2L blocks, each
+    # running it and a projection (16 layers of 3 kinds were read for 8). Its blocks run unlike (the MLP's end and
+    # the gate; the rest of the layer), so they are parts of layers: the gate's own projection tile counts them.
+    # 5 sliding : 1 full attention, the last layer full.
+    kinds = ["full" if i % 6 == 5 or i == layers - 1 else "sliding" for i in range(layers)]
+    stack = [_gemma4_layer(kind == "full") for kind in kinds]
+    _assert_read_right([(G4_PROLOGUE, stack, G4_TAIL), (G4_PROLOGUE, stack, G4_TAIL)], kinds)

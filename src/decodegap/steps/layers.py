@@ -24,9 +24,11 @@ So layers are read from counts, not from a repeating sequence:
   them (two names that take turns at one place in the blocks, sliding and full attention, count as run in every
   one), most of them run work of their own besides or they are alike but for the coarser count's own kernel (a mask
   Inductor fuses into every 4th layer: _alike), and each runs an MLP activation (every layer has its MLP or
-  experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike; the last
-  block runs to the forward's end, since a last layer of another kind, MoE after dense, runs longer than a typical
-  block);
+  experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike; where
+  the activation is what counts the finer blocks, each runs one for being cut there, and neighbouring blocks run
+  at least partly alike, sharing their norms and MLP (Gemma 4's per-layer input gate runs the MLP's GeLU again: a
+  short part of each layer cut there shares little with the rest); the last block runs to the forward's end, since
+  a last layer of another kind, MoE after dense, runs longer than a typical block);
 - a hybrid stack's layers each run one mixer of two kinds (Mamba layers with attention layers among them): the
   names that run in some blocks of a partition and nowhere else split those blocks at each run where each part runs
   an MLP activation and a matrix product, and add a block where they run before the first block or after the last
@@ -41,7 +43,10 @@ So layers are read from counts, not from a repeating sequence:
 - two mixers that take turns layer by layer (conv, attention, ...), where only their own kernels run once per layer
   (a compiler fused the norms into other kernels), count pairs: the counting names run as two runs per block, and
   where what follows each run up to the other runs an MLP activation and a matrix product and runs like what
-  follows the other (the same MLP or experts after either mixer), the blocks split at both runs (_in_turn);
+  follows the other (the same MLP or experts after either mixer), the blocks split at both runs (_in_turn); the
+  last block runs on to the final norm (an attention layer after conv ones runs longer than the median block),
+  found by the input norm's kernels before the mixer's first projection: the output head after the final norm
+  projects on a tile of its own (_final_head);
 - a layer begins where layers of its kind run one sequence: the kernels that count layers often run mid-layer (an
   MoE router), so each block between two cuts holds one layer's tail and the next one's head; layer 0's head ends
   the stretch before the first cut, a block that ends alike holds that head, and a head of another kind (a lone
@@ -66,7 +71,8 @@ So layers are read from counts, not from a repeating sequence:
   per kind. A last layer shorter than
   every other is taken as cut off (of a kind that runs all it runs) only where no final norm ended it.
   Which GEMM tile ran tells no kind (cuBLAS picks it by shape), nor do the kernels a compiler fused into an edge
-  layer with the once-per-forward work.
+  layer with the once-per-forward work, or into the first layer of a kind that uses it (the rotary tables in the
+  first attention layer of a conv / attention stack: a lone layer a name or two off a kind only later layers run).
 The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ OUTSIDE_NAMES = 1 / 3  # share of per-layer names with a layer's worth of runs o
 FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
 CUT_OFF = 0.9  # a last layer's block under this share of the shortest other layer was cut off by the forward's tail
 ALIKE_LAYERS = 0.7  # how alike neighbouring layers of a hybrid group run at least, where no activation tells
+PARTS_ALIKE = 0.4  # ... at least, where an activation counts them: below, a layer's parts (an extra block and the rest)
 # An MLP's activation (eager, Inductor-fused and engine kernels name it): every layer runs its own MLP or experts
 ACTIVATION = re.compile(r"silu|gelu|swiglu|geglu|act_and_mul|relu|swish", re.IGNORECASE)
 KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
@@ -220,7 +227,7 @@ def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.nda
     if per_layer is not None:
         # A mixer split's last block runs on to the final norm (_final_head): its last layer may be of the other kind
         # and run a longer expert loop than any (a lone attention layer after Mamba ones).
-        end = max(end, _final_head(cuts, *per_layer))
+        end = max(end, _final_head(cuts, *per_layer, gemm))
     bounds = np.append(cuts, end)
     periodic = _periodic(positions, bounds)
     fixed = {n: (k, r) for n, (k, _, _, r) in periodic.items() if k}
@@ -495,18 +502,21 @@ def _inside_some_blocks(blocks: _Blocks, runs: dict[int, np.ndarray], gemm: set[
              {n for n, w in where.items() if w == where[group[0]]}) for group in groups.values()]
 
 
-def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray) -> int:
+def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray, gemm: set[int]) -> int:
     """Where the last run, after the last cut, of the head that comes before every cut ends (each block ends with
-    the next layer's head, its input norm; the final norm runs its kernels once more): 0 where none runs."""
+    the next layer's head, its input norm; the final norm runs its kernels once more): 0 where none runs. The head
+    is taken up to its last kernel that is no matrix product: the mixer's first projection may run before the cut,
+    and the output head that follows the final norm projects on a tile of its own (a wider output)."""
     i = np.searchsorted(at, cuts).tolist()
     head = min(_common_suffix(seq[:i[0]], seq[:j]) for j in i)
+    projects = 0  # the head's last kernels that are matrix products
+    while projects < head and int(seq[i[0] - 1 - projects]) in gemm:
+        projects += 1
+    head -= projects
     if not head:
         return 0
-    pattern, n = seq[i[0] - head:i[0]], len(seq) - head + 1
-    runs = np.ones(max(n, 0), dtype=bool)
-    for t, name in enumerate(pattern.tolist()):
-        runs &= seq[t:t + n] == name
-    after = np.flatnonzero(runs[i[-1] + 1:])
+    pattern = seq[i[0] - projects - head:i[0] - projects]
+    after = _runs_of(pattern, seq[i[-1] + 1:])
     return int(at[i[-1] + after[-1] + head]) + 1 if len(after) else 0
 
 
@@ -554,7 +564,15 @@ def _whole(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int,
            act_at: np.ndarray) -> bool:
     """Whether the finer blocks are whole layers, not a layer's halves: where every coarse block runs an MLP
     activation, every finer one must (each layer has its MLP or experts; an attention half has none); where the names
-    tell no activation, neighbouring finer blocks must run alike kernel sequences (a layer's halves do not)."""
+    tell no activation, neighbouring finer blocks must run alike kernel sequences (a layer's halves do not). Where an
+    activation is what counts the finer blocks, each runs one for being cut there (a layer that runs a second
+    activation besides its MLP's, Gemma 4's per-layer input gate, cut into two parts that each run one): neighbouring
+    blocks must run at least PARTS_ALIKE alike, as layers of two kinds that share their norms and MLP do (a conv
+    layer beside a masked attention layer: 51%), and a short part beside the rest of its layer does not (Gemma 4's
+    MLP end and gate beside the rest: 27%)."""
+    if isin(np.array(fine.backers, dtype=np.int64), ids[act_at]).any():
+        # Layers of two kinds share their norms and MLP; a short part of a layer shares little with the rest.
+        return _alike_neighbours(fine, ids, positions, gemm) >= PARTS_ALIKE
     if _share_running(coarse.bounds, act_at) == 1:
         # The last finer block runs to the forward's end: its length is a typical block's guess, and a last layer of
         # another kind runs longer (an MoE layer after dense ones reaches its experts' activation late); what follows
@@ -860,6 +878,17 @@ def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dic
             continue
         if names and all(compiler_generated(names[n]) for n in closest ^ signatures[edge]):  # only a compiler fuses
             signatures[edge] = closest
+    # A compiler also fuses once-per-forward work into the first layer that uses it (the rotary table into the first
+    # attention layer of a conv / attention stack): a lone layer a name or two off a kind that only later layers run,
+    # all of those names compiler-generated, is of that kind.
+    for i in range(1, n_layers - 1):
+        if names is None or any(sig == signatures[i] for j, sig in enumerate(signatures) if j != i):
+            continue
+        later = [sig for j, sig in enumerate(signatures) if j > i and all(signatures[h] != sig for h in range(i))]
+        closest = min(later, key=lambda sig: len(sig ^ signatures[i]), default=None)
+        if (closest is not None and len(closest ^ signatures[i]) <= EDGE_FUSED_NAMES
+                and all(compiler_generated(names[n]) for n in closest ^ signatures[i])):
+            signatures[i] = closest
     # The last layer's block runs into the once-per-forward tail; when it is shorter than every other layer it was
     # cut off there (the cuts sit inside the layers) and shows only part of its kind: a kind that runs all it runs.
     # Not where it ends at the final norm (`whole_last`): it is whole, of a lighter kind (a lone attention layer
