@@ -12,7 +12,8 @@ import pytest
 
 from decodegap.pipeline import analyze_path
 from decodegap.report.json import report_dict
-from decodegap.steps.phase import GROWN_MOST, GROWN_SOME, growing_runs
+from decodegap.steps.anchors import lookup_rows
+from decodegap.steps.phase import GROWN_MOST, GROWN_SOME, GrowingRun, growing_runs
 from decodegap.steps.repetition import normalized_ids
 from decodegap.steps.steps import find_steps
 from decodegap.trace.link import link
@@ -28,10 +29,23 @@ def _name(kw: dict) -> str:
     return "-".join(f"{k}={v}" for k, v in kw.items())
 
 
+MOE_LOOPS = [dict(experts=experts, top_k=top_k, batch=batch, routing=routing, record_shapes=shapes, first=first)
+             for (experts, top_k), batch, routing, shapes, first in
+             itertools.product(((8, 2), (64, 8)), (1, 4), ("causal", "fresh"), (False, True), (0, 3))]
+
+
 def _phases(tmp_path: Path, **kw) -> tuple[list[str], list[str]]:
     trace = load_trace(write(generate_loop(layers=4, **kw), tmp_path / "loop.json"))
     steps = find_steps(trace, link(trace))
     return [s.kind for s in steps.steps], steps.warnings
+
+
+def _runs(tmp_path: Path, doc: dict) -> list:
+    trace = load_trace(write(doc, tmp_path / "loop.json"))
+    links = link(trace)
+    steps = find_steps(trace, links)
+    return growing_runs(trace, [s.rows for s in steps.steps], normalized_ids(trace.names, trace.gpu.name_id),
+                        lookup_rows(trace, links))
 
 
 def _uncertain(warnings: list[str]) -> list[str]:
@@ -102,3 +116,89 @@ def test_the_report_counts_the_prefills(tmp_path):
     d = report_dict(analyze_path(write(generate_loop(forwards=10, layers=4, kv_cache=False), tmp_path / "l.json")))
     assert (d["steps"]["prefill"]["count"], d["steps"]["decode"]["count"]) == (10, 0)
     assert [r["phase"] for r in d["step_rows"]] == ["prefill"] * 10
+
+
+@pytest.mark.parametrize("kw", MOE_LOOPS, ids=_name)
+def test_eager_moe_forwards_without_a_kv_cache_are_prefills(tmp_path, kw):
+    """An eager MoE loop without a cache: each forward's expert loop runs the experts its tokens were routed to (8
+    experts top-2, or 64 top-8, where the set of experts that run changes from forward to forward), each on the tokens
+    it got, after three one-block kernels that find them; those launches cannot grow for a token more, so well under
+    half of a forward's launches grow over ten forwards. The embedding lookup grows with the sequence every forward
+    recomputes: every forward is a prefill, with or without op shapes, whether a token keeps its experts from forward
+    to forward (causal) or not (fresh)."""
+    phases, warnings = _phases(tmp_path, forwards=10, kv_cache=False, **kw)
+    assert phases == generate_loop_truth(forwards=10, kv_cache=False) == ["prefill"] * 10
+    assert not _uncertain(warnings)
+
+
+@pytest.mark.parametrize("kw", MOE_LOOPS, ids=_name)
+def test_eager_moe_forwards_with_a_kv_cache_stay_prefill_then_decode(tmp_path, kw):
+    """The same MoE loops with a KV cache: the prompt's prefill, then decode steps whose experts change every step;
+    their lookups (one token per sequence) never grow."""
+    phases, warnings = _phases(tmp_path, forwards=10, kv_cache=True, **kw)
+    want = generate_loop_truth(forwards=10, kv_cache=True, first=kw["first"])
+    assert phases == want
+    assert Counter(want) == ({"prefill": 1, "decode": 9} if kw["first"] == 0 else {"decode": 10})
+    assert not _uncertain(warnings)
+
+
+@pytest.mark.parametrize("experts,top_k,batch,seed", [(8, 2, 1, 1), (128, 8, 1, 0), (64, 8, 2, 2)])
+def test_routing_does_not_cut_a_run(tmp_path, experts, top_k, batch, seed):
+    """Experts drawn anew every forward move the n-th launch of an expert kernel up in some places and down in others;
+    such kernels say nothing of growth and are left out where consecutive forwards are compared, so the ten cacheless
+    forwards stay one run, which recomputes by its lookups (4..7 blocks: 16..25 tokens per sequence) though under
+    GROWN_MOST of its launches grew."""
+    doc = generate_loop(forwards=10, layers=4, kv_cache=False, experts=experts, top_k=top_k, batch=batch,
+                        routing="fresh", seed=seed)
+    runs = _runs(tmp_path, doc)
+    assert [(r.first, r.last) for r in runs] == [(0, 9)]
+    assert runs[0].lookups == tuple(-(-batch * t * 2048 // 8192) for t in range(16, 26))
+    assert runs[0].more_tokens and runs[0].recomputes and runs[0].grown < GROWN_MOST
+
+
+def test_cached_moe_decode_runs_look_up_the_same_tokens(tmp_path):
+    """A cached MoE loop: the decode run's lookups stay at one token per sequence (4 sequences: 1 block each), so it
+    does not recompute, however its experts change."""
+    runs = _runs(tmp_path, generate_loop(forwards=10, layers=4, kv_cache=True, experts=64, top_k=8, batch=4,
+                                         routing="fresh"))
+    assert runs and all(r.first >= 1 and not r.more_tokens and not r.recomputes for r in runs)
+    assert {r.lookups for r in runs} == {(1,) * (r.last - r.first + 1) for r in runs}
+
+
+def _nest_lookups(doc: dict) -> dict:
+    """The lookup as PyTorch records it: `aten::embedding` calls `aten::index_select`, which launches the kernel."""
+    events = []
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "cpu_op" and e["name"] == "aten::embedding":
+            events.append(dict(e, ts=e["ts"] - 1.0, dur=e["dur"] + 2.0, args={"External id": 10 ** 7 + len(events)}))
+            e = dict(e, name="aten::index_select")
+        events.append(e)
+    return dict(doc, traceEvents=events)
+
+
+def test_a_lookup_is_what_runs_inside_the_embedding_op(tmp_path):
+    """Real traces launch the lookup's kernel from `aten::index_select` (or `aten::gather`) inside `aten::embedding`:
+    the kernels launched inside that op's span are the lookup. The MoE loop without a cache reads as prefills so."""
+    doc = _nest_lookups(generate_loop(forwards=10, layers=4, kv_cache=False, experts=64, top_k=8, batch=2))
+    trace = load_trace(write(doc, tmp_path / "loop.json"))
+    links = link(trace)
+    lookup = lookup_rows(trace, links)
+    names = {trace.names[i] for i in trace.gpu.name_id[lookup].tolist()}
+    assert len(names) == 1 and "indexSelectLargeIndex" in names.pop() and int(lookup.sum()) == 10
+    assert [s.kind for s in find_steps(trace, links).steps] == generate_loop_truth(forwards=10, kv_cache=False)
+
+
+@pytest.mark.parametrize("lookups,kernels,more", [
+    ((4, 5, 5, 6, 7), (1,) * 5, True),  # a cacheless loop: one token more per forward, a block per four tokens
+    ((2, 17, 18, 19), (1, 2, 2, 2), True),  # PyTorch looked the first forward up with another kernel (batch 1)
+    ((2, 2, 2, 2), (1,) * 4, False),  # decode steps: one token per sequence every step
+    ((1, 1, 1, 16), (1,) * 4, False),  # decode steps, then a new prompt: a jump, not a token more
+    ((1, 1, 1, 2), (1,) * 4, True),  # ... unless it only doubles (the launches' DOUBLED rule cuts such runs first)
+    ((2, 2, 2, 17), (1, 1, 1, 2), False),  # a new prompt looked up by another kernel: nothing grew
+    ((8, 9, 7, 10), (1,) * 4, False),  # a lookup that shrinks is no recomputed sequence
+])
+def test_more_tokens_compares_lookups_of_the_same_kernels(lookups, kernels, more):
+    """The lookups of a run say it recomputes when, between consecutive forwards whose lookup ran the same kernels,
+    they never shrink nor more than double, and grow at least once."""
+    run = GrowingRun(0, len(lookups) - 1, 0.1, lookups, tuple((k,) for k in kernels))
+    assert run.more_tokens is more and run.recomputes is more

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
+from collections import Counter
 from pathlib import Path
 
 LAYER_KERNELS = [("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", "gemm", 20.0),
@@ -420,7 +422,8 @@ def kineto_order(doc: dict) -> dict:
 
 def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: int = 1, kv_cache: bool = True,
                   record_shapes: bool = False, attention: str = "eager", logits: str = "all",
-                  first: int = 0, generations: int = 1) -> dict:
+                  first: int = 0, generations: int = 1, experts: int = 0, top_k: int = 2, routing: str = "causal",
+                  seed: int = 0) -> dict:
     """A greedy generate loop as an eager HF model runs it (modelled on an MPT block: layer norm, fused QKV, attention,
     output projection, residual add, layer norm, GELU MLP, residual add), one forward per new token, no annotations.
     Launch grids follow the tensors they cover (a layer norm launches one block per row, an elementwise kernel one per
@@ -432,9 +435,16 @@ def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: 
     masked softmax) or "sdpa" (one flash kernel under `aten::_scaled_dot_product_flash_attention`). `logits`: "all"
     (the lm_head over every position, as older HF models do) or "last" (only each sequence's last position).
     `first`: the capture starts at that forward of the loop (a trace taken mid-generation). `generations`: that many
-    generate calls back to back, `forwards` forwards each, each starting again from the prompt. Each event's args
-    carry `tracegen_forward` (its index in the trace); the truth per forward is `generate_loop_truth(...)` with the
-    same arguments."""
+    generate calls back to back, `forwards` forwards each, each starting again from the prompt. `experts`: an eager
+    MoE layer in place of the MLP (HF's Mixtral / OLMoE block: a router GEMM, softmax and top-`top_k` over every
+    token, then a loop over the experts that got tokens, in expert order, each finding its tokens (`nonzero`: three
+    one-block kernels), gathering them, running its gate/up GEMM, activation and down GEMM on them and adding them
+    back): how many experts run, and on how many tokens each, follows the routing. `routing`: "causal" draws each
+    token's experts once per sequence and position (seeded by `seed`), as a causal model routes them: a forward that
+    recomputes the sequence routes the earlier tokens as before, the new one anew; "fresh" draws them anew in every
+    forward (any routing: numerical noise flipping ties, a model that is not causal). Each event's args carry
+    `tracegen_forward` (its index in the trace); the truth per forward is `generate_loop_truth(...)` with the same
+    arguments."""
     hidden, heads, head_dim, inter, vocab = 2048, 16, 128, 8192, 50432
     events: list[dict] = []
     state = {"t_gpu": 1000.0, "t_cpu": 500.0, "corr": 10}
@@ -493,7 +503,39 @@ def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: 
         launch("void cutlass::Kernel2<cutlass_75_wmma_tensorop_bf16_s161616gemm_bf16_32x32_32x1_nn_align1>",
                [cdiv(d, 64), cdiv(q, 32), b * h], "aten::bmm", [[b * h, q, kv], [b * h, kv, d]])
 
-    def forward(f: int) -> None:
+    def route(forward_i: int, position: int) -> list[list[int]]:
+        """Each sequence's experts for the token at `position`."""
+        key = f"{seed}-{position}" + (f"-{forward_i}" if routing == "fresh" else "")
+        return [random.Random(f"{key}-{s}").sample(range(experts), top_k) for s in range(batch)]
+
+    def moe(rows: int, positions: range, forward_i: int) -> None:
+        expert_inter = 1024
+        gemm(rows, hidden, experts)  # the router
+        launch("void (anonymous namespace)::softmax_warp_forward<float, float, float, 6, false, false>",
+               [cdiv(rows, 4), 1, 1], "aten::_softmax", [[rows, experts], [], []], [32, 4, 1])
+        launch("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>", [rows, 1, 1], "aten::topk",
+               [[rows, experts], [], [], [], []])
+        elementwise("BinaryFunctor_div", rows * top_k, "aten::div", [[rows, top_k], [rows, 1]])
+        launch("void at::native::elementwise_kernel<128, 4, at::native::one_hot_kernel>",
+               [cdiv(rows * top_k * experts, 512), 1, 1], "aten::one_hot", [[rows, top_k], []])
+        tokens = Counter(e for p in positions for chosen in route(forward_i, p) for e in chosen)
+        for e in sorted(tokens):  # the experts that got tokens, in expert order
+            n = tokens[e]
+            for kernel in ("void at_cuda_detail::cub::detail::scan::DeviceCompactInitKernel<int>",
+                           "void at_cuda_detail::cub::detail::select::DeviceSelectSweepKernel<int>",
+                           "void at::native::(anonymous namespace)::write_indices<long>"):
+                launch(kernel, [1, 1, 1], "aten::nonzero", [[top_k, rows]])  # the expert's tokens
+            launch("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel>",
+                   [cdiv(n * hidden, 512), 1, 1], "aten::index", [[rows, hidden], [n]])
+            gemm(n, hidden, 2 * expert_inter)
+            elementwise("silu_kernel", n * expert_inter, "aten::silu", [[n, expert_inter]])
+            elementwise("CUDAFunctor_mul", n * expert_inter, "aten::mul", [[n, expert_inter], [n, expert_inter]])
+            gemm(n, expert_inter, hidden)
+            elementwise("CUDAFunctor_mul", n * hidden, "aten::mul", [[n, hidden], [n, 1]])
+            launch("void at::native::indexFuncLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>",
+                   [cdiv(n * hidden, 512), 1, 1], "aten::index_add_", [[rows, hidden], [n], [n, hidden]])
+
+    def forward(f: int, forward_i: int) -> None:
         q = (prompt + f) if not kv_cache else (prompt if f == 0 else 1)
         kv = prompt + f
         rows = batch * q
@@ -506,9 +548,12 @@ def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: 
             gemm(rows, hidden, hidden)
             elementwise("CUDAFunctor_add", rows * hidden, "aten::add", [[batch, q, hidden], [batch, q, hidden]])
             layer_norm(rows)
-            gemm(rows, hidden, inter)
-            elementwise("GeluCUDAKernelImpl", rows * inter, "aten::gelu", [[batch, q, inter]])
-            gemm(rows, inter, hidden)
+            if experts:
+                moe(rows, range(kv - q, kv), forward_i)
+            else:
+                gemm(rows, hidden, inter)
+                elementwise("GeluCUDAKernelImpl", rows * inter, "aten::gelu", [[batch, q, inter]])
+                gemm(rows, inter, hidden)
             elementwise("CUDAFunctor_add", rows * hidden, "aten::add", [[batch, q, hidden], [batch, q, hidden]])
         layer_norm(rows)
         gemm(rows if logits == "all" else batch, hidden, vocab)
@@ -517,7 +562,7 @@ def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: 
 
     for i in range(forwards * generations):
         start = len(events)
-        forward(first + i % forwards)
+        forward(first + i % forwards, i)
         for e in events[start:]:
             e["args"]["tracegen_forward"] = i
         state["t_cpu"] += 300.0  # the host appends the token and prepares the next forward

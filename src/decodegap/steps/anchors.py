@@ -121,6 +121,26 @@ def occurrences(trace: Trace, links: Links, family: str, rows: np.ndarray) -> np
     raise ValueError(family)
 
 
+def lookup_rows(trace: Trace, links: Links) -> np.ndarray:
+    """Per GPU row: launched by a forward's embedding lookup, whose grid the tokens it looks up set: a kernel launched
+    inside an `aten::embedding` op (its index_select or gather, on the op's thread), else, where no such op was
+    recorded (a compiled forward), a kernel named for the embedding."""
+    ops = trace.cpu_ops
+    hit = np.flatnonzero(np.isin(ops.name_id, [i for i, n in enumerate(trace.names) if n == "aten::embedding"]))
+    if not len(hit):
+        kernel_ids = [i for i, n in enumerate(trace.names) if "embedding" in n.lower() and "backward" not in n.lower()]
+        return np.isin(trace.gpu.name_id, kernel_ids)
+    if not len(trace.runtime.ts_ns):
+        return np.zeros(len(trace.gpu), dtype=bool)
+    hit = hit[np.argsort(ops.ts_ns[hit], kind="stable")]
+    starts, ends, tids = ops.ts_ns[hit], ops.ts_ns[hit] + ops.dur_ns[hit], ops.tid[hit]
+    rt = links.runtime_idx
+    launched = rt >= 0
+    when = np.where(launched, trace.runtime.ts_ns[np.maximum(rt, 0)], -1)
+    j = np.maximum(np.searchsorted(starts, when, side="right") - 1, 0)  # the last lookup begun before the launch
+    return launched & (when >= starts[j]) & (when <= ends[j]) & (trace.runtime.tid[np.maximum(rt, 0)] == tids[j])
+
+
 def lost_launches(trace: Trace) -> np.ndarray:
     """Host times of the launches whose GPU work the capture ended before: calls of a launching kind (one that
     launched some GPU activity of this trace) whose correlation no GPU activity carries, made after the last launch

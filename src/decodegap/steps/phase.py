@@ -186,10 +186,15 @@ def _grid_blocks(trace: Trace) -> np.ndarray:
 
 
 # A forward that recomputes the whole sequence (a loop without a KV cache) processes one token more per sequence than
-# the forward before it, so nearly every per-token launch (norms, activations, residual adds, embedding lookups) grows
-# its grid from forward to forward; a decode step over a KV cache grows only the launches that read the cache
-# (attention, the cache append), a minority of a forward's launches: at most 18% from first to last in the decode runs
-# of the accuracy corpus and its holdouts, against 67% over the ten forwards of an MPT generate loop without a cache.
+# the forward before it. Its embedding lookup says so directly: a decode step looks up each sequence's new token, the
+# same count every step, while a recomputing forward looks up the whole, growing sequence, so the lookup's grid grows
+# (b*T blocks for b*T tokens in PyTorch's gather kernel). Where no lookup is recorded, the launches say it less
+# directly: nearly every per-token launch (norms, activations, residual adds) grows its grid from forward to forward;
+# a decode step over a KV cache grows only the launches that read the cache (attention, the cache append), a minority
+# of a forward's launches: at most 18% from first to last in the decode runs of the accuracy corpus and its holdouts,
+# against 67% over the ten forwards of an MPT generate loop without a cache. That share fails for an eager MoE: its
+# expert loop launches many kernels on one thread block (each expert finding its tokens) that cannot grow for a few
+# tokens more, so ten cacheless OLMoE, Mixtral or Qwen3-MoE forwards grow only 27-44% of their launches.
 GROWN_MOST = 0.5  # share of shared launches grown from a run's first forward to its last: the run recomputes
 GROWN_SOME = 0.25  # from here up to GROWN_MOST: either, the trace cannot tell without op shapes
 SHARED_LAUNCHES = 0.5  # consecutive forwards sharing fewer of their launches than this run other kernels: a new run
@@ -208,46 +213,72 @@ class _Growth(NamedTuple):
 class GrowingRun:
     """Consecutive steps (indices `first` to `last`, both included) whose launches never collapse from one to the
     next, as they do from a prefill to the decode after it; `grown`: the share of the launches the first and last
-    share that run on more thread blocks in the last."""
+    share that run on more thread blocks in the last; `lookups`: the thread blocks of each step's embedding lookup,
+    where every step of the run has one, and `lookup_kernels` the kernels that ran it."""
     first: int
     last: int
     grown: float
+    lookups: tuple[int, ...] | None = None
+    lookup_kernels: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def more_tokens(self) -> bool:
+        """The forwards look up a growing sequence, which decode steps (one new token per sequence each) never do:
+        from each forward to the next whose lookup ran the same kernels (a grid tells tokens only against the same
+        kernel's: PyTorch picks another for some inputs, as for the first forward of a generate at batch 1), the
+        lookup never shrinks nor more than doubles (a new prompt after decode steps), and it grows at least once."""
+        if self.lookups is None or self.lookup_kernels is None:
+            return False
+        pairs = [(a, b) for a, b, ka, kb in zip(self.lookups, self.lookups[1:], self.lookup_kernels,
+                                                 self.lookup_kernels[1:]) if ka == kb]
+        return (any(b > a for a, b in pairs) and all(a <= b <= DOUBLED * a for a, b in pairs))
 
     @property
     def recomputes(self) -> bool:
-        return self.grown >= GROWN_MOST
+        return self.more_tokens or self.grown >= GROWN_MOST
 
     @property
     def uncertain(self) -> bool:
-        return GROWN_SOME <= self.grown < GROWN_MOST
+        return not self.recomputes and GROWN_SOME <= self.grown
 
 
-def growing_runs(trace: Trace, pieces_rows: list[np.ndarray], names: np.ndarray) -> list[GrowingRun] | None:
+def growing_runs(trace: Trace, pieces_rows: list[np.ndarray], names: np.ndarray,
+                 lookup: np.ndarray | None = None) -> list[GrowingRun] | None:
     """The steps (in time order) split into runs of forwards over the same kernels whose launches only stay or grow
     gradually: a new run begins where more launches shrink than grow (a prefill followed by a decode step), where
     they grow by more than DOUBLED (a decode step followed by a prefill) or where the two steps share under
     SHARED_LAUNCHES of their launches. A launch is a kernel's n-th launch in its step (normalised
-    names: the same launch in two forwards of one model); its size, the thread blocks of its grid. Runs of one step
-    are left out. None when the trace has no launch shapes."""
+    names: the same launch in two forwards of one model); its size, the thread blocks of its grid. `lookup`: per GPU
+    row, launched by the embedding lookup (anchors.lookup_rows): each run keeps its steps' lookup sizes. Runs of one
+    step are left out. None when the trace has no launch shapes."""
     if not len(trace.shapes) or not any(trace.shapes):
         return None
     blocks = _grid_blocks(trace)
     launches = [_launch_sizes(names, blocks, rows) for rows in pieces_rows]
+    looked = [rows[lookup[rows]] if lookup is not None else rows[:0] for rows in pieces_rows]
+    sizes = [int(blocks[r].sum()) for r in looked]
+    kernels = [tuple(np.unique(names[r]).tolist()) for r in looked]
     runs, start = [], 0
     for i in range(1, len(launches) + 1):
         if i < len(launches) and _continues(launches[i - 1], launches[i]):
             continue
         if i - 1 > start:
             whole = _compare_launches(launches[start], launches[i - 1])
-            runs.append(GrowingRun(start, i - 1, whole.up / whole.shared if whole.shared else 0.0))
+            known = all(sizes[start:i])
+            runs.append(GrowingRun(start, i - 1, whole.up / whole.shared if whole.shared else 0.0,
+                                   tuple(sizes[start:i]) if known else None,
+                                   tuple(kernels[start:i]) if known else None))
         start = i
     return runs
 
 
 def _continues(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> bool:
     """Step b runs a's kernels, none collapsing (more shrinking than growing) and none jumping (growing by more than
-    one token more per sequence can)."""
-    g = _compare_launches(a, b)
+    one token more per sequence can). A kernel some of whose launches grew and others shrank is routed work (an eager
+    MoE's expert loop: its n-th launch is another expert, or the same one with other tokens, from step to step) and
+    says neither: such launches are left out of the count, so that routing never cuts a run; a collapse or a jump
+    moves every per-token kernel one way."""
+    g = _compare_launches(a, b, routed=False)
     return g.shared >= SHARED_LAUNCHES * min(len(a[0]), len(b[0])) and g.down <= g.up and g.factor <= DOUBLED
 
 
@@ -262,12 +293,19 @@ def _launch_sizes(names: np.ndarray, blocks: np.ndarray, rows: np.ndarray) -> tu
     return (ordered << 32) + nth, blocks[rows][order]
 
 
-def _compare_launches(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> _Growth:
-    """How the launches steps a and b share (with a known grid in both) changed from a to b."""
-    _, ia, ib = np.intersect1d(a[0], b[0], assume_unique=True, return_indices=True)
+def _compare_launches(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
+                      routed: bool = True) -> _Growth:
+    """How the launches steps a and b share (with a known grid in both) changed from a to b. `routed=False`: up, down
+    and factor without the launches of kernels that grew in some launches and shrank in others."""
+    keys, ia, ib = np.intersect1d(a[0], b[0], assume_unique=True, return_indices=True)
     before, after = a[1][ia], b[1][ib]
     known = (before > 0) & (after > 0)
+    shared = int(known.sum())
+    if not routed:
+        kernel = keys >> 32
+        both = np.intersect1d(kernel[known & (after > before)], kernel[known & (after < before)])
+        known &= ~np.isin(kernel, both)
     before, after = before[known], after[known]
     grew = after > before
     factor = float(np.median(after[grew] / before[grew])) if grew.any() else 1.0
-    return _Growth(int(grew.sum()), int((after < before).sum()), int(known.sum()), factor)
+    return _Growth(int(grew.sum()), int((after < before).sum()), shared, factor)

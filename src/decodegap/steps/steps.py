@@ -595,7 +595,7 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     reference = Counter(names[pieces[int(np.argsort(lengths)[len(lengths) // 2])].rows].tolist())
     typical_i = int(np.argsort(lengths)[len(lengths) // 2])
     if not training:
-        evidence = _recomputed(trace, pieces, tokens, evidence, names, warnings)
+        evidence = _recomputed(trace, links, pieces, tokens, evidence, names, warnings)
     by_launch = (phases_from_launches(trace, [p.rows for p in pieces], names, typical_i) if None in evidence
                  else None) or [None] * len(pieces)
     typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
@@ -638,18 +638,20 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
 
 
-def _recomputed(trace: Trace, pieces: list[_Piece], tokens: list, evidence: list, names: np.ndarray,
+def _recomputed(trace: Trace, links: Links, pieces: list[_Piece], tokens: list, evidence: list, names: np.ndarray,
                 warnings: list[str]) -> list:
     """Forwards that recompute a growing sequence (a loop without a KV cache) are prefills, though only their launch
-    grids say so: where no annotation or attention shape gives the phase, a run of forwards whose launches mostly grow
-    from first to last (steps.phase.growing_runs) is read as prefills; a run that grows less than that but more than a
-    decode step over a KV cache does gets a warning."""
+    grids say so: where no annotation or attention shape gives the phase, a run of forwards (steps.phase.growing_runs)
+    whose embedding lookups grow (each forward looks up more tokens, where a decode step looks up one per sequence),
+    or, where no lookup is recorded, whose launches mostly grow from first to last, is read as prefills; a run whose
+    launches grow less than that but more than a decode step over a KV cache does gets a warning."""
     open_ = [not (p.mark and p.mark.phase) and (e is None or rows_alone(t))
              for p, t, e in zip(pieces, tokens, evidence, strict=True)]
     if len(pieces) < 2 or not any(open_):
         return evidence
     evidence = list(evidence)
-    for run in growing_runs(trace, [p.rows for p in pieces], names) or []:
+    lookup = forward_anchors.lookup_rows(trace, links)
+    for run in growing_runs(trace, [p.rows for p in pieces], names, lookup) or []:
         inside = [i for i in range(run.first, run.last + 1) if open_[i]]
         if run.recomputes:
             for i in inside:
