@@ -14,7 +14,10 @@ So layers are read from counts, not from a repeating sequence:
   or when its names run once in most but not all of a larger count's blocks and nowhere else while that count's
   names run unequally often in its own (the rotary embedding that NoPE layers skip: its blocks hold one layer or
   two), where the larger count's blocks are whole layers (_whole) and explain about as many kernels (_merges);
-  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers; every set of
+  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers, and so is one
+  in whose blocks the coarser one's input norm (the names that run in each of its blocks and once more after them,
+  the final norm) mostly does not run (an eager MoE's expert loop, launched alike in every forward where each
+  prefill routes its tokens to as many experts: every layer runs its norm, the loop's iterations none); every set of
   names that interleaves on a count proposes a partition (a rotary pair, twice in each attention layer of a conv /
   attention stack, cuts none; a mask copied once before the layers and once per MoE layer cuts a poor one): the
   valid one of the largest sets, and of those the one whose blocks run the most work in common, stands for it;
@@ -199,6 +202,10 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # layer's experts, all taken when a training batch routes tokens to every one), not the layers.
     candidates = [b for b in candidates
                   if all(b.explained >= NEAR_EXPLAINED * o.explained for o in candidates if o.count < b.count)]
+    # So is a finer count in whose blocks the input norm mostly does not run (every layer runs its norm; an eager MoE
+    # layer's expert loop, launched alike in every forward where a prefill routes tokens to the same experts, does
+    # not), whatever it explains.
+    candidates = [b for b in candidates if not any(_loop_in(o, b, positions, gemm) for o in candidates)]
     # The layers are the partition whose blocks run the most work in common: the blocks between one layer's norms
     # (its attention part, its MLP part) share little.
     best = max(candidates, key=lambda b: (b.common, b.count))
@@ -328,6 +335,24 @@ def _merges(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int
                for n in coarse.backers)
     return (once and not any(coarse.periodic.get(n, (0,))[0] for n in fine.backers)
             and _whole(coarse, fine, ids, positions, gemm, act_at))
+
+
+def _loop_in(coarse: _Blocks, fine: _Blocks, positions: dict[int, np.ndarray], gemm: set[int]) -> bool:
+    """True when `fine`'s blocks are a loop inside `coarse`'s layers: the input norm, the names (GEMMs aside) that run
+    a fixed number of times in every coarse block and once more after them (the final norm), runs in at most half of
+    the finer blocks, each of its names (every layer runs its input norm; an expert loop's iterations run none)."""
+    if fine.count <= coarse.count:
+        return False
+    c, last = coarse.count, max(int(positions[n][-1]) for n in coarse.backers)
+    norm = [n for n, (k, m, _, runs) in coarse.periodic.items()
+            if k and m == c and n not in gemm and len(positions[n]) == runs + 1 and positions[n][-1] > last]
+    if not norm:
+        return False
+    for n in norm:
+        held = np.searchsorted(fine.bounds, positions[n], side="right") - 1
+        if 2 * len(unique(held[(held >= 0) & (held < fine.count)])) > fine.count:
+            return False
+    return True
 
 
 def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
