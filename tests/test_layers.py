@@ -1100,3 +1100,16 @@ def test_a_layer_whose_per_layer_input_gate_runs_the_mlps_activation_is_one_laye
     kinds = ["full" if i % 6 == 5 or i == layers - 1 else "sliding" for i in range(layers)]
     stack = [_gemma4_layer(kind == "full") for kind in kinds]
     _assert_read_right([(G4_PROLOGUE, stack, G4_TAIL), (G4_PROLOGUE, stack, G4_TAIL)], kinds)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("pattern", [["conv", "conv", "attention"], ["conv", "attention", "conv"],
+                                     ["conv", "conv", "attention", "conv"]])
+def test_two_mixers_in_turn_with_attention_every_third_or_fourth_layer_are_each_a_layer(pattern, n):
+    # A compiled LFM2 as released (attention every third or fourth layer): the attention kernels count groups of 3 or
+    # 4 layers (3 were read for 9), the MLP's SiLU counts the layers, but most of their work is their mixer's, which
+    # runs in only some of them. Each layer runs one mixer or the other, its first kernel at the same place: the two
+    # mixers' kernels take turns, and count as work every layer runs.
+    stack = pattern * n
+    prologue, layers, tail = _lfm2_dense_forward(stack)
+    _assert_read_right([(prologue, layers, tail), (prologue, layers, tail)], stack)

@@ -25,7 +25,9 @@ So layers are read from counts, not from a repeating sequence:
   not make half-layers, an eager MoE's expert groups do not make layers); a block of k layers of a few kinds (a
   hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
   them (two names that take turns at one place in the blocks, sliding and full attention, count as run in every
-  one), most of them run work of their own besides or they are alike but for the coarser count's own kernel (a mask
+  one; so do two groups of names, the two mixers' kernels, where every block runs one or the other at one place:
+  conv and attention layers, attention every third), most of them run work of their own besides or they are alike
+  but for the coarser count's own kernel (a mask
   Inductor fuses into every 4th layer: _alike), and each runs an MLP activation (every layer has its MLP or
   experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike; where
   the activation is what counts the finer blocks, each runs one for being cut there, and neighbouring blocks run
@@ -397,7 +399,10 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
     sets of the blocks and at the same place in each (sliding and full attention on two kernels, layer by layer, in
     a stack whose MoE layers already make the layers unlike) do the same part of every layer between them, so they
     count as work the blocks have in common. (An expert loop's body and its layer's own work run in complementary
-    blocks too, but at other places.)"""
+    blocks too, but at other places.) So do two groups of names, each name once in the blocks it runs in, each group
+    in the same blocks, that run in complementary sets of the blocks, their first kernels at the same place (a
+    compiled LFM2's conv and attention mixers, attention every third or fourth layer: every layer runs the one or
+    the other; layer 0's mixer runs before the first cut and counts with the last block's layer, as in _periodic)."""
     c = blocks.count
     slot: dict[int, tuple[frozenset, int, int]] = {}  # name -> (its blocks, its place in each, its runs)
     for n, (k, m, _, runs) in blocks.periodic.items():
@@ -414,6 +419,23 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
         if not paired & {a, b} and place_a == place_b and not held_a & held_b and len(held_a | held_b) == c:
             total += runs_a + runs_b
             paired |= {a, b}
+    # Two mixers whose kernels take turns as groups (conv, conv, attention, ...: each block runs the one or the other
+    # at the same place, layer 0's before the first cut, with the last block's layer)
+    groups: dict[frozenset, list[int]] = {}
+    for n, (k, m, _, runs) in blocks.periodic.items():
+        if k != 1 or m >= c or n in gemm or n in paired:
+            continue
+        at = np.searchsorted(blocks.bounds, positions[n], side="right") - 1
+        inside = (at >= 0) & (at < c)
+        places = unique(positions[n][inside] - blocks.cuts[at[inside]])
+        if len(places) == 1:
+            held = frozenset(at[inside].tolist()) | ({c - 1} if (at < 0).any() else set())
+            groups.setdefault(held, []).append(n)
+    place = {h: min(slot[n][1] for n in g) for h, g in groups.items()}  # where each mixer's first kernel runs
+    for a, b in combinations(groups, 2):
+        if not a & b and len(a | b) == c and place[a] == place[b]:
+            total += sum(blocks.periodic[n][3] for n in groups[a] + groups[b])
+            break
     return total
 
 
