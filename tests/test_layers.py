@@ -199,6 +199,41 @@ def test_expert_loops_are_not_layers(experts):
     assert found.count == len(experts)
 
 
+NONZERO = ["void cub::DeviceReduceSingleTileKernel<int>", "void cub::DeviceCompactInitKernel<int>",
+           "void cub::DeviceSelectSweepKernel<int>", "void at::native::write_indices<long>"]
+
+
+def _shared_expert_moe(experts: int) -> list[str]:
+    """An eager Qwen2-MoE layer: attention, the router, a nonzero for the experts hit, then per expert that got
+    tokens its own nonzero (torch.where), gather, SwiGLU and scatter-add, then the shared expert and its sigmoid
+    gate, whose SiLU and GEMM tiles are the experts' own."""
+    out = _attention() + ["nvjet_sm90_tst_64x8_router_TNT", "void at::native::softmax_warp_forward<float>",
+                          "void at::native::sbtopk::gatherTopK<float>", "void at::native::scatter_fill<long>"]
+    out += NONZERO
+    for _ in range(experts):
+        out += NONZERO + ["void at::native::index_elementwise_kernel<128, 4>", "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN",
+                          SILU, "void at::native::mul_kernel<c10::BFloat16>", "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN",
+                          "void at::native::mul_kernel<c10::BFloat16>", "void at::native::indexFuncSmallIndex<bf16>"]
+    out += ["nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN", SILU, "void at::native::mul_kernel<c10::BFloat16>",
+            "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN", "nvjet_sm90_tst_64x8_64x16_1x1_h_bz_TNT",
+            "void at::native::sigmoid_kernel_cuda", "void at::native::mul_kernel<c10::BFloat16>", ADD]
+    return out + [ADD]
+
+
+@pytest.mark.parametrize("experts", [[8, 6, 7, 6], [5, 7, 6, 8, 7], [6, 8, 7, 8, 6, 7]])
+@pytest.mark.parametrize("same", [True, False])
+def test_an_expert_loop_launched_alike_in_every_forward_is_no_layers(experts, same):
+    # A loop without a KV cache (each forward a prefill of the sequence so far) routes its many tokens to the same
+    # number of experts in every forward (`same`: each layer as many; else the layers' shares move from forward to
+    # forward): the loop's names run alike in every forward, and count the experts hit (27 layers of 3 kinds were
+    # read for a 4-layer Qwen2-MoE on an H100). Every layer runs its input norm, which the final norm runs once more;
+    # the loop's iterations run none, so their count is a loop inside the layers.
+    moved = experts if same else experts[1:] + experts[:1]
+    tail = _norm() + ["nvjet_sm90_tst_256x8_lm_head_TNT", "void at::native::reduce_kernel<ArgMaxOps<float>>"]
+    _assert_read_right([(PROLOGUE, [_shared_expert_moe(e) for e in counts], tail) for counts in (experts, moved)],
+                       ["moe"] * len(experts))
+
+
 @pytest.mark.parametrize("seed", [261, 7])
 def test_a_dense_mlps_own_gemms_tell_its_kind_from_a_moe_layer(tmp_path, seed):
     # Three dense layers, then one eager MoE layer whose expert loop varies per forward (tracegen's truth): only the
@@ -1065,3 +1100,16 @@ def test_a_layer_whose_per_layer_input_gate_runs_the_mlps_activation_is_one_laye
     kinds = ["full" if i % 6 == 5 or i == layers - 1 else "sliding" for i in range(layers)]
     stack = [_gemma4_layer(kind == "full") for kind in kinds]
     _assert_read_right([(G4_PROLOGUE, stack, G4_TAIL), (G4_PROLOGUE, stack, G4_TAIL)], kinds)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("pattern", [["conv", "conv", "attention"], ["conv", "attention", "conv"],
+                                     ["conv", "conv", "attention", "conv"]])
+def test_two_mixers_in_turn_with_attention_every_third_or_fourth_layer_are_each_a_layer(pattern, n):
+    # A compiled LFM2 as released (attention every third or fourth layer): the attention kernels count groups of 3 or
+    # 4 layers (3 were read for 9), the MLP's SiLU counts the layers, but most of their work is their mixer's, which
+    # runs in only some of them. Each layer runs one mixer or the other, its first kernel at the same place: the two
+    # mixers' kernels take turns, and count as work every layer runs.
+    stack = pattern * n
+    prologue, layers, tail = _lfm2_dense_forward(stack)
+    _assert_read_right([(prologue, layers, tail), (prologue, layers, tail)], stack)

@@ -14,7 +14,10 @@ So layers are read from counts, not from a repeating sequence:
   or when its names run once in most but not all of a larger count's blocks and nowhere else while that count's
   names run unequally often in its own (the rotary embedding that NoPE layers skip: its blocks hold one layer or
   two), where the larger count's blocks are whole layers (_whole) and explain about as many kernels (_merges);
-  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers; every set of
+  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers, and so is one
+  in whose blocks the coarser one's input norm (the names that run in each of its blocks and once more after them,
+  the final norm) mostly does not run (an eager MoE's expert loop, launched alike in every forward where each
+  prefill routes its tokens to as many experts: every layer runs its norm, the loop's iterations none); every set of
   names that interleaves on a count proposes a partition (a rotary pair, twice in each attention layer of a conv /
   attention stack, cuts none; a mask copied once before the layers and once per MoE layer cuts a poor one): the
   valid one of the largest sets, and of those the one whose blocks run the most work in common, stands for it;
@@ -22,7 +25,9 @@ So layers are read from counts, not from a repeating sequence:
   not make half-layers, an eager MoE's expert groups do not make layers); a block of k layers of a few kinds (a
   hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
   them (two names that take turns at one place in the blocks, sliding and full attention, count as run in every
-  one), most of them run work of their own besides or they are alike but for the coarser count's own kernel (a mask
+  one; so do two groups of names, the two mixers' kernels, where every block runs one or the other at one place:
+  conv and attention layers, attention every third), most of them run work of their own besides or they are alike
+  but for the coarser count's own kernel (a mask
   Inductor fuses into every 4th layer: _alike), and each runs an MLP activation (every layer has its MLP or
   experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike; where
   the activation is what counts the finer blocks, each runs one for being cut there, and neighbouring blocks run
@@ -199,6 +204,10 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # layer's experts, all taken when a training batch routes tokens to every one), not the layers.
     candidates = [b for b in candidates
                   if all(b.explained >= NEAR_EXPLAINED * o.explained for o in candidates if o.count < b.count)]
+    # So is a finer count in whose blocks the input norm mostly does not run (every layer runs its norm; an eager MoE
+    # layer's expert loop, launched alike in every forward where a prefill routes tokens to the same experts, does
+    # not), whatever it explains.
+    candidates = [b for b in candidates if not any(_loop_in(o, b, positions, gemm) for o in candidates)]
     # The layers are the partition whose blocks run the most work in common: the blocks between one layer's norms
     # (its attention part, its MLP part) share little.
     best = max(candidates, key=lambda b: (b.common, b.count))
@@ -330,6 +339,24 @@ def _merges(coarse: _Blocks, fine: _Blocks, ids: np.ndarray, positions: dict[int
             and _whole(coarse, fine, ids, positions, gemm, act_at))
 
 
+def _loop_in(coarse: _Blocks, fine: _Blocks, positions: dict[int, np.ndarray], gemm: set[int]) -> bool:
+    """True when `fine`'s blocks are a loop inside `coarse`'s layers: the input norm, the names (GEMMs aside) that run
+    a fixed number of times in every coarse block and once more after them (the final norm), runs in at most half of
+    the finer blocks, each of its names (every layer runs its input norm; an expert loop's iterations run none)."""
+    if fine.count <= coarse.count:
+        return False
+    c, last = coarse.count, max(int(positions[n][-1]) for n in coarse.backers)
+    norm = [n for n, (k, m, _, runs) in coarse.periodic.items()
+            if k and m == c and n not in gemm and len(positions[n]) == runs + 1 and positions[n][-1] > last]
+    if not norm:
+        return False
+    for n in norm:
+        held = np.searchsorted(fine.bounds, positions[n], side="right") - 1
+        if 2 * len(unique(held[(held >= 0) & (held < fine.count)])) > fine.count:
+            return False
+    return True
+
+
 def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
            gemm: set[int], act_at: np.ndarray) -> _Blocks:
     """A block of k layers (a hybrid stack's repeating group, alternating attention kinds) is k layers: the finer
@@ -372,7 +399,10 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
     sets of the blocks and at the same place in each (sliding and full attention on two kernels, layer by layer, in
     a stack whose MoE layers already make the layers unlike) do the same part of every layer between them, so they
     count as work the blocks have in common. (An expert loop's body and its layer's own work run in complementary
-    blocks too, but at other places.)"""
+    blocks too, but at other places.) So do two groups of names, each name once in the blocks it runs in, each group
+    in the same blocks, that run in complementary sets of the blocks, their first kernels at the same place (a
+    compiled LFM2's conv and attention mixers, attention every third or fourth layer: every layer runs the one or
+    the other; layer 0's mixer runs before the first cut and counts with the last block's layer, as in _periodic)."""
     c = blocks.count
     slot: dict[int, tuple[frozenset, int, int]] = {}  # name -> (its blocks, its place in each, its runs)
     for n, (k, m, _, runs) in blocks.periodic.items():
@@ -389,6 +419,23 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
         if not paired & {a, b} and place_a == place_b and not held_a & held_b and len(held_a | held_b) == c:
             total += runs_a + runs_b
             paired |= {a, b}
+    # Two mixers whose kernels take turns as groups (conv, conv, attention, ...: each block runs the one or the other
+    # at the same place, layer 0's before the first cut, with the last block's layer)
+    groups: dict[frozenset, list[int]] = {}
+    for n, (k, m, _, runs) in blocks.periodic.items():
+        if k != 1 or m >= c or n in gemm or n in paired:
+            continue
+        at = np.searchsorted(blocks.bounds, positions[n], side="right") - 1
+        inside = (at >= 0) & (at < c)
+        places = unique(positions[n][inside] - blocks.cuts[at[inside]])
+        if len(places) == 1:
+            held = frozenset(at[inside].tolist()) | ({c - 1} if (at < 0).any() else set())
+            groups.setdefault(held, []).append(n)
+    place = {h: min(slot[n][1] for n in g) for h, g in groups.items()}  # where each mixer's first kernel runs
+    for a, b in combinations(groups, 2):
+        if not a & b and len(a | b) == c and place[a] == place[b]:
+            total += sum(blocks.periodic[n][3] for n in groups[a] + groups[b])
+            break
     return total
 
 
