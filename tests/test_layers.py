@@ -1049,7 +1049,8 @@ def test_the_first_attention_layer_that_computes_the_rotary_tables_is_of_its_kin
     assert found.kind_of == tuple(first[k] for k in stack) and len(set(first.values())) == 2
 
 
-G4_WEIGHT, G4_PLE_GATE = "void at::native::BinaryFunctor<float, float, float, MulFunctor>", "nvjet_sm90_tst_64x8_1x1_TNT"
+G4_WEIGHT = "void at::native::BinaryFunctor<float, float, float, MulFunctor>"
+G4_PLE_GATE = "nvjet_sm90_tst_64x8_1x1_TNT"
 G4_PROLOGUE = ["void at::native::indexSelectSmallIndex", ELEMENTWISE, "void at::native::indexSelectSmallIndex",
                ELEMENTWISE, GEMM, "void at::native::mul_scalar<c10::BFloat16>", COPY,
                "void at::native::pow_tensor_scalar_kernel", "void at::native::mean_kernel_cuda",

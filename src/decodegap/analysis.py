@@ -42,7 +42,7 @@ from decodegap.findings.records import (  # noqa: F401  (the finding records, re
 )
 from decodegap.floor.ledger import GapLedger, LedgerRow  # noqa: F401
 from decodegap.ops.kernel_names import short_kernel_name
-from decodegap.steps.layers import LayerKind
+from decodegap.steps.layer_kinds import LayerKind
 from decodegap.floor.floor import Floor, FloorComponent, MemoryPerGpu, Params, ReplicatedWeights  # noqa: F401
 from decodegap.pipeline import Assumed, Report
 from decodegap.findings.profiler_check import ProfilerCheck

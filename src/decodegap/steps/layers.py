@@ -69,15 +69,7 @@ So layers are read from counts, not from a repeating sequence:
   in one kind of layer); where the layers begin unlike (a shared block before some), as far as the longest earlier
   layer it begins like ran; a name that counted the layers and runs again from the final norm on (MoE routing
   kernels in beam search's bookkeeping) does not carry the last layer past it where the norm's kernels run there;
-- unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds: layers with the same set of
-  the names that recur per layer (present in more than a quarter of the layers, or in fewer but nowhere outside the
-  layers: a lone full-attention layer's own cache copy) are one kind, but for the coarser count's names that alike
-  layers run in every few of them (_alike: the mask Inductor fuses into every 4th layer tells no kind); one line
-  per kind. A last layer shorter than
-  every other is taken as cut off (of a kind that runs all it runs) only where no final norm ended it.
-  Which GEMM tile ran tells no kind (cuBLAS picks it by shape), nor do the kernels a compiler fused into an edge
-  layer with the once-per-forward work, or into the first layer of a kind that uses it (the rotary tables in the
-  first attention layer of a conv / attention stack: a lone layer a name or two off a kind only later layers run).
+- unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds (steps.layer_kinds).
 The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
 
 from __future__ import annotations
@@ -91,28 +83,19 @@ from itertools import combinations
 import numpy as np
 
 from decodegap.ops.categories import categorize
-from decodegap.ops.kernel_names import compiler_generated
+from decodegap.steps.layer_kinds import LayerKind, describe_kinds, layer_kinds
 from decodegap.trace.tables import isin, unique
 
 MIN_BACKERS = 1  # names whose occurrences propose a layer count (the partition then has to prove itself)
-EDGE_FUSED_NAMES = 2  # names an edge layer may differ by from its neighbour and still be of its kind
 MAX_COUNTS_PER_NAME = 2  # distinct runs per layer a name may have across layer kinds
 GLUE_RUNS = 2  # runs of a per-layer kernel's name outside the layers (the final norm; an lm_head on a projection tile)
 NEAR_EXPLAINED = 0.9  # a finer partition explaining this share of a coarser one's kernels may be its layers
 OUTSIDE_NAMES = 1 / 3  # share of per-layer names with a layer's worth of runs outside the blocks: a layer left out
 FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
-CUT_OFF = 0.9  # a last layer's block under this share of the shortest other layer was cut off by the forward's tail
 ALIKE_LAYERS = 0.7  # how alike neighbouring layers of a hybrid group run at least, where no activation tells
 PARTS_ALIKE = 0.4  # ... at least, where an activation counts them: below, a layer's parts (an extra block and the rest)
 # An MLP's activation (eager, Inductor-fused and engine kernels name it): every layer runs its own MLP or experts
 ACTIVATION = re.compile(r"silu|gelu|swiglu|geglu|act_and_mul|relu|swish", re.IGNORECASE)
-KIND_PRESENCE = 0.25  # a name tells kinds apart only when more than this share of the layers runs it
-
-
-@dataclass(frozen=True)
-class LayerKind:
-    count: int
-    markers: tuple[str, ...]  # kernels that only this kind of layer runs
 
 
 @dataclass(frozen=True)
@@ -422,7 +405,7 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
     # Two mixers whose kernels take turns as groups (conv, conv, attention, ...: each block runs the one or the other
     # at the same place, layer 0's before the first cut, with the last block's layer)
     groups: dict[frozenset, list[int]] = {}
-    for n, (k, m, _, runs) in blocks.periodic.items():
+    for n, (k, m, _, _runs) in blocks.periodic.items():
         if k != 1 or m >= c or n in gemm or n in paired:
             continue
         at = np.searchsorted(blocks.bounds, positions[n], side="right") - 1
@@ -688,7 +671,8 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
         final, end, last = _last_end(ids, starts, positions, names, tail, latest)
     period = float(starts[-1] - starts[0]) / max(c - 1, 1) if c > 1 else float(last - starts[0] + 1)
     ends = np.append(starts[1:], max(end, last + 1))
-    kinds, kind_of = _kinds(ids, starts, ends, positions, names, whole_last=bool(final), alike=set(blocks.alike))
+    kinds, kind_of = layer_kinds(ids, starts, ends, positions, names, whole_last=bool(final),
+                                 alike=set(blocks.alike))
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
     if blocks.mixers:
         other = int(isin(ids, np.array(blocks.mixers)).sum()) // len(blocks.mixers)
@@ -885,85 +869,3 @@ def _interleaved(group: list[int], positions: dict[int, np.ndarray]) -> list[lis
         if kept and kept not in sets:
             sets.append(kept)
     return sorted(sets, key=len, reverse=True)  # stable: among equals, the set cut earliest
-
-
-def _kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions: dict[int, np.ndarray],
-           names: list[str] | None, whole_last: bool = False,
-           alike: set[int] = frozenset()) -> tuple[list[LayerKind], list[int]]:
-    """The kinds of the layers between `starts` and `ends`, and each layer's; `alike`: names that tell no kind (a
-    coarser count's in alike layers, _finer)."""
-    n_layers = len(starts)
-    # The GEMM library picks its tile by the shape it gets (an expert's token count), so which GEMM kernel a layer's
-    # loop ran tells no layer kind from another: the GEMMs a layer runs more than once count as one name here (a dense
-    # MLP's own GEMMs, once per layer, still tell it from an MoE layer).
-    ran = [frozenset(ids[lo:hi].tolist()) for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)]
-    looped = {int(n) for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True)
-              for n, k in Counter(ids[lo:hi].tolist()).items() if k > 1}
-    gemm = {n for n in positions if n in looped and names and categorize(names[n]) == "gemm"}
-    one_gemm = min(gemm, default=-1)
-    present = [frozenset(one_gemm if n in gemm else n for n in r) for r in ran]
-    # The names that recur per layer (run at least twice in the forward) and are run by enough of its layers.
-    share = Counter(n for s in present for n in s if n in positions)
-    # A name fewer layers run tells their kind too when it runs nowhere else in the forward (a full-attention layer's
-    # own cache copy); one the once-per-forward work also runs (an arange, a cast) may be glue a layer's edge took in.
-    inside = np.zeros(len(ids), dtype=bool)
-    inside[int(starts[0]):int(ends[-1])] = True
-    own = {n for n in share if inside[positions[n]].all()}
-    telling = {n for n, k in share.items()
-               if (KIND_PRESENCE * n_layers < k or n in own) and k < n_layers and n not in alike}
-    signatures = [s & telling for s in present]
-    # The first and last layer border the once-per-forward work, which compilers and engines fuse into them (the
-    # embedding with the first norm): a lone edge layer a name or two off its neighbour is that neighbour's kind.
-    edges = (0, n_layers - 1)
-    for edge in edges:
-        # a kind only the edge layers have (both edges fused alike counts too)
-        if n_layers < 3 or any(sig == signatures[edge] for i, sig in enumerate(signatures) if i not in edges):
-            continue
-        others = [sig for i, sig in enumerate(signatures) if sig != signatures[edge] and i not in edges]
-        closest = min(others, key=lambda sig: len(sig ^ signatures[edge]), default=None)
-        if closest is None or len(closest ^ signatures[edge]) > EDGE_FUSED_NAMES:
-            continue
-        if names and all(compiler_generated(names[n]) for n in closest ^ signatures[edge]):  # only a compiler fuses
-            signatures[edge] = closest
-    # A compiler also fuses once-per-forward work into the first layer that uses it (the rotary table into the first
-    # attention layer of a conv / attention stack): a lone layer a name or two off a kind that only later layers run,
-    # all of those names compiler-generated, is of that kind.
-    for i in range(1, n_layers - 1):
-        if names is None or any(sig == signatures[i] for j, sig in enumerate(signatures) if j != i):
-            continue
-        later = [sig for j, sig in enumerate(signatures) if j > i and all(signatures[h] != sig for h in range(i))]
-        closest = min(later, key=lambda sig: len(sig ^ signatures[i]), default=None)
-        if (closest is not None and len(closest ^ signatures[i]) <= EDGE_FUSED_NAMES
-                and all(compiler_generated(names[n]) for n in closest ^ signatures[i])):
-            signatures[i] = closest
-    # The last layer's block runs into the once-per-forward tail; when it is shorter than every other layer it was
-    # cut off there (the cuts sit inside the layers) and shows only part of its kind: a kind that runs all it runs.
-    # Not where it ends at the final norm (`whole_last`): it is whole, of a lighter kind (a lone attention layer
-    # after Mamba ones).
-    lengths = ends - starts
-    wider = [sig for sig in signatures[:-1] if sig > signatures[-1]]
-    if (not whole_last and n_layers >= 3 and lengths[-1] < CUT_OFF * lengths[:-1].min()
-            and signatures.count(signatures[-1]) == 1 and wider):
-        signatures[-1] = min(wider, key=len)
-    index: dict[frozenset, int] = {}
-    kind_of = [index.setdefault(sig, len(index)) for sig in signatures]
-    kinds = []
-    for k in range(len(index)):
-        mine = [ran[i] for i in range(n_layers) if kind_of[i] == k]
-        theirs = [ran[i] for i in range(n_layers) if kind_of[i] != k]
-        own = frozenset.intersection(*mine) - frozenset().union(*theirs) if theirs else frozenset()
-        first_at = {n: int(np.flatnonzero(ids == n)[0]) for n in own}
-        labels = tuple(names[n] if names else str(n) for n in sorted(own, key=first_at.get)[:4])
-        kinds.append(LayerKind(len(mine), labels))
-    return kinds, kind_of
-
-
-def describe_kinds(kinds: list[LayerKind]) -> str:
-    def label(kind: LayerKind) -> str:
-        return ", ".join(short(m) for m in kind.markers) if kind.markers else "the common kernels only"
-
-    return f"{len(kinds)} kinds of layer: " + "; ".join(f"{kind.count} with {label(kind)}" for kind in kinds)
-
-
-def short(name: str, limit: int = 48) -> str:
-    return name if len(name) <= limit else name[:limit - 3] + "..."

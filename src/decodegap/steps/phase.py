@@ -230,7 +230,7 @@ class GrowingRun:
         if self.lookups is None or self.lookup_kernels is None:
             return False
         pairs = [(a, b) for a, b, ka, kb in zip(self.lookups, self.lookups[1:], self.lookup_kernels,
-                                                 self.lookup_kernels[1:]) if ka == kb]
+                                                 self.lookup_kernels[1:], strict=False) if ka == kb]
         return (any(b > a for a, b in pairs) and all(a <= b <= DOUBLED * a for a, b in pairs))
 
     @property

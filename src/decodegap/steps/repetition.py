@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from decodegap.steps.layers import LayerKind, describe_kinds
+from decodegap.steps.layer_kinds import LayerKind, describe_kinds
 
 REGULAR = 0.1  # an anchor's spacing may vary this much (relative) and still count as regular
 SIMILAR_SUBBLOCKS = 0.6  # kernel-mix overlap above which k sub-blocks of a block are k layers of a few kinds
