@@ -36,7 +36,8 @@ def __getattr__(name: str):
 # (json_events._Parallel), instead of in one go before reading. A module left out is imported where first used.
 ANALYSIS_MODULES = (
     "html", "difflib", "numpy.ma", "decodegap.ops", "decodegap.ops.shapes", "decodegap.ops.categories",
-    "decodegap.ops.kernel_names", "decodegap.steps", "decodegap.steps.repetition", "decodegap.steps.layers",
+    "decodegap.ops.kernel_names", "decodegap.steps", "decodegap.steps.layer_kinds", "decodegap.steps.repetition",
+    "decodegap.steps.layers",
     "decodegap.trace.link", "decodegap.steps.phase", "decodegap.steps.marks", "decodegap.steps.anchors",
     "decodegap.steps.steps", "decodegap.breakdown", "decodegap.breakdown.breakdown", "decodegap.findings.base",
     "decodegap.findings.records", "decodegap.findings", "decodegap.rounding", "decodegap.samples",
