@@ -1021,32 +1021,9 @@ def test_two_mixers_in_turn_with_the_longer_one_last_run_to_the_final_norm(stack
     # A compiled dense LFM2: the conv's and the attention's kernels count the pairs (4 were read for 8 layers). Split
     # at both mixers, the last block, an attention layer longer than the median (conv) block, runs on to the final
     # norm, though the output head after it projects on a tile of its own: its MLP (and its activation) is inside.
-    prologue, layers, tail = _lfm2_dense_forward(stack)
-    seq = prologue + [k for layer in layers for k in layer] + tail
-    names = sorted(set(seq))
-    mapping, canonical = name_classes(names)
-    index = {n: int(mapping[i]) for i, n in enumerate(names)}
-    arrays = [np.array([index[n] for n in seq])] * 2  # compiled: every decode forward runs alike
-    found = count_layers(arrays[0], canonical, data_independent(arrays))
-    assert found.count == len(stack)
-    assert found.starts == tuple(len(prologue) + sum(len(layer) for layer in layers[:i]) for i in range(len(stack)))
-    assert found.end == len(prologue) + sum(len(layer) for layer in layers)
-
-
-@pytest.mark.parametrize("stack", [["conv", "attention"] * n for n in (3, 4, 5)])
-def test_the_first_attention_layer_that_computes_the_rotary_tables_is_of_its_kind(stack):
-    # Inductor fuses the once-per-forward rotary tables into the first attention layer's k norm (kernels only it
+    # Inductor also fuses the once-per-forward rotary tables into the first attention layer's k norm (kernels only it
     # runs): that layer is an attention layer all the same, not a kind of its own (1 + 3 + 4 were read).
-    prologue, layers, tail = _lfm2_dense_forward(stack)
-    seq = prologue + [k for layer in layers for k in layer] + tail
-    names = sorted(set(seq))
-    mapping, canonical = name_classes(names)
-    index = {n: int(mapping[i]) for i, n in enumerate(names)}
-    arrays = [np.array([index[n] for n in seq])] * 2
-    found = count_layers(arrays[0], canonical, data_independent(arrays))
-    assert found.count == len(stack)
-    first = {k: found.kind_of[stack.index(k)] for k in stack}
-    assert found.kind_of == tuple(first[k] for k in stack) and len(set(first.values())) == 2
+    _assert_read_right([_lfm2_dense_forward(stack)] * 2, stack)  # compiled: every decode forward runs alike
 
 
 G4_WEIGHT = "void at::native::BinaryFunctor<float, float, float, MulFunctor>"
