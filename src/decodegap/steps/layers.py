@@ -477,13 +477,13 @@ def _in_turn(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
     backers = sorted(blocks.backers, key=lambda n: int(positions[n][0]))
     runs = np.array([positions[n] for n in backers])
     first = runs.min(axis=0)
+    per_layer = _per_layer_runs(ids, positions)
     for k in range(1, len(runs)):  # the first k names' runs, then the others', in every block
         a_end, b_at, b_end = runs[:k].max(axis=0), runs[k:].min(axis=0), runs[k:].max(axis=0)
         if not (a_end < b_at).all():
             continue
         cuts = np.sort(np.concatenate((first, b_at)))
-        split = _blocks_at(cuts, backers[:k], positions, len(ids), gemm, gemm_at, tuple(backers[k:]),
-                           _per_layer_runs(ids, positions))
+        split = _blocks_at(cuts, backers[:k], positions, len(ids), gemm, gemm_at, tuple(backers[k:]), per_layer)
         nexts = np.append(first[1:], len(ids))
         if (split.valid and _share_running(split.bounds, act_at) == 1
                 and _followed_alike(ids, gemm, gemm_at, act_at, a_end, b_at, b_end, nexts)):
@@ -537,8 +537,7 @@ def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray, gemm: set[int
     the next layer's head, its input norm; the final norm runs its kernels once more): 0 where none runs. The head
     is taken up to its last kernel that is no matrix product: the mixer's first projection may run before the cut,
     and the output head that follows the final norm projects on a tile of its own (a wider output)."""
-    i = np.searchsorted(at, cuts).tolist()
-    head = min(_common_suffix(seq[:i[0]], seq[:j]) for j in i)
+    i, head = _before_every_cut(cuts, at, seq)
     projects = 0  # the head's last kernels that are matrix products
     while projects < head and int(seq[i[0] - 1 - projects]) in gemm:
         projects += 1
@@ -550,14 +549,20 @@ def _final_head(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray, gemm: set[int
     return int(at[i[-1] + after[-1] + head]) + 1 if len(after) else 0
 
 
+def _before_every_cut(cuts: np.ndarray, at: np.ndarray, seq: np.ndarray) -> tuple[list[int], int]:
+    """Where each cut falls among the per-layer kernels (`at`, `seq`: _per_layer_runs), and how many of them run
+    alike right before every cut (each block ends with the next layer's head)."""
+    i = np.searchsorted(at, cuts).tolist()
+    return i, min(_common_suffix(seq[:i[0]], seq[:j]) for j in i)
+
+
 def _inside_layers(xs: np.ndarray, blocks: _Blocks, at: np.ndarray, seq: np.ndarray, gemm: set[int]) -> bool:
     """Whether the positions `xs`, before the first block or after the last, lie among the layers: after a run of
     their input norm (_input_norm: a mixer's own kernels may come between the norm and the cut), and, after the
     last block, before one (the final norm). The glue before the layers (the embedding) follows no norm; the output
     head and sampling precede none. The norm's latter half stands for it: what runs before every cut may begin with
     the previous layer's residual add, which the first layer, after the embedding, lacks."""
-    i = np.searchsorted(at, blocks.cuts).tolist()
-    head = min(_common_suffix(seq[:i[0]], seq[:j]) for j in i)
+    i, head = _before_every_cut(blocks.cuts, at, seq)
     norm = _input_norm(seq[i[0] - head:i[0]], gemm)
     if len(norm) < 2:
         return False
