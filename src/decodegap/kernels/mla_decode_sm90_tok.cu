@@ -739,8 +739,7 @@ struct WideLayout {
   static constexpr int kQ = kWideStages * kStageBytes;     // [consumer] Q2
   static constexpr int kP = kQ + 2 * kQ2Bytes;             // P^T [tile parity][consumer][32 heads][64 tokens]
   static constexpr int kRed = kP + 4 * kWidePBytes;        // [consumer][4 warps][32 heads] floats
-  static constexpr int kX = kRed + 2 * 4 * kWideHeads * 4;  // DIMSPLIT's exchange: alpha [2][64], flags [2][2], l [64],
-                                                            // warp flags [2][8]
+  static constexpr int kX = kRed + 2 * 4 * kWideHeads * 4;  // DIMSPLIT's exchange: alpha [2][64], flags [2][2], l [64]
   static constexpr int kBar = kX + 1024;                   // full[stages], then empty[stages]
   static constexpr int kAlloc = kBar + 16 * kWideStages + 1024;
 };
@@ -811,13 +810,8 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
 // m64n64k16), so it widens only its half of each tile's V rows. Both consumers' P^T (double-buffered by tile
 // parity), the flags and factors of a moved reference max, and at the end the softmax sums go through shared
 // memory, with one barrier of both consumers (named barrier 5) a tile.
-// VOTE_AT_EXCHANGE (variant 50, with DIMSPLIT): no warpgroup vote on a moved reference max; each warp's flag goes to
-// shared memory with its P^T and is read after the consumers' barrier a tile, which the vote's barrier cost as much as
-// (mla_wgmma_limits.py, probes 7 and 8). Where a flag is up (rare) the consumer it belongs to then takes its exact
-// maxima and writes P^T again, and both meet at that barrier once more before P.V.
-template <bool DIMSPLIT, bool VOTE_AT_EXCHANGE>
+template <bool DIMSPLIT>
 __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
-  static_assert(DIMSPLIT || !VOTE_AT_EXCHANGE, "the flags go with DIMSPLIT's exchange");
   using L = WideLayout;
   constexpr float kInf = INFINITY;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -951,19 +945,19 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
   float* xalpha = reinterpret_cast<float*>(smem + L::kX);  // DIMSPLIT: [parity][64 heads]
   int* xflag = reinterpret_cast<int*>(xalpha + 2 * 64);     // [parity][consumer]
   float* xl = reinterpret_cast<float*>(xflag + 2 * 2);      // [64 heads]
-  int* xwarp = reinterpret_cast<int*>(xl + 64);             // VOTE_AT_EXCHANGE: [parity][consumer][warp]
   float m_ref[8], l_run[8];  // heads 8j + 2c + e: [2j + e]
 #pragma unroll
   for (int hh = 0; hh < 8; ++hh) m_ref[hh] = -kInf, l_run[hh] = 0.f;
   const uint2 dq = desc_words<1>(sbase + qbase, 1024), dqr = desc_words<2>(sbase + qbase + kQ2Rope, 512);
   // The P.V of tile u (its P^T halves, flags and factors written by both consumers, its V still in its stage):
   // O rescaled where a reference max moved at u, then Out^T += V^T . P^T; hands the stage back.
-  auto pv_tile = [&](int u, bool f0, bool f1) {
+  auto pv_tile = [&](int u) {
     const int su = u % kWideStages, paru = DIMSPLIT ? u & 1 : 0;
     const uint32_t stage_u = sbase + L::kStage + su * kStageBytes;
     const uint2 dp = desc_words<1>(sbase + L::kP + paru * 2 * kWidePBytes + (DIMSPLIT ? 0 : k * kWidePBytes), 1024);
     const int live = end - (start + u * kBN);  // rows at or past `live` lie past the slice's end
     if constexpr (DIMSPLIT) {
+      const bool f0 = xflag[2 * paru], f1 = xflag[2 * paru + 1];
       if (f0 || f1) {  // rare: a reference max moved; this thread's heads 8j + 2c + e belong to consumer j >> 2
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -1071,19 +1065,8 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
       grow = tile_scores<4>(sc, sv, m_ref, s_eff, live0, live1);
       store_p<4>(p, sv, m_ref, psm, w, g, c);  // with the reference max as it stands: kept unless a score outgrew it
     }
-    bool moved, f0 = false, f1 = false;  // f0, f1: whether consumer 0's / 1's reference max moved (DIMSPLIT)
-    if constexpr (VOTE_AT_EXCHANGE) {
-      const bool warp_grew = __any_sync(0xffffffffu, grow);
-      if (lane == 0) xwarp[8 * par + 4 * k + w] = warp_grew;
-      named_bar_sync(5, 256);  // both consumers' P^T (as the reference max stands) and flags are written
-      const int4 a0 = *reinterpret_cast<const int4*>(xwarp + 8 * par), a1 = *reinterpret_cast<const int4*>(xwarp + 8 * par + 4);
-      f0 = (a0.x | a0.y | a0.z | a0.w) != 0;
-      f1 = (a1.x | a1.y | a1.z | a1.w) != 0;
-      moved = kTokProbe == 3 ? false : k ? f1 : f0;
-    } else {
-      moved = kTokProbe == 3 || kTokProbe == 7 ? false : warpgroup_any(bar_id, grow);
-      if (DIMSPLIT && ctid == 0) xflag[2 * par + k] = moved;
-    }
+    const bool moved = kTokProbe == 3 || kTokProbe == 7 ? false : warpgroup_any(bar_id, grow);
+    if (DIMSPLIT && ctid == 0) xflag[2 * par + k] = moved;
     if (moved) {
       // Rare: the tile's exact max per head (the 4 warps' maxima through shared memory), rescale, P again.
       float mx[8];
@@ -1115,14 +1098,8 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     }
 #pragma unroll
     for (int q = 0; q < 16; ++q) l_run[2 * (q >> 2) + (q & 1)] += p[q];
-    if constexpr (VOTE_AT_EXCHANGE) {
-      if (f0 || f1) named_bar_sync(5, 256);  // rare: a consumer's P^T written again, and its factors
-    } else if constexpr (DIMSPLIT) {
-      if constexpr (kTokProbe != 8) named_bar_sync(5, 256);  // both consumers' P^T, flags and factors are written
-      f0 = xflag[2 * par];
-      f1 = xflag[2 * par + 1];
-    }
-    pv_tile(t, f0, f1);
+    if constexpr (DIMSPLIT && kTokProbe != 8) named_bar_sync(5, 256);  // both consumers' P^T, flags, factors written
+    pv_tile(t);
   }
 
   // Epilogue: the sums over the tile's 64 rows (lanes g, then the 4 warps), then this warpgroup's partials.
@@ -1324,8 +1301,7 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
 extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
   *block_n = kBN;
   *smem_bytes = WideLayout::kAlloc;
-  for (auto kernel : {mla_decode_tok_wide_sm90<false, false>, mla_decode_tok_wide_sm90<true, false>,
-                      mla_decode_tok_wide_sm90<true, true>}) {
+  for (auto kernel : {mla_decode_tok_wide_sm90<false>, mla_decode_tok_wide_sm90<true>}) {
     const int err = prepare_kernel(kernel, kWideThreads, WideLayout::kAlloc, regs, per_sm);
     if (err != cudaSuccess) return err;
     // setmaxnreg.inc waits until the CTA's registers allow it: a build with fewer per thread would hang
@@ -1341,25 +1317,21 @@ extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stri
 }
 
 // fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
-// merge, also for one split. mode: 0 = P.V by heads (variant 41), 1 = by dims (42), 3 = by dims with the moved-max
-// flags read at the consumers' barrier (50). Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be
-// read by TMA, or for another mode).
+// merge, also for one split. Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA).
 extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* table, const void* lens, void* part,
                                   void* part_lse, long long stride_qb, long long stride_qh, long long stride_page,
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
-                                  int batch, int page_size, long long num_pages, float qk_scale, int mode,
+                                  int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
                                   void* stream) {
-  if (num_heads < 1 || num_splits < 1 || (mode != 0 && mode != 1 && mode != 3)) return cudaErrorInvalidValue;
+  if (num_heads < 1 || num_splits < 1) return cudaErrorInvalidValue;
   Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
                      num_heads, num_splits, page_size, qk_scale);
   if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (mode == 3)
-    mla_decode_tok_wide_sm90<true, true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
-  else if (mode == 1)
-    mla_decode_tok_wide_sm90<true, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+  if (dimsplit)
+    mla_decode_tok_wide_sm90<true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   else
-    mla_decode_tok_wide_sm90<false, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+    mla_decode_tok_wide_sm90<false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   return cudaGetLastError();
 }
