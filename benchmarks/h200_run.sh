@@ -26,6 +26,7 @@
 # producer's copies or the consumers' math left out; ncu128 also reads the L2's throughput and the L2 -> SM bytes.
 # 2026-12-03: ncudram (NCUD_SHAPES="32x4096 128x16384"): the H=128 wgmma kernel's DRAM bytes, L2 hits, tensor pipe.
 # 2026-12-06: floor (benchmarks/mla_read_floor.py, FLOOR_SHAPES=...): a kernel that only reads the live KV, timed alike.
+# 2026-12-06, fourth session: ncupipe (NCUP_VARIANTS=...): each pipe's share of its peak in the many-head kernel.
 STEPS=${STEPS:-probe tok tests bench demo ncu ncu16}
 T0=$(date +%s)
 since() { echo "== $1 $(( $(date +%s) - T0 )) s"; }
@@ -116,6 +117,16 @@ if [[ " $STEPS " == *" ncu "* || " $STEPS " == *" ncu128 "* ]]; then
       | sed 's/  */ /g' | head -20
   done
   since ncu
+fi
+if [[ " $STEPS " == *" ncupipe "* ]]; then  # which pipes the many-head kernel keeps busy (B=32 ctx 4096 H=128;
+  # NCUP_VARIANTS="42 51": each variant's kernel alone, instructions a pipe and cycles a pipe, % of peak while active)
+  NCUP="ncu --clock-control none --launch-skip 2 --launch-count 1 --metrics gpu__time_duration.sum,regex:^sm__inst_executed_pipe_[a-z0-9_]+\.avg\.pct_of_peak_sustained_active$,regex:^sm__pipe_[a-z0-9_]+_cycles_active\.avg\.pct_of_peak_sustained_active$,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active"
+  for v in ${NCUP_VARIANTS:-42}; do
+    (cd benchmarks && DECODEGAP_MLA_WGMMA_FP8=$v timeout 90 $NCUP -k regex:tok_wide python3 ncu_mla_decode.py --heads 128 \
+      > $OUT/ncup_$v.txt 2>&1); echo "-- variant $v rc=$?"
+    grep -E "gpu__time|pipe|wavefronts|issue_active" $OUT/ncup_$v.txt | sed 's/  */ /g' | awk '$NF+0 >= 1 || /gpu__time/'
+  done
+  since ncupipe
 fi
 if [[ " $STEPS " == *" ncudram "* ]]; then  # the wgmma kernel's DRAM bytes against the cache's (the two head-block
   # CTAs of a sequence share its KV reads through the L2 only while they stay in step), tensor pipe, shared memory
