@@ -344,13 +344,11 @@ def launch_tok(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
 # its 32 heads, all 512 dims); 42 by output dims (each consumer 256 dims of all 64 heads, so it widens half of V;
 # P^T and the moves of the reference max exchanged every tile). Tried beside them and removed: 40, 41 with the
 # consumers running free, 1-2% slower (benchmarks/results/mla_decode_h100_2026-12-06.md).
-# 51 is 42 with P^T stored by stmatrix (8 cvt and 2 stores a consumer thread a tile, where 42 takes 16 and 16).
-TOKW_VARIANTS = {41: 0, 42: 1, 51: 2}  # -> dg_mla_tokw_launch's mode argument
+TOKW_VARIANTS = {41: 0, 42: 1}  # -> dg_mla_tokw_launch's dimsplit argument
 WGMMA_VARIANTS = {0: torch.bfloat16, 1: torch.float8_e4m3fn, 2: torch.float8_e4m3fn, 3: torch.float8_e4m3fn,
                   4: torch.float8_e4m3fn, 5: torch.float8_e4m3fn, 6: torch.bfloat16, 7: torch.bfloat16,
                   8: torch.float8_e4m3fn, 18: torch.float8_e4m3fn, 19: torch.bfloat16, 20: torch.bfloat16,
-                  23: torch.bfloat16, 41: torch.float8_e4m3fn, 42: torch.float8_e4m3fn,
-                  51: torch.float8_e4m3fn}
+                  23: torch.bfloat16, 41: torch.float8_e4m3fn, 42: torch.float8_e4m3fn}
 # H200 A/B of 2026-12-02 (benchmarks/results/mla_decode_h200_2026-12-02-seesaw.md, call 4): BF16: 19 at every
 # head count, 93.7 vs 109.0 us (variant 0) at B=32 ctx 4096 H=128, 1326 vs 1500 at B=128 ctx 16384, 67.1 vs 69.3
 # at H=64, 62.3 vs 64.2 at H=32, 25.5 vs 26.8 at B=1. FP8: 18 with more than 64 heads (two head blocks, the second
@@ -498,13 +496,13 @@ def launch_wgmma(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
 
 
 def _launch_tokw(q, kv_cache, block_table, seq_lens, part, part_lse, qk_scale: float, num_splits: int,
-                 mode: int) -> bool:
-    """Variants 41, 42, 51: fp16 partials and their log2-sum-exp for every split count (the merge writes the output)."""
+                 dimsplit: int) -> bool:
+    """Variants 41, 42: fp16 partials and their log2-sum-exp for every split count (the merge writes the output)."""
     lib = _tok_library(q.device.index if q.device.index is not None else torch.cuda.current_device())
     err = lib.dg_mla_tokw_launch(
         q.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(), part.data_ptr(),
         part_lse.data_ptr(), q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-        q.shape[1], num_splits, q.shape[0], kv_cache.shape[1], kv_cache.shape[0], qk_scale, mode,
+        q.shape[1], num_splits, q.shape[0], kv_cache.shape[1], kv_cache.shape[0], qk_scale, dimsplit,
         torch.cuda.current_stream(q.device).cuda_stream)
     if err != 0:
         raise RuntimeError(f"the tokens-major many-head MLA decode kernel failed to launch: CUDA error {err}")

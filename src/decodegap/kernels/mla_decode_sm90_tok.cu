@@ -235,36 +235,6 @@ __device__ __forceinline__ void store_p(float (&p)[4 * NJ], const float (&sv)[4 
   if (kTokProbe != 6) fence_proxy_async();  // P's generic stores, read by wgmma
 }
 
-// As store_p, with P^T written by stmatrix: the thread's p of heads 8j + (2c, 2c + 1), token row 16w + 8h + g, form
-// the 8x8 matrix (j, h) in mma's fragment layout; `.trans` stores its 8 heads as 8 rows of 16 bytes (tokens 16w + 8h
-// .. + 7), unit 2w + h of P^T's 128-byte swizzle. One cvt packs two heads; NJ / 2 instructions store 4 matrices each.
-template <int NJ>
-__device__ __forceinline__ void store_p_stsm(float (&p)[4 * NJ], const float (&sv)[4 * NJ],
-                                             const float (&m_ref)[2 * NJ], uint32_t psm, int w, int lane) {
-  static_assert(NJ % 2 == 0, "four matrices an instruction");
-#pragma unroll
-  for (int j = 0; j < NJ; ++j)
-#pragma unroll
-    for (int f = 0; f < 4; ++f) {
-      const int hh = 2 * j + (f & 1);
-      p[4 * j + f] = fast_exp2(sv[4 * j + f] - (m_ref[hh] == -INFINITY ? 0.f : m_ref[hh]));
-    }
-  const int r = lane & 7, mi = lane >> 3;  // this lane's row address: row r of matrix mi of each instruction
-#pragma unroll
-  for (int m = 0; m < NJ / 2; ++m) {
-    uint32_t x[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int j = 2 * m + (i >> 1), h = i & 1;
-      x[i] = pack_f16x2(p[4 * j + 2 * h], p[4 * j + 2 * h + 1]);
-    }
-    const int n = 8 * (2 * m + (mi >> 1)) + r, unit = (2 * w + (mi & 1)) ^ r;
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                 ::"r"(psm + n * 128 + (unit << 4)), "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]) : "memory");
-  }
-  if (kTokProbe != 6) fence_proxy_async();  // P's generic stores, read by wgmma
-}
-
 // This warp's max of each of the thread's heads over its 16 token rows (rows g and g + 8 of every lane g).
 template <int NJ>
 __device__ __forceinline__ void warp_head_max(const float (&sv)[4 * NJ], float (&mx)[2 * NJ]) {
@@ -840,9 +810,7 @@ __device__ __forceinline__ void score_tile64(float (&sc)[32], uint2 dk, uint2 dk
 // m64n64k16), so it widens only its half of each tile's V rows. Both consumers' P^T (double-buffered by tile
 // parity), the flags and factors of a moved reference max, and at the end the softmax sums go through shared
 // memory, with one barrier of both consumers (named barrier 5) a tile.
-// STSM (variant 51, with DIMSPLIT): P^T stored by stmatrix (store_p_stsm), 8 cvt and 2 stores a thread a tile where
-// store_p takes 16 and 16 two-byte stores.
-template <bool DIMSPLIT, bool STSM>
+template <bool DIMSPLIT>
 __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(const __grid_constant__ Args a) {
   using L = WideLayout;
   constexpr float kInf = INFINITY;
@@ -1067,12 +1035,6 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
     const int s = t % kWideStages, par = DIMSPLIT ? t & 1 : 0;
     const uint32_t stage = sbase + L::kStage + s * kStageBytes;
     uint8_t* psm = smem + L::kP + par * 2 * kWidePBytes + k * kWidePBytes;  // this warpgroup's P^T rows
-    auto store_p_any = [&](float (&pp)[16], const float (&svv)[16]) {
-      if constexpr (STSM)
-        store_p_stsm<4>(pp, svv, m_ref, smem_u32(psm), w, lane);
-      else
-        store_p<4>(pp, svv, m_ref, psm, w, g, c);
-    };
     mbar_wait(bar_full + 8 * s, (t / kWideStages) & 1);  // tile t has landed
     if constexpr (kTokProbe == 2) {
       __syncwarp();
@@ -1101,7 +1063,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
       for (int q = 0; q < 16; ++q) sv[q] = p[q] = 0.f;
     } else {
       grow = tile_scores<4>(sc, sv, m_ref, s_eff, live0, live1);
-      store_p_any(p, sv);  // with the reference max as it stands: kept unless a score outgrew it
+      store_p<4>(p, sv, m_ref, psm, w, g, c);  // with the reference max as it stands: kept unless a score outgrew it
     }
     const bool moved = kTokProbe == 3 || kTokProbe == 7 ? false : warpgroup_any(bar_id, grow);
     if (DIMSPLIT && ctid == 0) xflag[2 * par + k] = moved;
@@ -1131,7 +1093,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) mla_decode_tok_wide_sm90(cons
 #pragma unroll
           for (int q = 0; q < kNC; ++q) o[i][q] *= alpha[2 * (q >> 2) + (q & 1)];
       }
-      store_p_any(p, sv);
+      store_p<4>(p, sv, m_ref, psm, w, g, c);
       named_bar_sync(bar_id, 128);  // P rewritten; red read by everyone
     }
 #pragma unroll
@@ -1339,8 +1301,7 @@ extern "C" int dg_mla_tok_launch(int variant, const void* q, const void* kv, con
 extern "C" int dg_mla_tokw_prepare(int* regs, int* per_sm, int* block_n, int* smem_bytes) {
   *block_n = kBN;
   *smem_bytes = WideLayout::kAlloc;
-  for (auto kernel : {mla_decode_tok_wide_sm90<false, false>, mla_decode_tok_wide_sm90<true, false>,
-                      mla_decode_tok_wide_sm90<true, true>}) {
+  for (auto kernel : {mla_decode_tok_wide_sm90<false>, mla_decode_tok_wide_sm90<true>}) {
     const int err = prepare_kernel(kernel, kWideThreads, WideLayout::kAlloc, regs, per_sm);
     if (err != cudaSuccess) return err;
     // setmaxnreg.inc waits until the CTA's registers allow it: a build with fewer per thread would hang
@@ -1356,25 +1317,21 @@ extern "C" int dg_mla_tokw_applies(const void* kv, int page_size, long long stri
 }
 
 // fp16 partials [B, H, S, 512] (sum(p v) / sum(p) in cache units) and their log2-sum-exp [B, H, S] for the Triton
-// merge, also for one split. mode: 0 = P.V by heads (variant 41), 1 = by dims (42), 2 = by dims with P^T stored by
-// stmatrix (51). Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA, or for another
-// mode).
+// merge, also for one split. Returns a cudaError_t (cudaErrorInvalidValue where the cache cannot be read by TMA).
 extern "C" int dg_mla_tokw_launch(const void* q, const void* kv, const void* table, const void* lens, void* part,
                                   void* part_lse, long long stride_qb, long long stride_qh, long long stride_page,
                                   long long stride_slot, long long stride_tb, int num_heads, int num_splits,
-                                  int batch, int page_size, long long num_pages, float qk_scale, int mode,
+                                  int batch, int page_size, long long num_pages, float qk_scale, int dimsplit,
                                   void* stream) {
-  if (num_heads < 1 || num_splits < 1 || mode < 0 || mode > 2) return cudaErrorInvalidValue;
+  if (num_heads < 1 || num_splits < 1) return cudaErrorInvalidValue;
   Args a = make_args(q, kv, table, lens, part, part_lse, stride_qb, stride_qh, stride_page, stride_slot, stride_tb,
                      num_heads, num_splits, page_size, qk_scale);
   if (!tma_pages(&a, kv, page_size, stride_page, stride_slot, num_pages)) return cudaErrorInvalidValue;
   const dim3 grid((num_heads + 63) / 64, num_splits, batch);
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (mode == 2)
-    mla_decode_tok_wide_sm90<true, true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
-  else if (mode == 1)
-    mla_decode_tok_wide_sm90<true, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+  if (dimsplit)
+    mla_decode_tok_wide_sm90<true><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   else
-    mla_decode_tok_wide_sm90<false, false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
+    mla_decode_tok_wide_sm90<false><<<grid, kWideThreads, WideLayout::kAlloc, st>>>(a);
   return cudaGetLastError();
 }
