@@ -98,9 +98,9 @@ def test_only_forwards_the_window_cut_are_partial(tmp_path, begin_cut, end_cut):
     assert d["layers"] == 6
 
 
-def _cut_text(doc: dict, keep_gpu_events: int) -> bytes:
-    """Kineto's order and layout, cut right after the first `keep_gpu_events` GPU-side events."""
-    events = kineto_order(doc)["traceEvents"]
+def _cut_text(doc: dict, keep_gpu_events: int, events: list[dict] | None = None) -> bytes:
+    """Kineto's order (or that of `events`) and layout, cut right after the first `keep_gpu_events` GPU-side events."""
+    events = kineto_order(doc)["traceEvents"] if events is None else events
     lines, seen = [], 0
     for i, e in enumerate(events):
         lines.append(json.dumps(e))
@@ -176,6 +176,71 @@ def test_a_file_cut_inside_a_graph_replay_leaves_that_replay_out(tmp_path, kept)
     d = _d(write(doc | {"traceEvents": events}, tmp_path / "cut.json"))
     assert _counts(d) == {"decode": len(whole)} and d["steps"]["source"] == "graph_launch"
     assert d["steps"]["dropped_partial"] == len(partial) == (kept < 1)
+
+
+def _launch_records_after_their_first_kernels(events: list[dict]) -> list[dict]:
+    """Kineto writes its activity buffers as they fill, not in time order: a graph launch's record, written when the
+    call returns, may come after the first kernels the replay ran. Each cudaGraphLaunch record moved past half of its
+    replay's GPU activities."""
+    out = [e for e in events if e.get("name") != "cudaGraphLaunch"]
+    for rec in (e for e in events if e.get("name") == "cudaGraphLaunch"):
+        mine = [i for i, e in enumerate(out) if e.get("cat") in GPU_CATS
+                and e["args"]["correlation"] == rec["args"]["correlation"]]
+        out.insert(mine[len(mine) // 2] + 1, rec)
+    return out
+
+
+@pytest.mark.parametrize("kept", [0.3, 0.55, 0.8])
+def test_a_file_cut_inside_a_replay_whose_launch_record_it_lost_leaves_that_replay_out(tmp_path, kept):
+    """The cut keeps the first kernels of a replay but not its launch record (written after them): those kernels share
+    the replay's correlation id, which no eager launch does, so they are that replay's, cut short, and not work of
+    the forward before it. The steps are exactly the whole forwards, each with exactly its own kernels."""
+    doc = kineto_order(engine_forwards(forwards=8, layers=8, graph="full", batch=4))
+    events = doc["traceEvents"]
+    host = sum(e.get("cat") in ("cpu_op", "user_annotation") for e in events)
+    ordered = events[:host] + _launch_records_after_their_first_kernels(events[host:])
+    keep = int((len(events) - host) * kept)
+    truth_all, truth_kept = _forward_kernels(events), _forward_kernels(ordered[:host + keep])
+    whole = [f for f in sorted(truth_all) if truth_kept.get(f) == truth_all[f]]
+    partial = [f for f in truth_kept if truth_kept[f] != truth_all[f]]
+    assert len(partial) == 1 and whole  # the cut fell inside a replay
+    path = tmp_path / "cut.json"
+    path.write_bytes(_cut_text(doc, keep, ordered))
+    steps, kernels = _steps_of(path)
+    assert kernels == [truth_all[f] for f in whole] and steps.source == "graph_launch"
+    d = _d(path)
+    assert _counts(d) == {"decode": len(whole)} and d["steps"]["dropped_partial"] == 1
+
+
+@pytest.mark.parametrize("keep,whole", [("inside", 0), ("one", 1)])
+def test_a_cut_file_whose_records_begin_late_counts_no_step_before_them(tmp_path, keep, whole):
+    """A cut file whose activity records begin late in the window (its later buffers written first): the training
+    iterations before the first record kept have their CPU ops but none of their launches or kernels, so they are
+    not whole, however early they end; only an iteration whose every launch and kernel the file holds is a step."""
+    doc = kineto_order(training_loop(iters=4, layers=6, profiler_steps=True, seed=1))
+    events = doc["traceEvents"]
+    host = sum(e.get("cat") in ("cpu_op", "user_annotation") for e in events)
+    tail = events[host:]
+
+    def launches(it: int) -> list[int]:
+        return [e["args"]["correlation"] for e in tail if e.get("cat") == "kernel"
+                and e["args"]["tracegen_iteration"] == it]
+
+    # The file keeps the launches (records and kernels) of the first half of iteration 2, or of all of it and the first
+    # half of iteration 3, and lost those of iterations 0 and 1, written after them.
+    second, third = launches(2), launches(3)
+    kept_ids = set(second[:len(second) // 2] if keep == "inside" else second + third[:len(third) // 2])
+    kept = [e for e in tail if e["args"].get("correlation") in kept_ids]
+    path = tmp_path / "cut.json"
+    path.write_bytes(_cut_text(doc, len(kept), events[:host] + kept + [e for e in tail if e not in kept]))
+    if not whole:
+        with pytest.raises(UserError, match="no step ends before the cut"):
+            analyze_path(path)
+        return
+    d = _d(path)
+    assert _counts(d) == {"training": 1}
+    busy = sum(e["dur"] for e in tail if e.get("cat") == "kernel" and e["args"]["tracegen_iteration"] == 2) / 1000
+    assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx([busy], abs=1e-3)
 
 
 def _steps_of(path):

@@ -158,10 +158,12 @@ def lost_launches(trace: Trace) -> np.ndarray:
 
 def unlaunched_ops(trace: Trace) -> np.ndarray | None:
     """Host times of the CPU ops whose launches the file lost: calls, after the last launch record, of an op whose
-    every call before it launched GPU work (by External id). A file cut short keeps its CPU ops (Kineto writes them
-    first) and loses the launch records with the GPU events; an op that launches only sometimes (a copy on the host)
-    is no evidence, nor is one before the last record (profilers drop a few records inside the window). None when no
-    CPU op is tied to a launch (no External ids): the ops then tell nothing."""
+    every call among the records launched GPU work (by External id). A file cut short keeps its CPU ops (Kineto writes
+    them first) and loses the launch records with the GPU events; an op that launches only sometimes (a copy on the
+    host) is no evidence, nor is one among the records (profilers drop a few records inside the window). In a cut
+    file the records kept may also begin late (its activity buffers written out of time order): calls before the
+    first record are then lost too. None when no CPU op is tied to a launch (no External ids): the ops then tell
+    nothing."""
     rt, gpu, ops = trace.runtime, trace.gpu, trace.cpu_ops
     if not len(ops.ts_ns) or not len(rt.ts_ns) or not len(gpu):
         return None
@@ -169,17 +171,19 @@ def unlaunched_ops(trace: Trace) -> np.ndarray | None:
     if not has_gpu.any():
         return None
     launching = isin(rt.name_id, rt.name_id[has_gpu])
+    first = int(rt.ts_ns[launching].min()) if trace.truncated else None
     last = int(rt.ts_ns[launching].max())
     ids = np.concatenate((rt.external_id[launching], gpu.external_id))
     launched = isin(ops.external_id, ids[ids >= 0]) & (ops.external_id >= 0)
-    before = ops.ts_ns <= last
+    # an op is among the records where its call reaches the first of them (the op holds its launch call)
+    among = (ops.ts_ns <= last) & (ops.ts_ns + ops.dur_ns >= first if first is not None else True)
     n = int(ops.name_id.max()) + 1
-    calls = np.bincount(ops.name_id[before], minlength=n)
-    hits = np.bincount(ops.name_id[before & launched], minlength=n)
+    calls = np.bincount(ops.name_id[among], minlength=n)
+    hits = np.bincount(ops.name_id[among & launched], minlength=n)
     if not hits.any():
         return None
     always = (calls > 0) & (hits == calls)
-    return np.sort(ops.ts_ns[~before & always[ops.name_id] & ~launched])
+    return np.sort(ops.ts_ns[~among & always[ops.name_id] & ~launched])
 
 
 def host_waits(trace: Trace) -> np.ndarray:

@@ -127,9 +127,11 @@ def find_steps(trace: Trace, links: Links) -> Steps:
 
 def _cut_words(trace: Trace, links: Links) -> str:
     """What a cut file kept: its kernels against those its CPU side launched (the launches the file lost, estimated
-    from its CPU ops after the cut and what each op of that name launched before it)."""
+    from its CPU ops outside the launch records it kept, after the cut or before the first of them, and what each op
+    of that name launched among them)."""
     ops, cut = trace.cpu_ops, trace.known_until_ns
-    before = ops.ts_ns <= cut
+    first = int(trace.runtime.ts_ns.min()) if len(trace.runtime.ts_ns) else cut
+    before = (ops.ts_ns <= cut) & (ops.ts_ns >= min(first, cut))
     linked = links.op_idx[links.op_idx >= 0]
     kernels_per_op = np.bincount(ops.name_id[linked], minlength=len(trace.names)).astype(float)
     ops_before = np.bincount(ops.name_id[before], minlength=len(trace.names))
@@ -199,7 +201,7 @@ def _split_multi_forward(pieces: list[_Piece], trace: Trace, links: Links) -> tu
     """A ProfilerStep may wrap a whole generate() call: when the kernels it launched hold several forwards (a period
     with layers and once-per-forward work inside it), those forwards are the steps."""
     names = normalized_ids(trace.names, trace.gpu.name_id)
-    graph_of = np.where(links.from_graph, links.runtime_idx, -1)
+    graph_of = links.replay
     gaps = idle_gaps_ns(trace.gpu.ts_ns, trace.gpu.end_ns)
     head = widest_gemm_rows(trace, links)
     end = trace.gpu.end_ns
@@ -346,7 +348,7 @@ def _from_anchors(trace: Trace, links: Links, training: bool):
 def _from_launches_or_repetition(trace: Trace, links: Links, training: bool = False):
     gpu = trace.gpu
     seq_rows = normalized_ids(trace.names, gpu.name_id)
-    graph_of = np.where(links.from_graph, links.runtime_idx, -1)
+    graph_of = links.replay
     replays = np.unique(graph_of[graph_of >= 0])
     unit_start = _unit_starts(graph_of)
     tokens = _unit_tokens(seq_rows, graph_of, unit_start)
@@ -634,7 +636,7 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
         warnings.append(_incomplete_words(incomplete))
         dropped += len(incomplete)
     rows = np.concatenate([s.rows for s in steps]) if steps else np.empty(0, np.int64)
-    graphs = len(np.unique(links.runtime_idx[rows][links.from_graph[rows]]))
+    graphs = len(np.unique(links.replay[rows][links.from_graph[rows]]))
     return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decodegap.trace.tables import Trace
+from decodegap.trace.tables import KERNEL, Trace
 
 GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
 
@@ -18,6 +18,7 @@ class Links:
     runtime_idx: np.ndarray  # per GPU row: row in Trace.runtime, -1 none
     op_idx: np.ndarray  # per GPU row: row in Trace.cpu_ops, -1 none
     from_graph: np.ndarray  # bool per GPU row: launched by a CUDA/HIP graph replay
+    replay: np.ndarray  # per GPU row: an id of the graph replay that ran it (-1 none)
 
 
 def _lookup(keys: np.ndarray, table_keys: np.ndarray) -> np.ndarray:
@@ -45,6 +46,24 @@ def link(trace: Trace) -> Links:
     from_graph = np.zeros(len(gpu), dtype=bool)
     if graph_name_ids:
         from_graph[has_rt] = np.isin(rt.name_id[runtime_idx[has_rt]], graph_name_ids)
+    replay = np.where(from_graph, runtime_idx, -1)
+    orphans = _replays_without_launch(gpu.kind, gpu.correlation, has_rt)
+    from_graph |= orphans >= 0
+    replay = np.where(orphans >= 0, len(rt.correlation) + orphans, replay)
     # A graph kernel's "op" is whatever enclosed the replay call, not the op that recorded it: drop it.
     op_idx = np.where(from_graph, -1, op_idx)
-    return Links(runtime_idx=runtime_idx, op_idx=op_idx, from_graph=from_graph)
+    return Links(runtime_idx=runtime_idx, op_idx=op_idx, from_graph=from_graph, replay=replay)
+
+
+def _replays_without_launch(kind: np.ndarray, correlation: np.ndarray, has_rt: np.ndarray) -> np.ndarray:
+    """Per GPU row, a number for the replay it belongs to (-1 none) where the file lacks the launch call: a cut file
+    (its runtime calls cut off with the CPU side, some of the replay's kernels kept) or a trace without runtime
+    events. An eager launch runs one kernel under its correlation id; only a graph replay runs several under one
+    (with its memcpy and memset nodes)."""
+    free = (~has_rt) & (correlation > 0)
+    _, inverse = np.unique(correlation[free], return_inverse=True)
+    kernels = np.bincount(inverse, weights=(kind[free] == KERNEL).astype(np.float64))
+    out = np.full(len(kind), -1, dtype=np.int64)
+    shared = kernels[inverse] > 1
+    out[np.flatnonzero(free)[shared]] = inverse[shared]
+    return out
