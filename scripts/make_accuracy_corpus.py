@@ -31,6 +31,8 @@ Run on a CUDA machine (torch + transformers 5.x; decodegap importable for the re
     python3 scripts/make_accuracy_corpus.py OUT_DIR --only llama_eager_generate qwen3_cudagraph
     python3 scripts/make_accuracy_corpus.py --list
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout --jobs 5   # 13 traces the corpus does not hold
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout6 --jobs 8  # 13 more on new ground, and 2 cuts of them
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR   # every trace there cut short, two ways
     python3 scripts/make_accuracy_corpus.py --table tests/fixtures/traces/corpus   # the README's table rows
 Smoke-test the logic on a CPU (CPU activity only, tiny sizes; CUDA-graph loops run their static loop eagerly):
     python3 scripts/make_accuracy_corpus.py /tmp/corpus --device cpu --smoke
@@ -39,9 +41,11 @@ Smoke-test the logic on a CPU (CPU activity only, tiny sizes; CUDA-graph loops r
 from __future__ import annotations
 
 import argparse
+import glob
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -250,13 +254,50 @@ FAMILIES.update({
     "falcon_mamba": ("FalconMambaConfig", dict(hidden_size=128, state_size=8, vocab_size=VOCAB, use_mambapy=False),
                      "attention-free: Mamba-1 layers only (selective scan, torch path) (Falcon-Mamba)"),
 })
+# The sixth holdout's families (`--holdout6`): hybrids of linear attention (KDA, gated delta net) with softmax
+# attention, sparse-attention and zero-expert MoE designs, and sliding attention with sinks over MoE; none in any set.
+FAMILIES.update({
+    "kimi_linear": ("KimiLinearConfig", dict(SMALL, num_key_value_heads=4, moe_intermediate_size=64,
+                                             num_local_experts=8, num_experts_per_tok=2, kv_lora_rank=64,
+                                             q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
+                                             linear_head_dim=32, linear_num_heads=4, first_k_dense_replace=1,
+                                             pad_token_id=0, bos_token_id=1, eos_token_id=2),
+                    "hybrid: Kimi delta attention (torch fallback) 3 : 1 MLA, a dense first layer, then eager MoE "
+                    "with a shared expert (Kimi Linear): three kinds of layer"),
+    "olmo_hybrid": ("OlmoHybridConfig", dict(DENSE, pad_token_id=0, eos_token_id=2),
+                    "hybrid: gated-delta-net linear attention (torch fallback) 3 : 1 attention with q/k norms, "
+                    "post-norms, dense MLP (OLMo Hybrid)"),
+    "qwen3_5": ("Qwen3_5TextConfig", dict(DENSE, head_dim=64, linear_num_value_heads=4, linear_num_key_heads=2,
+                                          linear_key_head_dim=32, linear_value_head_dim=32),
+                "hybrid: gated-delta-net 3 : 1 gated full attention, dense MLP (Qwen3.5 text)"),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
+                                            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                                            n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=2,
+                                            kv_lora_rank=64, q_lora_rank=96, qk_rope_head_dim=16, qk_nope_head_dim=32,
+                                            v_head_dim=32, index_topk=8, index_head_dim=32, index_n_heads=4,
+                                            index_topk_freq=2, vocab_size=VOCAB, max_position_embeddings=512),
+                    "MLA with DeepSeek sparse attention (an indexer keeps 8 keys; every other layer reuses the "
+                    "previous one's top-k), 2 dense layers, then eager MoE with a shared expert (GLM-5)"),
+    "longcat_flash": ("LongcatFlashConfig", dict(hidden_size=128, ffn_hidden_size=256, expert_ffn_hidden_size=64,
+                                                 num_attention_heads=4, kv_lora_rank=64, q_lora_rank=96,
+                                                 qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, head_dim=16,
+                                                 n_routed_experts=8, zero_expert_num=4, moe_topk=2, vocab_size=VOCAB,
+                                                 max_position_embeddings=512),
+                      "two MLA + MLP sublayers a layer and a shortcut eager MoE with 4 zero-computation (identity) "
+                      "experts of 12: the experts run vary by token (LongCat-Flash)"),
+    "mimo_v2_flash": ("MiMoV2FlashConfig", dict(SMALL, head_dim=48, v_head_dim=32, moe_intermediate_size=64,
+                                                n_routed_experts=8, num_experts_per_tok=2, sliding_window=8),
+                      "full attention at layer 0 and every 6th, sliding (window 8) between, with sinks (eager "
+                      "attention); a dense first layer, then eager MoE (MiMo-V2-Flash)"),
+})
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "qwen3_next", "jamba", "glm4_moe",
        "phimoe", "granitemoe", "granitemoehybrid", "deepseek_v2", "ernie4_5_moe", "minimax", "jetmoe", "qwen3_5_moe",
-       "dots1", "hunyuan_moe", "lfm2_moe", "afmoe"}
+       "dots1", "hunyuan_moe", "lfm2_moe", "afmoe", "kimi_linear", "glm_moe_dsa", "longcat_flash", "mimo_v2_flash"}
 # MoE families that run their experts on grouped GEMMs unless a spec says otherwise (the others: the eager loop)
 GROUPED_EXPERTS = {"granitemoe", "granitemoehybrid", "qwen3_5_moe", "dots1", "lfm2_moe"}
 NO_ATTENTION = {"mamba2", "falcon_mamba"}  # no attention implementation to choose
-EAGER_ATTENTION = {"gpt_oss", "bloom", "gptj", "mpt", "codegen", "xglm"}  # no SDPA path in transformers 5.17
+# no SDPA path in transformers 5.17
+EAGER_ATTENTION = {"gpt_oss", "bloom", "gptj", "mpt", "codegen", "xglm", "mimo_v2_flash"}
 
 
 def family_config(family: str, layers: int):
@@ -265,11 +306,13 @@ def family_config(family: str, layers: int):
     cname, kw, _ = FAMILIES[family]
     kw = dict(kw)
     layer_key = {"gpt2": "n_layer", "bloom": "n_layer", "gptj": "n_layer", "gpt_bigcode": "n_layer",
-                 "codegen": "n_layer", "mpt": "n_layers", "xglm": "num_layers"}
+                 "codegen": "n_layer", "mpt": "n_layers", "xglm": "num_layers", "longcat_flash": "num_layers"}
     kw[layer_key.get(family, "num_hidden_layers")] = layers
+    if family == "longcat_flash":  # its num_hidden_layers counts the attention sublayers (cache slots), 2 a layer
+        kw["num_hidden_layers"] = 2 * layers
     if family in ("lfm2", "lfm2_moe"):  # attention at every other layer, the conv layers between
         kw["layer_types"] = ["conv" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    if family in ("qwen3_next", "qwen3_5_moe", "minimax"):
+    if family in ("qwen3_next", "qwen3_5_moe", "minimax", "kimi_linear"):  # Kimi: as released (its default: 4, 8, ..)
         kw["layer_types"] = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
     if family == "granitemoehybrid":
         kw["layer_types"] = ["attention" if i % 4 == 2 else "mamba" for i in range(layers)]
@@ -307,7 +350,8 @@ def build(family: str, layers: int, device: str, experts: str | None = None):
 
 
 def decoder_layers(model) -> list:
-    n = model.config.num_hidden_layers
+    cfg = model.config
+    n = cfg.num_layers if cfg.model_type == "longcat_flash" else cfg.num_hidden_layers  # LongCat: see family_config
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.ModuleList) and len(m) == n and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
             return list(m)
@@ -335,7 +379,8 @@ def layer_info(model, device: str) -> dict:
     cfg = model.config
     info = {k: getattr(cfg, k) for k in ("layer_types", "first_k_dense_replace", "sliding_window", "num_experts",
                                          "n_routed_experts", "num_local_experts", "num_experts_per_tok",
-                                         "decoder_sparse_step", "mlp_only_layers", "no_rope_layers")
+                                         "decoder_sparse_step", "mlp_only_layers", "no_rope_layers",
+                                         "mlp_layer_types", "indexer_types", "zero_expert_num")
             if getattr(cfg, k, None) is not None}
     return {"layers": len(calls), "layer_kinds": sorted(len(v) for v in groups.values()),
             "layer_kind_detail": detail, "config_info": info, "model_class": type(model).__name__,
@@ -1225,7 +1270,7 @@ def loop_record(ctx: Ctx, spec: Spec) -> None:
     warmup, timed, steps = 4, 3, spec.steps[0]
     tokens = warmup + timed + steps + 3
     model_cls = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}[spec.family]
+                 "qwen3": "Qwen3ForCausalLM", "jamba": "JambaForCausalLM"}[spec.family]
     module = getattr(transformers, model_cls).__module__
     target = f"{module}:{model_cls}.forward"
     work = tempfile.mkdtemp(prefix=f"rec_{spec.name}_")
@@ -1492,9 +1537,39 @@ HOLDOUT5 = [
     S("falcon_mamba6_eager_generate", "falcon_mamba", "eager_generate", layers=6, batch=2, rs=False, steps=[8, 6],
       cost=8),
 ]
+# A sixth holdout (`--holdout6`): the weak kinds on new ground. Hybrids of linear attention with softmax attention
+# that no set had (Kimi Linear's KDA + MLA with dense and MoE layers, OLMo Hybrid, a compiled Qwen3.5), with the window
+# opening and closing mid-forward, a chunked prefill (extend) on recurrent states, and beam search reordering them;
+# eager MoE whose kernel count changes every step in loops MoE was never in (zero-computation experts, DeepSeek sparse
+# attention with padded sampling, sliding attention with sinks in beam search, one ProfilerStep around a whole
+# generate, an extend over a sliding window); dense + MoE layers in CUDA graph replays (grouped GEMMs); training
+# without markers for a GDN + MoE hybrid with gradient accumulation and for a Mamba-2 hybrid; a 6-layer Jamba under
+# `decodegap record`; and two cut files of these traces (HOLDOUT6_CUTS, made unless --no-cuts).
+HOLDOUT6 = [
+    S("kimi_linear8_midstep", "kimi_linear", "midstep", layers=8, batch=2, steps=[3, 2], cost=10),
+    S("olmo_hybrid8_hand_extend", "olmo_hybrid", "hand_extend", layers=8, rs=False, steps=[8, 6], cost=8),
+    S("qwen3_5_8_compiled_generate", "qwen3_5", "compiled_generate", layers=8, steps=[10, 8],
+      cost=COMPILE_COST + 20),
+    S("glm_moe_dsa6_sample_padded", "glm_moe_dsa", "sample_padded", layers=6, batch=3, rs=False, steps=[5, 4]),
+    S("longcat_flash4_eager_generate", "longcat_flash", "eager_generate", layers=4, batch=2, steps=[5, 4]),
+    S("mimo_v2_flash7_beam", "mimo_v2_flash", "beam_generate", layers=7, rs=False, steps=[5, 4], cost=8),
+    S("qwen3_next4_train_accum_nomarkers", "qwen3_next", "train", layers=4, rs=False, steps=[2],
+      opts={"markers": "none", "micro": 2}, cost=12),
+    S("zamba2_6_train_nomarkers", "zamba2", "train", layers=6, steps=[2], opts={"markers": "none"}, cost=10),
+    S("jamba6_record", "jamba", "record", layers=6, batch=2, steps=[5], rs=False, cost=25),
+    S("hunyuan_moe6_profstep_wraps_generate", "hunyuan_moe", "profstep_wraps_generate", layers=6, batch=3,
+      steps=[5, 4]),
+    S("dots1_6_cudagraph", "dots1", "cudagraph", layers=6, batch=2, rs=False, steps=[10, 8]),
+    S("qwen3_5_moe6_beam", "qwen3_5_moe", "beam_generate", layers=6, steps=[4, 3], cost=8),
+    S("gpt_oss6_hand_extend", "gpt_oss", "hand_extend", layers=6, batch=2, steps=[5, 4]),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
+]
+HOLDOUT6_CUTS = [  # cuts of an eager-MoE and a hybrid trace (the corpus's are of dense ones)
+    ("cut_longcat_flash_keeps_few_steps", "longcat_flash4_eager_generate", 3),
+    ("cut_olmo_hybrid_keeps_prefill_extend", "olmo_hybrid8_hand_extend", 2),
 ]
 
 
@@ -1526,10 +1601,10 @@ def make_cut(out_dir: str, name: str, source: str, keep_forwards: int | None) ->
         if s.startswith(b"{") and (s.endswith(b"},") or s.endswith(b"}")) and b'"ph"' in s:
             ev_line_end.append(pos)
     assert len(ev_line_end) == len(events), (len(ev_line_end), len(events))
-    gpu_at = {}  # correlation -> index of its first GPU activity in file order
+    gpu_at = {}  # correlation -> index of its last GPU activity in file order (a graph replay runs many under one)
     for i, e in enumerate(events):
         if e.get("cat") in GPU_CATS and "correlation" in e.get("args", {}):
-            gpu_at.setdefault(e["args"]["correlation"], i)
+            gpu_at[e["args"]["correlation"]] = i
     launches = [(e["ts"], e["args"]["correlation"]) for e in events
                 if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})
                 and e["args"]["correlation"] in gpu_at]
@@ -1550,7 +1625,6 @@ def make_cut(out_dir: str, name: str, source: str, keep_forwards: int | None) ->
         nxt = done[k + 1] if k + 1 < len(done) else len(events) - 1
         cut_event = (done[k] + nxt) // 2  # past the k-th complete forward, inside the next one's kernels
     cut_at = ev_line_end[cut_event] - 40  # mid-line: the last event is cut in the middle, as a real cut would be
-    kept_gpu = {c for c, i in gpu_at.items() if i < cut_event}
     complete = [i for i, f in enumerate(whole) if need[i] < cut_event]
     # every launch inside the forward's span has its GPU activity within the cut text
     salv = [whole[i] for i in complete]
@@ -1582,16 +1656,38 @@ def make_cut(out_dir: str, name: str, source: str, keep_forwards: int | None) ->
         "trace": f"{name}.json.gz", "trace_gz_bytes": os.path.getsize(out),
         "made_by": "scripts/make_accuracy_corpus.py",
     }
-    truth.update({k: truth_src[k] for k in ("torch", "transformers", "gpu") if k in truth_src})
-    del kept_gpu
+    truth.update({k: truth_src[k] for k in ("torch", "transformers", "gpu", "layer_kind_detail", "config_info")
+                  if k in truth_src})  # the kinds the config tells apart (layer types) too
     write_truth(out_dir, name, truth)
     print(f"{name}: cut at byte {cut_at} of {len(text)}; {kept_kernels} of {n_gpu_total} GPU activities; whole "
           f"forwards with every kernel: {len(salv)} of {len(whole)}", flush=True)
 
 
+def cut_all(src_dir: str, out_dir: str) -> int:
+    """Cuts of every trace of `src_dir` (a holdout's folder) into `out_dir`: `cut3_<name>` keeps 3 whole forwards
+    (traces with 5 or more), `cut0_<name>` almost no kernels. Returns how many failed."""
+    failed = 0
+    for truth_path in sorted(glob.glob(os.path.join(src_dir, "*.truth.json"))):
+        source = json.load(open(truth_path))
+        if source.get("loop") == "cut":
+            continue
+        whole = [f for f in source.get("each_forward", []) if f["window"] == "whole"]
+        for keep in ((3, None) if len(whole) >= 5 else (None,)):
+            name = f"cut{keep or 0}_{source['name']}"
+            try:
+                make_cut(src_dir, name, source["name"], keep)
+            except Exception:
+                traceback.print_exc()
+                failed += 1
+                continue
+            for ext in (".json.gz", ".truth.json"):
+                shutil.move(os.path.join(src_dir, name + ext), os.path.join(out_dir, name + ext))
+    return failed
+
+
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -1622,7 +1718,7 @@ def corpus_bytes(out_dir: str) -> int:
 def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -1698,7 +1794,7 @@ def table_rows(folder: str) -> str:
 
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -1723,6 +1819,10 @@ def main() -> None:
     parser.add_argument("--holdout3", action="store_true", help="make the HOLDOUT3 traces instead (no cuts)")
     parser.add_argument("--holdout4", action="store_true", help="make the HOLDOUT4 traces instead (no cuts)")
     parser.add_argument("--holdout5", action="store_true", help="make the HOLDOUT5 traces instead (no cuts)")
+    parser.add_argument("--holdout6", action="store_true",
+                        help="make the HOLDOUT6 traces instead (and HOLDOUT6_CUTS unless --no-cuts)")
+    parser.add_argument("--cuts-of", metavar="DIR", help="instead, cut every trace of DIR (with its truth) two ways "
+                        "into OUT_DIR: after 3 whole forwards (where it has 5) and with almost no kernels")
     parser.add_argument("--seconds", type=float, help="start no new trace after this many seconds")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1737,10 +1837,12 @@ def main() -> None:
             print(f"{s.name:36s} {s.family:12s} {s.loop:24s} layers {s.layers:2d} batch {s.batch} rs {s.rs} {s.opts}")
         return
     os.makedirs(args.out_dir, exist_ok=True)
-    chosen = (HOLDOUT5 if args.holdout5 else HOLDOUT4 if args.holdout4 else HOLDOUT3 if args.holdout3
-              else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)
+    if args.cuts_of:
+        sys.exit(cut_all(args.cuts_of, args.out_dir))
+    chosen = (HOLDOUT6 if args.holdout6 else HOLDOUT5 if args.holdout5 else HOLDOUT4 if args.holdout4
+              else HOLDOUT3 if args.holdout3 else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)
     names = args.only or [s.name for s in chosen]
-    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5}
+    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
@@ -1773,7 +1875,7 @@ def main() -> None:
         except Exception:
             traceback.print_exc()
     if not args.worker and not args.no_cuts:
-        for name, source, keep in CUTS:
+        for name, source, keep in (HOLDOUT6_CUTS if args.holdout6 else CUTS):
             if os.path.exists(os.path.join(args.out_dir, f"{source}.truth.json")):
                 try:
                     make_cut(args.out_dir, name, source, keep)
