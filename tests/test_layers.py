@@ -1091,3 +1091,80 @@ def test_two_mixers_in_turn_with_attention_every_third_or_fourth_layer_are_each_
     stack = pattern * n
     prologue, layers, tail = _lfm2_dense_forward(stack)
     _assert_read_right([(prologue, layers, tail), (prologue, layers, tail)], stack)
+
+
+# Gated-delta-net hybrids with a dense MLP (Qwen3.5, OLMo Hybrid): three linear-attention layers to one attention
+# layer. The delta net's torch path runs many kernels an attention layer never runs, the MLP is small, and at decode
+# cuBLAS picks one tile for every projection (one GEMM name), so the layers of the two kinds share little and no
+# kernel runs once in every layer: a split by the attention kernels is still the layers, each kind's alike.
+GEMV = "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"
+
+
+def _gated_delta_net() -> list[str]:
+    l2norm = ["void at::native::pow_tensor_scalar_kernel", "void at::native::sum_kernel_cuda",
+              "void at::native::clamp_min_kernel", "void at::native::rsqrt_kernel_cuda", "void at::native::mul_kernel"]
+    return ([GEMV, GEMV, "void at::native::conv_depthwise2d_forward_kernel", SILU, "void at::native::sigmoid_kernel",
+             "void at::native::softplus_kernel", "void at::native::neg_kernel", "void at::native::exp_kernel_cuda"]
+            + l2norm + l2norm
+            + ["void at::native::direct_copy_kernel<float>"] * 5  # q, k, v, g, beta to fp32
+            + ["void at::native::transpose_copy_kernel"] * 3
+            + ["void at::native::mul_kernel", "void at::native::exp_kernel_cuda", "void at::native::mul_kernel",
+               "void at::native::mul_kernel", "void at::native::sum_kernel_cuda", "void at::native::sub_kernel",
+               "void at::native::mul_kernel", "void at::native::mul_kernel", "void at::native::add_kernel",
+               "void at::native::mul_kernel", "void at::native::sum_kernel_cuda", "void at::native::copy_state_kernel",
+               "void at::native::transpose_copy_kernel", "void at::native::bfloat16_copy_kernel"]
+            + _norm() + ["void at::native::sigmoid_kernel", "void at::native::mul_kernel", GEMV])
+
+
+def _gated_attention() -> list[str]:
+    return ([GEMV, GEMV] + _norm() + _norm() + ["void at::native::rotary_cat_kernel",
+                                                 "void pytorch_flash::flash_fwd_kernel",
+                                                 "void at::native::sigmoid_kernel", "void at::native::mul_kernel",
+                                                 GEMV])
+
+
+def _gdn_layer(kind: str) -> list[str]:
+    mixer = _gated_attention() if kind == "attention" else _gated_delta_net()
+    return _norm() + mixer + [ADD] + _norm() + [GEMV, SILU, GEMV] + [ADD]
+
+
+@pytest.mark.parametrize("layers", [8, 12])
+def test_a_gated_delta_net_hybrid_with_a_dense_mlp_counts_every_layer(layers):
+    # Every 4th layer attention: the attention kernels, run in every 4-layer block, count those blocks (2 for 8) and
+    # explain nearly all the work; the delta-net kernels count its layers, and the attention kernels cut their blocks.
+    stack = ["attention" if i % 4 == 3 else "gdn" for i in range(layers)]
+    _assert_read_right([(PROLOGUE, [_gdn_layer(kind) for kind in stack], JAMBA_TAIL)] * 2, stack)
+
+
+def test_a_compiled_gated_delta_net_hybrid_counts_every_layer_though_the_seams_fuse_apart():
+    # Inductor fuses a layer's last kernels with the next layer's first: a delta-net layer before an attention layer
+    # runs its own variant of two fused kernels (its out-projection's epilogue and the next norm), so no name but the
+    # mixers' runs in every layer of a kind; those layers are still of their kind.
+    def fused(i: int, kind: str) -> list[str]:
+        seam = i + 1 < 8 and (i + 1) % 4 == 3  # the next layer is attention
+        tail = ["triton_poi_fused_add_mul_sigmoid_12", "triton_per_fused_add_mean_pow_rsqrt_13"] if not seam else [
+            "triton_poi_fused_add_mul_sigmoid_view_31", "triton_per_fused_add_mean_mul_pow_rsqrt_32"]
+        if kind == "attention":
+            mixer = ["nvjet_sm90_tst_64x8_q_gate_TNT", "nvjet_sm90_tst_64x8_kv_TNT",
+                     "triton_per_fused_mean_mul_pow_rsqrt_rotary_7", "triton_poi_fused_cat_rotary_8",
+                     "void pytorch_flash::flash_fwd_kernel", "triton_poi_fused_mul_sigmoid_9",
+                     "nvjet_sm90_tst_64x8_o_proj_TNT", "triton_per_fused_add_mean_pow_rsqrt_10"]
+        else:
+            mixer = ["nvjet_sm90_tst_64x8_qkvz_TNT", "nvjet_sm90_tst_8x64_ba_TNN", "triton_poi_fused_conv_silu_1",
+                     "triton_per_fused_l2norm_pow_sum_2", "triton_poi_fused_exp_neg_softplus_3",
+                     "triton_per_fused_delta_rule_mul_sum_4", "triton_per_fused_delta_rule_add_sub_5",
+                     "triton_per_fused_gated_norm_sigmoid_6", "nvjet_sm90_tst_64x8_out_proj_TNT"]
+        mlp = ["nvjet_sm90_tst_128x8_up_TNT", "triton_poi_fused_mul_silu_11", "nvjet_sm90_tst_64x8_down_TNT"]
+        return mixer + mlp + tail
+
+    stack = ["attention" if i % 4 == 3 else "gdn" for i in range(8)]
+    prologue = ["triton_poi_fused_embedding_0", "triton_per_fused_add_mean_pow_rsqrt_13"]
+    tail = ["triton_per_fused_mean_pow_rsqrt_40", "nvjet_sm90_tst_256x8_lm_head_TNT",
+            "void at::native::reduce_kernel<ArgMaxOps<float>>"]
+    layers = [fused(i, kind) for i, kind in enumerate(stack)]
+    runs = prologue + [k for layer in layers for k in layer] + tail
+    names = sorted(set(runs))
+    mapping, canonical = name_classes(names)
+    index = {n: int(mapping[i]) for i, n in enumerate(names)}
+    found = count_layers(np.array([index[n] for n in runs]), canonical)
+    assert found.count == 8

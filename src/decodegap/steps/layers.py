@@ -83,6 +83,7 @@ from itertools import combinations
 import numpy as np
 
 from decodegap.ops.categories import categorize
+from decodegap.ops.kernel_names import compiler_generated
 from decodegap.steps.layer_kinds import LayerKind, describe_kinds, layer_kinds
 from decodegap.trace.tables import isin, unique
 
@@ -94,6 +95,7 @@ OUTSIDE_NAMES = 1 / 3  # share of per-layer names with a layer's worth of runs o
 FINER_COMMON = 0.5  # share of a finer partition's explained kernels that must run in all its blocks to be layers
 ALIKE_LAYERS = 0.7  # how alike neighbouring layers of a hybrid group run at least, where no activation tells
 PARTS_ALIKE = 0.4  # ... at least, where an activation counts them: below, a layer's parts (an extra block and the rest)
+KINDS_ALIKE = 0.9  # share of a mixer split's kernels (GEMMs aside) run in every layer of its kind (_common_by_kind)
 # An MLP's activation (eager, Inductor-fused and engine kernels name it): every layer runs its own MLP or experts
 ACTIVATION = re.compile(r"silu|gelu|swiglu|geglu|act_and_mul|relu|swish", re.IGNORECASE)
 
@@ -198,7 +200,8 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # Names that run once in the forward may be a lone layer's mixer (an attention layer among Mamba ones).
     lone = {int(n): order[offsets[n]:offsets[n + 1]] for n in np.flatnonzero(counts == 1)
             if independent(int(n)) and int(n) not in matmul}
-    best = _mixed(best, partitions, candidates, ids, positions, lone, gemm, gemm_at, act_at, set(act))
+    fused = {n for n in distinct if names and compiler_generated(names[n])}
+    best = _mixed(best, partitions, candidates, ids, positions, lone, gemm, gemm_at, act_at, set(act), fused)
     best = _in_turn(best, ids, positions, gemm, gemm_at, act_at)
     return _layers(best, ids, positions, names, gemm)
 
@@ -424,7 +427,7 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
 
 def _mixed(best: _Blocks, candidates: list[_Blocks], kept: list[_Blocks], ids: np.ndarray,
            positions: dict[int, np.ndarray], lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray,
-           act_at: np.ndarray, act: set[int]) -> _Blocks:
+           act_at: np.ndarray, act: set[int], fused: set[int] = frozenset()) -> _Blocks:
     """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with attention layers among
     them): the names that count one kind's layers hold layers of the other kind inside some of their blocks. Names
     that run in some blocks of a partition and nowhere else (the attention kernels; also before its first block or
@@ -435,7 +438,7 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], kept: list[_Blocks], ids: n
     splits, the one whose parts run the most work in common wins over `best` when it cuts more layers, or when some
     block of `best` runs no MLP activation (halves cut by a name that runs twice per layer).
     `lone`: where the names that run once in the forward run; `kept`: the partitions the partition rules kept, the
-    only ones taken as they are (any in `candidates` may be split)."""
+    only ones taken as they are (any in `candidates` may be split); `fused`: the compiler-generated names."""
     runs = positions | lone
     whole = _share_running(best.bounds, act_at) == 1  # else `best` cuts halves (an attention part runs no MLP)
     per_layer = _per_layer_runs(ids, positions)
@@ -456,10 +459,37 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], kept: list[_Blocks], ids: n
                 cuts = np.sort(np.concatenate((coarse.cuts, extra)))
                 split = _blocks_at(cuts, coarse.backers, positions, len(ids), gemm, gemm_at, mixers, per_layer)
             if ((split.count > best.count or not whole) and split.valid and _share_running(split.bounds, act_at) == 1
-                    and split.common >= FINER_COMMON * split.beside_gemm):
+                    and (split.common >= FINER_COMMON * split.beside_gemm
+                         or _common_by_kind(split, runs, gemm, fused) >= KINDS_ALIKE * split.beside_gemm)):
                 splits.append(split)
     # As among partitions: the layers run the most work in common (a split of a layer's halves runs less).
     return max(splits, key=lambda b: (b.common, b.count), default=best)
+
+
+def _common_by_kind(split: _Blocks, runs: dict[int, np.ndarray], gemm: set[int], fused: set[int] = frozenset()) -> int:
+    """The kernels of the names (GEMMs aside) that run in every layer of a kind of a mixer split: in all its layers,
+    in every layer that runs its mixers, or in every layer that does not. A hybrid's layers are alike within a kind,
+    and the two mixers share little (a gated delta net's many kernels beside an attention layer's few); a split of
+    layers into parts that are no layers leaves parts of no kind alike. A compiler fuses the end of a layer into the
+    start of the next, so a layer next to one of the other kind runs its own variant of such a kernel: a compiled
+    (`fused`) name all of a kind's layers run but some next to the other kind is of that kind too."""
+    c = split.count
+
+    def layers_of(p: np.ndarray) -> frozenset:
+        held = np.searchsorted(split.bounds, p, side="right") - 1
+        held[held < 0] = c - 1  # before the first cut: the last layer's (_periodic)
+        return frozenset(held[held < c].tolist())
+
+    every = frozenset(range(c))
+    mixed = frozenset().union(*(layers_of(runs[m]) for m in split.mixers))
+    seam = frozenset(i for i in every if any(0 <= j < c and (j in mixed) != (i in mixed) for j in (i - 1, i + 1)))
+    kinds = (every, mixed, every - mixed)
+
+    def of_a_kind(held: frozenset, fused_name: bool) -> bool:
+        return any(held == kind or (fused_name and held <= kind and kind - held <= seam) for kind in kinds)
+
+    return sum(r for n, (*_, r) in split.periodic.items()
+               if n not in gemm and of_a_kind(layers_of(runs[n]), n in fused))
 
 
 def _in_turn(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], gemm: set[int],
