@@ -98,6 +98,29 @@ def test_only_forwards_the_window_cut_are_partial(tmp_path, begin_cut, end_cut):
     assert d["layers"] == 6
 
 
+
+@pytest.mark.parametrize("moe_from", [1, 2])
+def test_a_window_with_two_whole_forwards_between_two_it_cut_finds_both(tmp_path, moe_from):
+    """A window that opens and closes inside a forward and holds two whole ones between: the forward it closed in
+    runs fewer of every per-layer kernel, so only the whole ones tell which kernels' counts depend on the data (an
+    eager MoE layer's experts); with it among them, no kernel was left to count the layers by."""
+    forwards = 4
+    doc = engine_forwards(forwards=forwards, layers=6, moe_from=moe_from, batch=2)
+    doc = _without_forward_part(doc, 0, keep_first=False)
+    # the window closes in the last forward's third layer (prof.stop() from a layer's hook): what the host had not yet
+    # launched is not in the trace
+    last = [e for e in doc["traceEvents"] if e.get("args", {}).get("tracegen_forward") == forwards - 1 and "ts" in e]
+    host = sorted(e["ts"] for e in last if e.get("cat") in ("cpu_op", "cuda_runtime"))
+    stop = host[len(host) * 2 // 5]
+    late = {e["args"]["correlation"] for e in last if e.get("cat") == "cuda_runtime" and e["ts"] >= stop}
+    mine = {id(e) for e in last}
+    doc = doc | {"traceEvents": [e for e in doc["traceEvents"] if not (id(e) in mine and (
+        e.get("cat") in ("cpu_op", "cuda_runtime", "user_annotation") and e["ts"] >= stop
+        or e.get("args", {}).get("correlation") in late))]}
+    d = _d(write(doc, tmp_path / "window.json"))
+    assert _counts(d) == {"decode": 2} and d["steps"]["dropped_partial"] == 2
+    assert d["layers"] == 6 and d["steps"]["source"] == "anchor_embedding"
+
 def _cut_text(doc: dict, keep_gpu_events: int, events: list[dict] | None = None) -> bytes:
     """Kineto's order (or that of `events`) and layout, cut right after the first `keep_gpu_events` GPU-side events."""
     events = kineto_order(doc)["traceEvents"] if events is None else events

@@ -391,7 +391,11 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
         return AnchorCut([r for r, _ in body], family, "", spans=[span for _, span in body])
     picks = [known[k] for k in _spread(len(known))]
     interior = [i for i in picks if 0 < i < len(body) - 1]
-    varying = data_dependent([seq[body[i][0]] for i in (interior if len(interior) >= 2 else picks)])
+    # What depends on the data shows between whole forwards: the one the window may have cut (the last after start
+    # anchors, the first before end anchors) runs fewer of every per-layer kernel, and would hide them all.
+    uncut = [i for i in picks if i != (len(body) - 1 if opens else 0)]
+    varying = data_dependent([seq[body[i][0]] for i in (interior if len(interior) >= 2 else
+                                                         uncut if len(uncut) >= 2 else picks)])
     checked = {i: count_layers(seq[body[i][0]], names, varying=varying) for i in picks}
     typical = Counter(f.count for f in checked.values() if f.count).most_common(1)
     if not typical:
