@@ -202,3 +202,13 @@ def test_more_tokens_compares_lookups_of_the_same_kernels(lookups, kernels, more
     they never shrink nor more than double, and grow at least once."""
     run = GrowingRun(0, len(lookups) - 1, 0.1, lookups, tuple((k,) for k in kernels))
     assert run.more_tokens is more and run.recomputes is more
+
+
+@pytest.mark.parametrize("extend", (8, 32))
+@pytest.mark.parametrize("attention", ("eager", "sdpa"))
+def test_a_prefill_an_extend_and_one_decode_read_as_they_ran(tmp_path, extend, attention):
+    """Three forwards, as a short capture or a cut file keeps them: the prompt's prefill, an extend of `extend` new
+    tokens, one decode; no op shapes. Each launches unlike the others and no majority says which is typical: the
+    decode is the one that launches the fewest thread blocks, and the other two are prefills."""
+    phases, _ = _phases(tmp_path, forwards=3, kv_cache=True, extend=extend, attention=attention)
+    assert phases == generate_loop_truth(forwards=3, kv_cache=True, extend=extend) == ["prefill", "prefill", "decode"]

@@ -150,6 +150,7 @@ def widest_gemm_rows(trace: Trace, links: Links) -> np.ndarray | None:
 
 SAME_LAUNCHES = 0.7  # share of launch shapes a step has in common with the typical one, below which it is another phase
 FEWER_BLOCKS = 0.8  # an unlike group launching under this share of the blocks of the others is the decode side
+FEW_STEPS = 64  # steps few enough to compare each with every other where no majority launches alike
 
 
 def phases_from_launches(trace: Trace, pieces_rows: list[np.ndarray], names: np.ndarray,
@@ -158,18 +159,30 @@ def phases_from_launches(trace: Trace, pieces_rows: list[np.ndarray], names: np.
     runs other kernels, or the same ones on other grids (more tokens, more thread blocks), so its set of launches
     (kernel, grid, block) is unlike a decode step's, while decode steps share theirs (an eager MoE step's experts
     change a few). The unlike steps are the prefills unless they launch clearly fewer blocks than the others.
-    `reference`: the index of the typical step. None when the trace has no launch shapes."""
+    `reference`: the index of the typical step (where it launches unlike most steps, a few are compared each with
+    every other). None when the trace has no launch shapes."""
     gpu = trace.gpu
     if not len(trace.shapes) or not any(trace.shapes):
         return None
     key = names.astype(np.int64) * 1_000_003 + gpu.grid_id.astype(np.int64) * 1_009 + gpu.block_id.astype(np.int64)
     launches = [set(key[r].tolist()) for r in pieces_rows]
-    ref = launches[reference]
-    unlike = [len(a & ref) / max(len(a | ref), 1) < SAME_LAUNCHES for a in launches]
-    if not any(unlike):
-        return ["decode"] * len(pieces_rows)
     blocks = _grid_blocks(trace)
     geo = [float(np.exp(np.mean(np.log1p(blocks[r])))) if len(r) else 0.0 for r in pieces_rows]
+
+    def alike(a: set, b: set) -> bool:
+        return len(a & b) / max(len(a | b), 1) >= SAME_LAUNCHES
+
+    n = len(launches)
+    if 2 * sum(alike(a, launches[reference]) for a in launches) <= n <= FEW_STEPS:
+        # No majority launches like the typical step (a cut file or a short capture: a prefill, an extend and a
+        # decode): the typical one is the step most others launch alike, of those the one launching the fewest
+        # thread blocks (a decode step processes the fewest tokens).
+        shared = [sum(alike(a, b) for b in launches) for a in launches]
+        reference = min((i for i in range(n) if shared[i] == max(shared)), key=lambda i: geo[i])
+    ref = launches[reference]
+    unlike = [not alike(a, ref) for a in launches]
+    if not any(unlike):
+        return ["decode"] * len(pieces_rows)
     other = float(np.median([g for g, u in zip(geo, unlike, strict=True) if u]))
     alike = float(np.median([g for g, u in zip(geo, unlike, strict=True) if not u]))
     prefill_is_unlike = other >= FEWER_BLOCKS * alike
