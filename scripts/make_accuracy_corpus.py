@@ -20,7 +20,9 @@ forward (hand loop, or from a forward hook inside generate) and one ProfilerStep
 (forward + backward + AdamW) with ProfilerStep and with no marker; a deep eager stack without markers; windows that
 start and stop inside a forward (prof.start()/prof.stop() from a decoder-layer hook); `decodegap record` on an
 unmodified script; generate and hand loops without a KV cache (use_cache=False: every forward a prefill of the
-sequence so far); and cut files (a whole trace's JSON text truncated at a byte offset).
+sequence so far); training under gradient checkpointing (each layer's forward again inside the backward); generate
+over a static cache run eagerly; prompt-lookup speculative decoding (forwards of several candidate tokens on a cache:
+extends, between decodes); and cut files (a whole trace's JSON text truncated at a byte offset).
 
 Every trace is rewritten by scripts/trim_trace.py (every event kept except flow arrows and python_function; the args
 Concrete Inputs, Input Strides, Ev Idx, Record function id dropped) and gzipped; one over the size limit is captured
@@ -32,6 +34,7 @@ Run on a CUDA machine (torch + transformers 5.x; decodegap importable for the re
     python3 scripts/make_accuracy_corpus.py --list
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout --jobs 5   # 13 traces the corpus does not hold
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout6 --jobs 8  # 13 more on new ground, and 2 cuts of them
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout7 --jobs 8  # 12 more in loops never read before
     python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR   # every trace there cut short, two ways
     python3 scripts/make_accuracy_corpus.py --table tests/fixtures/traces/corpus   # the README's table rows
 Smoke-test the logic on a CPU (CPU activity only, tiny sizes; CUDA-graph loops run their static loop eagerly):
@@ -679,12 +682,12 @@ def fit(ctx: Ctx, spec: Spec, capture) -> None:
     print(f"{spec.name}: still {size / 1e3:.0f} kB at the smallest knob", flush=True)
 
 
-def _one_generate(ctx: Ctx, spec: Spec, extra: dict, what) -> None:
+def _one_generate(ctx: Ctx, spec: Spec, extra: dict, what, ids: torch.Tensor | None = None) -> None:
     """A warm-up generate, then profile() around one generate(max_new_tokens=n, **extra); `what(n)` describes it."""
     model = build(spec.family, spec.layers, ctx.device)
     info = layer_info(model, ctx.device)
     log = ForwardLog(model)
-    ids = prompt(spec.batch, ctx.device)
+    ids = prompt(spec.batch, ctx.device) if ids is None else ids
     with torch.no_grad():
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(3), **extra)  # warm-up
     sync(ctx.device)
@@ -720,6 +723,68 @@ def loop_nocache_generate(ctx: Ctx, spec: Spec) -> None:
                   lambda n: f"greedy model.generate(max_new_tokens={n}, use_cache=False) at batch {spec.batch}, prompt "
                             f"{PROMPT} tokens: no KV cache, every forward recomputes the whole sequence ({PROMPT} .. "
                             f"{PROMPT + n - 1} tokens); no step markers")
+
+
+def loop_static_generate(ctx: Ctx, spec: Spec) -> None:
+    """generate(cache_implementation="static", max_cache_len=opts cache_len, default 128) run eagerly
+    (disable_compile: no torch.compile, no CUDA graph): the StaticCache is preallocated as a server would, longer than
+    the sequence, and every forward attends over that whole length (masked), so KV shapes stay the same all along.
+    Its KV length is a device tensor (reading it in the pre-hook would sync), so the log counts it on the host from
+    this generate's forwards so far, checked against the returned cache after each generate."""
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    start = [0]  # index of this generate's first forward in the log
+    log.cached_override = lambda: sum(f.tokens for f in log.forwards[start[0]:])
+    ids = prompt(spec.batch, ctx.device)
+    cache_len = spec.opts.get("cache_len", 128)
+    got = {}
+
+    def run(n):
+        start[0] = len(log.forwards)
+        got["cache"] = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache_implementation="static",
+                                      max_cache_len=cache_len, return_dict_in_generate=True,
+                                      **gen_kwargs(n)).past_key_values
+
+    def check():  # after the window: the cache's own length is a device read
+        kv = got.pop("cache")
+        want = sum(f.tokens for f in log.forwards[start[0]:])
+        assert type(kv).__name__ == "StaticCache" and int(kv.get_seq_length()) == want, (type(kv), want)
+        assert kv.get_max_length() == cache_len, kv.get_max_length()
+        return {"class": type(kv).__name__, "max_length": cache_len, "kv_length_after": want}
+
+    with torch.no_grad():
+        run(3)  # warm-up
+    sync(ctx.device)
+    check()
+
+    def capture(n):
+        prof = recorded(ctx, spec, log, lambda: run(n))
+        t = base_truth(spec, info, f"greedy model.generate(max_new_tokens={n}, cache_implementation='static', "
+                                   f"max_cache_len={cache_len}) at batch {spec.batch}, prompt {PROMPT} tokens, eager "
+                                   "(disable_compile, no CUDA graph): every forward attends over the whole "
+                                   f"preallocated {cache_len} positions (masked); no step markers",
+                       "profile() around one generate(); a warm-up generate ran before; KV length before each forward "
+                       "counted on the host (the tokens of the generate's forwards so far), checked against the "
+                       "returned StaticCache")
+        t["static_cache"] = check()
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+
+
+def loop_prompt_lookup_generate(ctx: Ctx, spec: Spec) -> None:
+    """generate(prompt_lookup_num_tokens=k) at batch 1 (speculative decoding without a draft model): each forward
+    runs the last token and up to k candidates copied from where the last tokens occurred earlier in the sequence
+    (the prefill too: prompt + candidates); rejected candidates are cropped from the cache before the next forward.
+    So a forward takes 1 new token (decode) or several (extend). The prompt is 8 tokens twice: candidates are found."""
+    k = spec.opts.get("lookup", 4)
+    half = prompt(1, ctx.device, PROMPT // 2)
+    _one_generate(ctx, spec, {"prompt_lookup_num_tokens": k},
+                  lambda n: f"prompt-lookup decoding: greedy model.generate(prompt_lookup_num_tokens={k}, "
+                            f"max_new_tokens={n}) at batch 1, prompt {PROMPT // 2} tokens twice; each forward "
+                            f"verifies up to {k} candidate tokens on the DynamicCache (cropped after a rejection); "
+                            "no step markers", ids=torch.cat([half, half], dim=1))
 
 
 def loop_nocache_hand(ctx: Ctx, spec: Spec) -> None:
@@ -1126,11 +1191,13 @@ def loop_profstep_wraps_generate(ctx: Ctx, spec: Spec) -> None:
     fit(ctx, spec, capture)
 
 
-def train_iteration(model, opt, data, log: ForwardLog, batch: int, seq: int, it: int, micro: int = 1) -> None:
+def train_iteration(model, opt, data, log: ForwardLog, batch: int, seq: int, it: int, micro: int = 1,
+                    layer_calls: list | None = None) -> None:
     """One optimizer step; `micro` > 1: gradient accumulation over that many micro-batches (forward + backward
-    each) before it."""
+    each) before it. `layer_calls`: a list the decoder layers' pre-hooks append to (gradient checkpointing)."""
     t0, r0, e0 = time.time_ns(), log.rec, log.epoch
     n = len(log.forwards)
+    c0 = len(layer_calls) if layer_calls is not None else 0
     fwd_end = 0
     for _ in range(micro):
         loss = model(input_ids=data, labels=data).loss
@@ -1138,23 +1205,35 @@ def train_iteration(model, opt, data, log: ForwardLog, batch: int, seq: int, it:
         (loss / micro).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    seen = len(log.forwards) - n  # the model's hooks fire once per model call, never for a recompute in backward
+    assert seen == micro, f"the model's hooks saw {seen} forwards for {micro} micro-batches"
     del log.forwards[n:]  # the hooks saw the forward; the iteration is logged instead
+    extra = {} if layer_calls is None else {"model_forwards": seen, "decoder_layer_calls": len(layer_calls) - c0}
     log.add(batch, seq, 0, "training", t0, time.time_ns(), r0, e0, iteration=it, forward_end_ns_abs=fwd_end,
-            micro_batches=micro)
+            micro_batches=micro, **extra)
 
 
 def loop_train(ctx: Ctx, spec: Spec) -> None:
     """Training iterations (forward with labels, backward, AdamW, zero_grad); opts markers: profstep | none;
-    micro: micro-batches per optimizer step (gradient accumulation)."""
+    micro: micro-batches per optimizer step (gradient accumulation); checkpointing: gradient checkpointing."""
     batch, seq = 2, 64
     markers = spec.opts.get("markers", "profstep")
     micro = spec.opts.get("micro", 1)
     model = build(spec.family, spec.layers, ctx.device).train()
-    info = layer_info(model, ctx.device)
+    info = layer_info(model, ctx.device)  # before checkpointing: one plain forward
     log = ForwardLog(model, training=True)
+    layer_calls = None
+    if spec.opts.get("checkpointing"):
+        model.gradient_checkpointing_enable()  # torch.utils.checkpoint (non-reentrant) around each decoder layer
+        layer_calls = []
+        for m in decoder_layers(model):  # a pre-hook: a recompute may stop before the layer returns
+            m.register_forward_pre_hook(lambda *a: layer_calls.append(1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     data = torch.randint(1, VOCAB, (batch, seq), device=ctx.device)
-    train_iteration(model, opt, data, log, batch, seq, -1)  # optimizer state, autograd warm-up
+    train_iteration(model, opt, data, log, batch, seq, -1, micro, layer_calls)  # optimizer state, autograd warm-up
+    if layer_calls is not None:  # every layer ran twice: in the forward and again in the backward
+        calls = log.forwards[-1].extra["decoder_layer_calls"]
+        assert calls == 2 * info["layers"] * micro, f"{calls} decoder-layer calls for {info['layers']} layers"
     sync(ctx.device)
 
     def capture(n):
@@ -1165,7 +1244,7 @@ def loop_train(ctx: Ctx, spec: Spec) -> None:
                          schedule=schedule(wait=wait, warmup=warmup, active=n, repeat=1)) as prof:
                 log.set_rec(prof.current_action in RECORDING)
                 for it in range(wait + warmup + n):
-                    train_iteration(model, opt, data, log, batch, seq, it, micro)
+                    train_iteration(model, opt, data, log, batch, seq, it, micro, layer_calls)
                     prof.step()
                     log.set_rec(prof.current_action in RECORDING)
                 sync(ctx.device)
@@ -1174,18 +1253,33 @@ def loop_train(ctx: Ctx, spec: Spec) -> None:
             with profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
                 log.set_rec(True)
                 for it in range(n):
-                    train_iteration(model, opt, data, log, batch, seq, it, micro)
+                    train_iteration(model, opt, data, log, batch, seq, it, micro, layer_calls)
                 sync(ctx.device)
                 log.set_rec(False)
             how = "plain profile() around the iterations: no ProfilerStep, no marker"
         accum = f"{micro} micro-batches (forward, backward) per optimizer step; " if micro > 1 else ""
+        ckpt = ("gradient checkpointing (every decoder layer's forward runs again inside the backward); "
+                if layer_calls is not None else "")
         t = base_truth(spec, info, f"training: forward with labels (cross-entropy), loss.backward(), AdamW step, "
-                                   f"zero_grad; {accum}batch {batch} x {seq} tokens; {n} iterations in the window",
-                       how + "; one unprofiled iteration ran first", workload="training")
+                                   f"zero_grad; {ckpt}{accum}batch {batch} x {seq} tokens; {n} iterations in the "
+                                   "window", how + "; one unprofiled iteration ran first", workload="training")
         t["iterations_note"] = "steps.training counts whole iterations; each_forward spans whole iterations"
+        if layer_calls is not None:
+            t["gradient_checkpointing"] = {
+                "model_forwards_per_iteration": micro, "decoder_layer_calls_per_iteration": 2 * info["layers"] * micro,
+                "note": "pre-hooks on the model and on the decoder layers: the model is called once per iteration "
+                        "(no extra forward); each layer's forward runs in the forward and again in the backward"}
         return prof, log, t, None
 
     fit(ctx, spec, capture)
+
+
+def loop_train_checkpointed(ctx: Ctx, spec: Spec) -> None:
+    """loop_train with no marker under gradient checkpointing: the backward recomputes each decoder layer's
+    forward, so the trace holds every layer's forward kernels twice an iteration but one model call."""
+    spec.opts.setdefault("markers", "none")
+    spec.opts["checkpointing"] = True
+    loop_train(ctx, spec)
 
 
 def loop_midstep(ctx: Ctx, spec: Spec) -> None:
@@ -1338,7 +1432,8 @@ LOOPS = {"eager_generate": loop_eager_generate, "sample_padded": loop_sample_pad
          "profstep_generate_hook": loop_profstep_generate_hook,
          "profstep_wraps_generate": loop_profstep_wraps_generate, "train": loop_train, "midstep": loop_midstep,
          "record": loop_record, "beam_generate": loop_beam_generate, "nocache_generate": loop_nocache_generate,
-         "nocache_hand": loop_nocache_hand}
+         "nocache_hand": loop_nocache_hand, "train_checkpointed": loop_train_checkpointed,
+         "static_generate": loop_static_generate, "prompt_lookup_generate": loop_prompt_lookup_generate}
 
 
 def S(name, family, loop, **kw) -> Spec:
@@ -1563,6 +1658,29 @@ HOLDOUT6 = [
     S("qwen3_5_moe6_beam", "qwen3_5_moe", "beam_generate", layers=6, steps=[4, 3], cost=8),
     S("gpt_oss6_hand_extend", "gpt_oss", "hand_extend", layers=6, batch=2, steps=[5, 4]),
 ]
+# A seventh holdout (`--holdout7`): loops the reader was never developed on. Training under gradient checkpointing
+# (each layer's forward kernels twice an iteration, the second time inside the backward, but one model call) for a
+# dense, an eager-MoE and a Mamba-2 hybrid stack; generate over a StaticCache preallocated to 128 positions, without
+# compilation or CUDA graphs (eager decodes attending over the whole length, masked: KV shapes that never grow), for
+# dense, eager MoE and a gated-delta-net + MoE hybrid; prompt-lookup speculative decoding (a prefill of prompt +
+# candidates, then forwards of 1 to 5 new tokens: extends and decodes mixed, the cache cropped after rejections) for
+# dense, eager MoE and LFM2 (conv states rolled back); and an eager MoE with the window opening and closing
+# mid-forward, a Mamba-2 hybrid in beam search and a 7-layer LFM2 with a ProfilerStep per forward inside generate.
+# Every family / loop pair is new; a training trace over the size limit at 2 iterations is made with 1.
+HOLDOUT7 = [
+    S("qwen3_6_train_checkpointed", "qwen3", "train_checkpointed", layers=6, steps=[2, 1], cost=10),
+    S("olmoe3_train_checkpointed", "olmoe", "train_checkpointed", layers=3, rs=False, steps=[2, 1], cost=12),
+    S("bamba4_train_checkpointed", "bamba", "train_checkpointed", layers=4, rs=False, steps=[2, 1], cost=12),
+    S("llama6_static_generate", "llama", "static_generate", layers=6, batch=2, steps=[10, 8]),
+    S("qwen3_moe4_static_generate", "qwen3_moe", "static_generate", layers=4, batch=2, rs=False, steps=[8, 6]),
+    S("qwen3_next4_static_generate", "qwen3_next", "static_generate", layers=4, rs=False, steps=[6, 5], cost=8),
+    S("llama8_prompt_lookup", "llama", "prompt_lookup_generate", layers=8, steps=[16, 12, 10]),
+    S("mixtral4_prompt_lookup", "mixtral", "prompt_lookup_generate", layers=4, rs=False, steps=[16, 12, 8]),
+    S("lfm2_6_prompt_lookup", "lfm2", "prompt_lookup_generate", layers=6, steps=[16, 12]),
+    S("olmoe6_midstep", "olmoe", "midstep", layers=6, batch=2, rs=False, steps=[5, 4, 3]),
+    S("bamba7_beam", "bamba", "beam_generate", layers=7, rs=False, steps=[6, 5], cost=10),
+    S("lfm2_7_profstep_generate_hook", "lfm2", "profstep_generate_hook", layers=7, batch=2, steps=[5, 4]),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
@@ -1576,7 +1694,9 @@ HOLDOUT6_CUTS = [  # cuts of an eager-MoE and a hybrid trace (the corpus's are o
 def smoke_spec(spec: Spec) -> Spec:
     s = Spec(**{**spec.__dict__, "opts": dict(spec.opts)})
     s.layers = max(2, min(spec.layers, 4 if spec.loop != "deep_nomarkers" else 6))
-    s.steps = [min(spec.steps[0], 4 if spec.loop != "train" else 2)]
+    # prompt lookup: enough new tokens that candidates are found and verified (fewer forwards than tokens)
+    knob = {"train": 2, "train_checkpointed": 2, "prompt_lookup_generate": 12}.get(spec.loop, 4)
+    s.steps = [min(spec.steps[0], knob)]
     s.batch = min(spec.batch, 3)
     return s
 
@@ -1687,7 +1807,8 @@ def cut_all(src_dir: str, out_dir: str) -> int:
 
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
+               + HOLDOUT7}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -1718,7 +1839,8 @@ def corpus_bytes(out_dir: str) -> int:
 def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
+               + HOLDOUT7}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -1794,7 +1916,8 @@ def table_rows(folder: str) -> str:
 
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
-    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6}
+    by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
+               + HOLDOUT7}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -1821,6 +1944,7 @@ def main() -> None:
     parser.add_argument("--holdout5", action="store_true", help="make the HOLDOUT5 traces instead (no cuts)")
     parser.add_argument("--holdout6", action="store_true",
                         help="make the HOLDOUT6 traces instead (and HOLDOUT6_CUTS unless --no-cuts)")
+    parser.add_argument("--holdout7", action="store_true", help="make the HOLDOUT7 traces instead (no cuts)")
     parser.add_argument("--cuts-of", metavar="DIR", help="instead, cut every trace of DIR (with its truth) two ways "
                         "into OUT_DIR: after 3 whole forwards (where it has 5) and with almost no kernels")
     parser.add_argument("--seconds", type=float, help="start no new trace after this many seconds")
@@ -1839,10 +1963,12 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     if args.cuts_of:
         sys.exit(cut_all(args.cuts_of, args.out_dir))
-    chosen = (HOLDOUT6 if args.holdout6 else HOLDOUT5 if args.holdout5 else HOLDOUT4 if args.holdout4
-              else HOLDOUT3 if args.holdout3 else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)
+    chosen = (HOLDOUT7 if args.holdout7 else HOLDOUT6 if args.holdout6 else HOLDOUT5 if args.holdout5
+              else HOLDOUT4 if args.holdout4 else HOLDOUT3 if args.holdout3 else HOLDOUT2 if args.holdout2
+              else HOLDOUT if args.holdout else SPECS)
     names = args.only or [s.name for s in chosen]
-    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6}
+    unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
+                            + HOLDOUT7}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
