@@ -2,12 +2,15 @@
 layers, of which kinds) is the builder's: dense layers before MoE layers whose experts all run (a training batch),
 a last layer whose expert loop runs fewer times, GEMM tiles that change with an expert's token count, a layer's
 halves, and the names Inductor gives the same per-layer work in the first layers and in the rest; and, end to end,
-tracegen's dense + eager MoE forwards."""
+tracegen's dense + eager MoE forwards; and one real H100 kernel sequence with its generator's truth
+(tests/fixtures/kernel_sequences)."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1168,3 +1171,19 @@ def test_a_compiled_gated_delta_net_hybrid_counts_every_layer_though_the_seams_f
     index = {n: int(mapping[i]) for i, n in enumerate(names)}
     found = count_layers(np.array([index[n] for n in runs]), canonical)
     assert found.count == 8
+
+
+
+def test_glue_that_runs_once_more_before_the_layers_adds_no_layer():
+    # Three decode forwards of an eager Qwen3-MoE over a static cache (kernel names of a real H100 trace, with the
+    # generator's truth): the cache's position bookkeeping (an add and a fill on int64) runs once before the layers and
+    # once in each layer. Its count, one more than the layers and explaining more than the MoE routing's, put a block
+    # of glue before the first layer that runs no MLP activation; it is no layer, and the routing's count stands.
+    doc = json.loads((Path(__file__).parent / "fixtures" / "kernel_sequences" / "qwen3_moe_static_decode.json")
+                     .read_text())
+    forwards = [np.array(f) for f in doc["forwards"]]
+    stable = data_independent(forwards)
+    for seq in forwards:
+        found = count_layers(seq, doc["names"], stable)
+        assert found.count == doc["truth"]["layers"] == 4
+        assert _kinds(found) == doc["truth"]["layer_kinds"] == [4]

@@ -180,7 +180,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # mixer split may start from any (_mixed).
     partitions = candidates + open_ended
     # A count that leaves a layer out is no partition: the MoE layers' own count leaves the dense ones before them.
-    candidates = [b for b in candidates if not _leaves_out_first(b, candidates)]
+    candidates = [b for b in candidates if not _leaves_out_first(b, candidates, act_at)]
     # A count whose names run in only some layers (the rotary embedding NoPE layers skip) cuts blocks of one or two
     # layers: the names that count every layer run unequally often in its blocks, while it runs at most once in each
     # of theirs. Its blocks merge layers, so it is no partition where the larger count explains as much.
@@ -292,16 +292,22 @@ def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int,
     return out
 
 
-def _leaves_out_first(blocks: _Blocks, others) -> bool:
+def _leaves_out_first(blocks: _Blocks, others, act_at: np.ndarray = np.empty(0, np.int64)) -> bool:
     """True when another partition counts these layers and more before them: its first blocks end before this one's
     first cut and each of its other blocks holds one of this one's cuts (the dense layers that come before a stack of
-    MoE layers, whose own count leaves them out)."""
+    MoE layers, whose own count leaves them out). Those first blocks are layers only where each runs an MLP
+    activation (`act_at`: where activations run), as every layer does: a name the glue before the layers runs once
+    more (a static cache's position update) adds a block of glue, not a layer."""
     for other in others:
         ahead = int(np.searchsorted(other.cuts, blocks.cuts[0], side="right")) - 1  # other's blocks before ours
         if ahead < 1 or other.count != blocks.count + ahead:
             continue
         if other.explained < blocks.explained + ahead * other.explained / (2 * other.count):
             continue  # it explains less than half a layer's worth more: it splits a layer, it adds none
+        if len(act_at):
+            held = np.searchsorted(other.bounds, act_at, side="right") - 1
+            if len(unique(held[(held >= 0) & (held < ahead)])) < ahead:
+                continue  # a block ahead runs no activation: glue
         held = np.searchsorted(other.cuts, blocks.cuts, side="right") - 1
         if np.array_equal(held, np.arange(ahead, other.count)):
             return True
