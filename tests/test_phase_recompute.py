@@ -204,11 +204,27 @@ def test_more_tokens_compares_lookups_of_the_same_kernels(lookups, kernels, more
     assert run.more_tokens is more and run.recomputes is more
 
 
-@pytest.mark.parametrize("extend", (8, 32))
+@pytest.mark.parametrize("extend", (3, 8, 32))
 @pytest.mark.parametrize("attention", ("eager", "sdpa"))
-def test_a_prefill_an_extend_and_one_decode_read_as_they_ran(tmp_path, extend, attention):
+@pytest.mark.parametrize("experts", (0, 8))
+def test_a_prefill_an_extend_and_one_decode_read_as_they_ran(tmp_path, extend, attention, experts):
     """Three forwards, as a short capture or a cut file keeps them: the prompt's prefill, an extend of `extend` new
-    tokens, one decode; no op shapes. Each launches unlike the others and no majority says which is typical: the
-    decode is the one that launches the fewest thread blocks, and the other two are prefills."""
-    phases, _ = _phases(tmp_path, forwards=3, kv_cache=True, extend=extend, attention=attention)
+    tokens, one decode; no op shapes; an MLP or an eager MoE (an extend's tokens reach more experts: more small
+    kernels, so fewer blocks a launch on average than the decode's). Each launches unlike the others and no majority
+    says which is typical: the decode is the smallest step, which the others outgrow kernel by kernel on the launches
+    they share, and the other two are prefills."""
+    phases, _ = _phases(tmp_path, forwards=3, kv_cache=True, extend=extend, attention=attention, experts=experts)
     assert phases == generate_loop_truth(forwards=3, kv_cache=True, extend=extend) == ["prefill", "prefill", "decode"]
+
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_prompt_lookup_extends_among_decodes_read_as_prefills(tmp_path, seed):
+    """Prompt-lookup decoding with an eager MoE, no op shapes: after the prompt, forwards verifying 3 or 4 tokens
+    (extends) among decodes of one. No majority launches alike, and the extends, whose tokens reach more experts, run
+    more small kernels: fewer blocks a launch on average than a decode, though each launch they share with a decode
+    runs on at least as many. The decodes are the smallest steps; the generator's phases are read."""
+    news = [1, 1, 3, 4, 1, 4, 3]  # each lookup one block (as a small model's): no lookup grows
+    phases, _ = _phases(tmp_path, forwards=8, kv_cache=True, extend=news, experts=8, top_k=2, batch=1, seed=seed)
+    assert phases == generate_loop_truth(forwards=8, kv_cache=True, extend=news)
+    assert phases == ["prefill", "decode", "decode", "prefill", "prefill", "decode", "prefill", "prefill"]

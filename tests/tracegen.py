@@ -423,7 +423,7 @@ def kineto_order(doc: dict) -> dict:
 def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: int = 1, kv_cache: bool = True,
                   record_shapes: bool = False, attention: str = "eager", logits: str = "all",
                   first: int = 0, generations: int = 1, experts: int = 0, top_k: int = 2, routing: str = "causal",
-                  seed: int = 0, extend: int = 0) -> dict:
+                  seed: int = 0, extend: int | list[int] = 0) -> dict:
     """A greedy generate loop as an eager HF model runs it (modelled on an MPT block: layer norm, fused QKV, attention,
     output projection, residual add, layer norm, GELU MLP, residual add), one forward per new token, no annotations.
     Launch grids follow the tensors they cover (a layer norm launches one block per row, an elementwise kernel one per
@@ -443,8 +443,9 @@ def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: 
     token's experts once per sequence and position (seeded by `seed`), as a causal model routes them: a forward that
     recomputes the sequence routes the earlier tokens as before, the new one anew; "fresh" draws them anew in every
     forward (any routing: numerical noise flipping ties, a model that is not causal). `extend`: with a cache, the
-    second forward processes that many new tokens at once (a chunked prefill's second chunk: an extend). Each event's
-    args carry
+    second forward processes that many new tokens at once (a chunked prefill's second chunk: an extend); a list: the
+    new tokens of each forward after the prompt's (prompt-lookup decoding verifies a few at once: extends among the
+    decodes). Each event's args carry
     `tracegen_forward` (its index in the trace); the truth per forward is `generate_loop_truth(...)` with the same
     arguments."""
     hidden, heads, head_dim, inter, vocab = 2048, 16, 128, 8192, 50432
@@ -538,8 +539,9 @@ def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: 
                    [cdiv(n * hidden, 512), 1, 1], "aten::index_add_", [[rows, hidden], [n], [n, hidden]])
 
     def forward(f: int, forward_i: int) -> None:
-        q = (prompt + f) if not kv_cache else (prompt if f == 0 else extend if f == 1 and extend else 1)
-        kv = prompt + f + (extend - 1 if kv_cache and extend and f >= 1 else 0)
+        news = _new_tokens(extend, f)
+        q = (prompt + f) if not kv_cache else (prompt if f == 0 else news[-1])
+        kv = (prompt + f) if not kv_cache else prompt + sum(news)
         rows = batch * q
         launch("void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int>",
                [cdiv(rows * hidden, 8192), 1, 1], "aten::embedding", [[vocab, hidden], [batch, q]])
@@ -572,10 +574,16 @@ def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: 
     return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}], "traceEvents": events}
 
 
+def _new_tokens(extend: int | list[int], f: int) -> list[int]:
+    """The new tokens of forwards 1..f of a loop with a cache (`generate_loop`'s `extend`)."""
+    each = list(extend) if isinstance(extend, list) else ([extend] if extend else [])
+    return [each[i - 1] if i - 1 < len(each) else 1 for i in range(1, f + 1)]
+
+
 def generate_loop_truth(forwards: int = 10, kv_cache: bool = True, first: int = 0, generations: int = 1,
-                        extend: int = 0, **_) -> list[str]:
+                        extend: int | list[int] = 0, **_) -> list[str]:
     """The phase of each forward `generate_loop` writes with these arguments: with a KV cache the loop's first forward
-    is the prefill (and an `extend` second one a prefill too: several new tokens) and the others decode; without one
-    every forward processes the whole sequence: a prefill."""
-    return ["prefill" if not kv_cache or first + i == 0 or (extend and first + i == 1) else "decode"
+    is the prefill, one of several new tokens (`extend`) a prefill too, and the others decode; without one every
+    forward processes the whole sequence: a prefill."""
+    return ["prefill" if not kv_cache or first + i == 0 or _new_tokens(extend, first + i)[-1] > 1 else "decode"
             for i in range(forwards)] * generations

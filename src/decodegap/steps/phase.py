@@ -159,34 +159,47 @@ def phases_from_launches(trace: Trace, pieces_rows: list[np.ndarray], names: np.
     runs other kernels, or the same ones on other grids (more tokens, more thread blocks), so its set of launches
     (kernel, grid, block) is unlike a decode step's, while decode steps share theirs (an eager MoE step's experts
     change a few). The unlike steps are the prefills unless they launch clearly fewer blocks than the others.
-    `reference`: the index of the typical step (where it launches unlike most steps, a few are compared each with
-    every other). None when the trace has no launch shapes."""
+    `reference`: the index of the typical step (where most steps launch unlike it, a few are compared by size:
+    _by_size). None when the trace has no launch shapes."""
     gpu = trace.gpu
     if not len(trace.shapes) or not any(trace.shapes):
         return None
     key = names.astype(np.int64) * 1_000_003 + gpu.grid_id.astype(np.int64) * 1_009 + gpu.block_id.astype(np.int64)
     launches = [set(key[r].tolist()) for r in pieces_rows]
     blocks = _grid_blocks(trace)
-    geo = [float(np.exp(np.mean(np.log1p(blocks[r])))) if len(r) else 0.0 for r in pieces_rows]
 
     def alike(a: set, b: set) -> bool:
         return len(a & b) / max(len(a | b), 1) >= SAME_LAUNCHES
 
-    n = len(launches)
-    if 2 * sum(alike(a, launches[reference]) for a in launches) <= n <= FEW_STEPS:
-        # No majority launches like the typical step (a cut file or a short capture: a prefill, an extend and a
-        # decode): the typical one is the step most others launch alike, of those the one launching the fewest
-        # thread blocks (a decode step processes the fewest tokens).
-        shared = [sum(alike(a, b) for b in launches) for a in launches]
-        reference = min((i for i in range(n) if shared[i] == max(shared)), key=lambda i: geo[i])
+    if 2 * sum(alike(a, launches[reference]) for a in launches) <= len(launches) <= FEW_STEPS:
+        return _by_size(launches, [_launch_sizes(names, blocks, r) for r in pieces_rows], alike)
     ref = launches[reference]
     unlike = [not alike(a, ref) for a in launches]
     if not any(unlike):
         return ["decode"] * len(pieces_rows)
+    geo = [float(np.exp(np.mean(np.log1p(blocks[r])))) if len(r) else 0.0 for r in pieces_rows]
     other = float(np.median([g for g, u in zip(geo, unlike, strict=True) if u]))
-    alike = float(np.median([g for g, u in zip(geo, unlike, strict=True) if not u]))
-    prefill_is_unlike = other >= FEWER_BLOCKS * alike
+    same = float(np.median([g for g, u in zip(geo, unlike, strict=True) if not u]))
+    prefill_is_unlike = other >= FEWER_BLOCKS * same
     return ["prefill" if u == prefill_is_unlike else "decode" for u in unlike]
+
+
+def _by_size(launches: list[set], sizes: list[tuple[np.ndarray, np.ndarray]], alike) -> list[str]:
+    """Where no majority of the steps launches like the typical one (a cut file or a short capture: a prefill, an
+    extend and a few decodes), the decode steps are those launched like the smallest step, the one the most others
+    outgrow kernel by kernel on the launches they share (a decode processes the fewest tokens; an average over all
+    launches would count the small kernels of an eager MoE step's extra experts), and the steps that outgrow it are
+    prefills."""
+    n = len(sizes)
+    bigger = np.zeros((n, n), dtype=bool)  # [i, j]: step j runs more of the launches they share on more blocks
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                growth = _compare_launches(sizes[i], sizes[j])
+                bigger[i, j] = growth.up > growth.down
+    smallest = int(np.argmax(bigger.sum(axis=1) - bigger.sum(axis=0)))
+    return ["decode" if alike(launches[k], launches[smallest]) or not bigger[smallest, k] else "prefill"
+            for k in range(n)]
 
 
 def _grid_blocks(trace: Trace) -> np.ndarray:
