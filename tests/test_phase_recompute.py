@@ -220,11 +220,13 @@ def test_a_prefill_an_extend_and_one_decode_read_as_they_ran(tmp_path, extend, a
 
 @pytest.mark.parametrize("seed", range(3))
 def test_prompt_lookup_extends_among_decodes_read_as_prefills(tmp_path, seed):
-    """Prompt-lookup decoding with an eager MoE, no op shapes: after the prompt, forwards verifying 3 or 4 tokens
-    (extends) among decodes of one. No majority launches alike, and the extends, whose tokens reach more experts, run
-    more small kernels: fewer blocks a launch on average than a decode, though each launch they share with a decode
-    runs on at least as many. The decodes are the smallest steps; the generator's phases are read."""
-    news = [1, 1, 3, 4, 1, 4, 3]  # each lookup one block (as a small model's): no lookup grows
+    """Prompt-lookup decoding with an eager MoE, no op shapes: after the prompt, forwards verifying 3 or 5 tokens
+    (extends) among decodes of one. Their lookups grow from a decode's (1, 3, 5 tokens) but stay under the prompt's:
+    no loop without a cache, which looks the whole sequence up. No majority launches alike, and the extends, whose
+    tokens reach more experts, run more small kernels: fewer blocks a launch on average than a decode, though each
+    launch they share with a decode runs on at least as many. The decodes are the smallest steps; the generator's
+    phases are read."""
+    news = [1, 1, 3, 5, 1, 5, 3]
     phases, _ = _phases(tmp_path, forwards=8, kv_cache=True, extend=news, experts=8, top_k=2, batch=1, seed=seed)
     assert phases == generate_loop_truth(forwards=8, kv_cache=True, extend=news)
     assert phases == ["prefill", "decode", "decode", "prefill", "prefill", "decode", "prefill", "prefill"]

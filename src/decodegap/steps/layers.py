@@ -292,7 +292,7 @@ def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int,
     return out
 
 
-def _leaves_out_first(blocks: _Blocks, others, act_at: np.ndarray = np.empty(0, np.int64)) -> bool:
+def _leaves_out_first(blocks: _Blocks, others, act_at: np.ndarray) -> bool:
     """True when another partition counts these layers and more before them: its first blocks end before this one's
     first cut and each of its other blocks holds one of this one's cuts (the dense layers that come before a stack of
     MoE layers, whose own count leaves them out). Those first blocks are layers only where each runs an MLP

@@ -166,7 +166,7 @@ def phases_from_launches(trace: Trace, pieces_rows: list[np.ndarray], names: np.
         return None
     key = names.astype(np.int64) * 1_000_003 + gpu.grid_id.astype(np.int64) * 1_009 + gpu.block_id.astype(np.int64)
     launches = [set(key[r].tolist()) for r in pieces_rows]
-    blocks = _grid_blocks(trace)
+    blocks = grid_blocks(trace)
 
     def alike(a: set, b: set) -> bool:
         return len(a & b) / max(len(a | b), 1) >= SAME_LAUNCHES
@@ -202,7 +202,7 @@ def _by_size(launches: list[set], sizes: list[tuple[np.ndarray, np.ndarray]], al
             for k in range(n)]
 
 
-def _grid_blocks(trace: Trace) -> np.ndarray:
+def grid_blocks(trace: Trace) -> np.ndarray:
     """Thread blocks each GPU activity launched (grid x * y * z), 0 where unknown."""
     sizes = np.zeros(len(trace.shapes), dtype=np.int64)
     for i, text in enumerate(trace.shapes):
@@ -279,7 +279,7 @@ def growing_runs(trace: Trace, pieces_rows: list[np.ndarray], names: np.ndarray,
     step are left out. None when the trace has no launch shapes."""
     if not len(trace.shapes) or not any(trace.shapes):
         return None
-    blocks = _grid_blocks(trace)
+    blocks = grid_blocks(trace)
     launches = [_launch_sizes(names, blocks, rows) for rows in pieces_rows]
     looked = [rows[lookup[rows]] if lookup is not None else rows[:0] for rows in pieces_rows]
     sizes = [int(blocks[r].sum()) for r in looked]
