@@ -433,7 +433,7 @@ def _taking_turns(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set[i
 
 def _mixed(best: _Blocks, candidates: list[_Blocks], kept: list[_Blocks], ids: np.ndarray,
            positions: dict[int, np.ndarray], lone: dict[int, np.ndarray], gemm: set[int], gemm_at: np.ndarray,
-           act_at: np.ndarray, act: set[int], fused: set[int] = frozenset()) -> _Blocks:
+           act_at: np.ndarray, act: set[int], fused: set[int]) -> _Blocks:
     """A hybrid stack's layers each run one token mixer of two kinds (Mamba layers with attention layers among
     them): the names that count one kind's layers hold layers of the other kind inside some of their blocks. Names
     that run in some blocks of a partition and nowhere else (the attention kernels; also before its first block or
@@ -472,7 +472,7 @@ def _mixed(best: _Blocks, candidates: list[_Blocks], kept: list[_Blocks], ids: n
     return max(splits, key=lambda b: (b.common, b.count), default=best)
 
 
-def _common_by_kind(split: _Blocks, runs: dict[int, np.ndarray], gemm: set[int], fused: set[int] = frozenset()) -> int:
+def _common_by_kind(split: _Blocks, runs: dict[int, np.ndarray], gemm: set[int], fused: set[int]) -> int:
     """The kernels of the names (GEMMs aside) that run in every layer of a kind of a mixer split: in all its layers,
     in every layer that runs its mixers, or in every layer that does not. A hybrid's layers are alike within a kind,
     and the two mixers share little (a gated delta net's many kernels beside an attention layer's few); a split of

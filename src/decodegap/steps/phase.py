@@ -166,7 +166,7 @@ def phases_from_launches(trace: Trace, pieces_rows: list[np.ndarray], names: np.
         return None
     key = names.astype(np.int64) * 1_000_003 + gpu.grid_id.astype(np.int64) * 1_009 + gpu.block_id.astype(np.int64)
     launches = [set(key[r].tolist()) for r in pieces_rows]
-    blocks = grid_blocks(trace)
+    blocks = _grid_blocks(trace)
 
     def alike(a: set, b: set) -> bool:
         return len(a & b) / max(len(a | b), 1) >= SAME_LAUNCHES
@@ -202,7 +202,7 @@ def _by_size(launches: list[set], sizes: list[tuple[np.ndarray, np.ndarray]], al
             for k in range(n)]
 
 
-def grid_blocks(trace: Trace) -> np.ndarray:
+def _grid_blocks(trace: Trace) -> np.ndarray:
     """Thread blocks each GPU activity launched (grid x * y * z), 0 where unknown."""
     sizes = np.zeros(len(trace.shapes), dtype=np.int64)
     for i, text in enumerate(trace.shapes):
@@ -240,12 +240,16 @@ class GrowingRun:
     """Consecutive steps (indices `first` to `last`, both included) whose launches never collapse from one to the
     next, as they do from a prefill to the decode after it; `grown`: the share of the launches the first and last
     share that run on more thread blocks in the last; `lookups`: the thread blocks of each step's embedding lookup,
-    where every step of the run has one, and `lookup_kernels` the kernels that ran it."""
+    where every step of the run has one, and `lookup_kernels` the kernels that ran it; `under_earlier`: every lookup
+    of the run is smaller than one an earlier step ran with the same kernels (the sequence only grows, and a forward
+    without a cache looks all of it up: such a run continues one from a cache, as prompt-lookup decoding's extends of
+    a few tokens grow from a decode's one)."""
     first: int
     last: int
     grown: float
     lookups: tuple[int, ...] | None = None
     lookup_kernels: tuple[tuple[int, ...], ...] | None = None
+    under_earlier: bool = False
 
     @property
     def more_tokens(self) -> bool:
@@ -261,7 +265,7 @@ class GrowingRun:
 
     @property
     def recomputes(self) -> bool:
-        return self.more_tokens or self.grown >= GROWN_MOST
+        return not self.under_earlier and (self.more_tokens or self.grown >= GROWN_MOST)
 
     @property
     def uncertain(self) -> bool:
@@ -279,7 +283,7 @@ def growing_runs(trace: Trace, pieces_rows: list[np.ndarray], names: np.ndarray,
     step are left out. None when the trace has no launch shapes."""
     if not len(trace.shapes) or not any(trace.shapes):
         return None
-    blocks = grid_blocks(trace)
+    blocks = _grid_blocks(trace)
     launches = [_launch_sizes(names, blocks, rows) for rows in pieces_rows]
     looked = [rows[lookup[rows]] if lookup is not None else rows[:0] for rows in pieces_rows]
     sizes = [int(blocks[r].sum()) for r in looked]
@@ -291,9 +295,11 @@ def growing_runs(trace: Trace, pieces_rows: list[np.ndarray], names: np.ndarray,
         if i - 1 > start:
             whole = _compare_launches(launches[start], launches[i - 1])
             known = all(sizes[start:i])
+            earlier = [sizes[j] for j in range(start) if kernels[j] in kernels[start:i]]
             runs.append(GrowingRun(start, i - 1, whole.up / whole.shared if whole.shared else 0.0,
                                    tuple(sizes[start:i]) if known else None,
-                                   tuple(kernels[start:i]) if known else None))
+                                   tuple(kernels[start:i]) if known else None,
+                                   known and bool(earlier) and max(sizes[start:i]) < max(earlier)))
         start = i
     return runs
 

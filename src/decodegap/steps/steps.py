@@ -29,7 +29,6 @@ from decodegap.steps.phase import (
     phase_from_tokens,
     phases_from_launches,
     rows_alone,
-    grid_blocks,
     step_tokens,
     widest_gemm_rows,
 )
@@ -637,7 +636,7 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
         warnings.append(_incomplete_words(incomplete))
         dropped += len(incomplete)
     rows = np.concatenate([s.rows for s in steps]) if steps else np.empty(0, np.int64)
-    graphs = len(np.unique(links.replay[rows][links.from_graph[rows]]))
+    graphs = len(np.unique(links.replay[rows][links.replay[rows] >= 0]))
     return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
 
 
@@ -656,27 +655,12 @@ def _recomputed(trace: Trace, links: Links, pieces: list[_Piece], tokens: list, 
     lookup = forward_anchors.lookup_rows(trace, links)
     for run in growing_runs(trace, [p.rows for p in pieces], names, lookup) or []:
         inside = [i for i in range(run.first, run.last + 1) if open_[i]]
-        if run.recomputes and not _shorter_than_before(run, trace, pieces, lookup, names):
+        if run.recomputes:
             for i in inside:
                 evidence[i] = "prefill"
         elif run.uncertain and inside:
             warnings.append(_uncertain_words(run))
     return evidence
-
-
-def _shorter_than_before(run: GrowingRun, trace: Trace, pieces: list[_Piece], lookup: np.ndarray,
-                         names: np.ndarray) -> bool:
-    """A run whose forwards all look up fewer tokens than a forward before it looked up, with the same kernels (a grid
-    tells tokens only against the same kernel's), recomputes no sequence (the sequence only grows, and a forward
-    without a cache looks all of it up): it continues one from a cache, as prompt-lookup decoding's extends of a few
-    tokens grow from a decode's one."""
-    if run.lookups is None or run.lookup_kernels is None or run.first == 0:
-        return False
-    blocks = grid_blocks(trace)
-    kernels = set(run.lookup_kernels)
-    before = [int(blocks[r].sum()) for r in (p.rows[lookup[p.rows]] for p in pieces[:run.first])
-              if tuple(np.unique(names[r]).tolist()) in kernels]
-    return bool(before) and max(run.lookups) < max(before)
 
 
 def _uncertain_words(run: GrowingRun) -> str:

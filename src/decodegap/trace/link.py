@@ -43,13 +43,13 @@ def link(trace: Trace) -> Links:
     external[missing] = rt.external_id[runtime_idx[missing]]
     op_idx = _lookup(external, ops.external_id)
     graph_name_ids = [i for i, name in enumerate(trace.names) if name in GRAPH_LAUNCH_NAMES]
-    from_graph = np.zeros(len(gpu), dtype=bool)
+    replay = np.full(len(gpu), -1, dtype=np.int64)
     if graph_name_ids:
-        from_graph[has_rt] = np.isin(rt.name_id[runtime_idx[has_rt]], graph_name_ids)
-    replay = np.where(from_graph, runtime_idx, -1)
+        by_graph = np.isin(rt.name_id[runtime_idx[has_rt]], graph_name_ids)
+        replay[np.flatnonzero(has_rt)[by_graph]] = runtime_idx[has_rt][by_graph]
     orphans = _replays_without_launch(gpu.kind, gpu.correlation, has_rt)
-    from_graph |= orphans >= 0
     replay = np.where(orphans >= 0, len(rt.correlation) + orphans, replay)
+    from_graph = replay >= 0
     # A graph kernel's "op" is whatever enclosed the replay call, not the op that recorded it: drop it.
     op_idx = np.where(from_graph, -1, op_idx)
     return Links(runtime_idx=runtime_idx, op_idx=op_idx, from_graph=from_graph, replay=replay)
