@@ -45,6 +45,9 @@ def load_progress(stream: TextIO | None = None, min_bytes: int = PROGRESS_MIN_BY
             if not tasks:
                 progress.start()
             tasks[path] = progress.add_task(path.name, total=size)
+            progress.update(tasks[path], completed=done)
+            progress.refresh()  # drawn at once, not on the refresh thread's next tick (a fast read may end first)
+            return
         progress.update(tasks[path], completed=done)
 
     token = ON_READ.set(on_read)
