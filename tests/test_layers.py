@@ -2,8 +2,9 @@
 layers, of which kinds) is the builder's: dense layers before MoE layers whose experts all run (a training batch),
 a last layer whose expert loop runs fewer times, GEMM tiles that change with an expert's token count, a layer's
 halves, and the names Inductor gives the same per-layer work in the first layers and in the rest; and, end to end,
-tracegen's dense + eager MoE forwards; and one real H100 kernel sequence with its generator's truth
-(tests/fixtures/kernel_sequences)."""
+tracegen's dense + eager MoE forwards; and real H100 kernel sequences with their generator's truth
+(tests/fixtures/kernel_sequences: an eager MoE over a static cache; Kimi Linear's three kinds of layer, and a forward
+the capture window cut)."""
 
 from __future__ import annotations
 
@@ -1187,3 +1188,45 @@ def test_glue_that_runs_once_more_before_the_layers_adds_no_layer():
         found = count_layers(seq, doc["names"], stable)
         assert found.count == doc["truth"]["layers"] == 4
         assert _kinds(found) == doc["truth"]["layer_kinds"] == [4]
+
+
+def _kimi() -> dict:
+    return json.loads((Path(__file__).parent / "fixtures" / "kernel_sequences" / "kimi_linear_decode.json").read_text())
+
+
+def test_three_kinds_of_layer_are_counted_where_each_layer_begins():
+    # Two decode forwards of an eager Kimi Linear (kernel names of a real H100 trace, with the generator's truth): a
+    # dense first layer, five linear-attention MoE layers and two MLA MoE layers (the 4th and the 8th). The names
+    # that run once in each layer run at another place in each kind, so blocks cut at them hold parts of two layers
+    # and the names that run in every layer run 1 to 3 times a block: the count explained less than the two halves of
+    # the stack, and the forward read 2 layers. Cut where each layer begins, every name runs a fixed number of times in
+    # each layer of a kind.
+    doc = _kimi()
+    forwards = [np.array(f) for f in doc["forwards"]]
+    stable = data_independent(forwards)
+    for seq in forwards:
+        found = count_layers(seq, doc["names"], stable)
+        assert found.count == doc["truth"]["layers"] == 8
+        assert _kinds(found) == sorted(doc["truth"]["layer_kinds"]) == [1, 2, 5]
+        groups = {}
+        for layer, kind in enumerate(found.kind_of):
+            groups.setdefault(kind, []).append(layer)
+        assert sorted(groups.values()) == [[0], [1, 2, 4, 5, 6], [3, 7]]  # the generator's layer_kind_detail
+
+
+def test_a_forward_cut_inside_that_passes_for_as_many_layers_is_cut():
+    # The window of the same capture closed inside a forward (a layer-4 hook stopped the profiler): its layers 0-3
+    # and part of 4 read 8 "layers" of other blocks, as many as the whole forwards. It runs only their kernels and
+    # fewer of the names that counted their layers, so it is cut; neither whole forward is.
+    from decodegap.steps.anchors import _cut_short
+    from decodegap.steps.layers import data_dependent
+
+    doc = _kimi()
+    forwards = [np.array(f) for f in doc["forwards"]]
+    cut = np.array(doc["cut_forward"])
+    varying = data_dependent(forwards)
+    whole = count_layers(forwards[0], doc["names"], varying=varying)
+    assert whole.count == 8
+    assert count_layers(cut, doc["names"], varying=varying).count == 8  # what the count alone could not tell
+    assert _cut_short(8, cut, 8, set(whole.backers), forwards)
+    assert not _cut_short(8, forwards[1], 8, set(whole.backers), forwards[:1])

@@ -14,7 +14,11 @@ So layers are read from counts, not from a repeating sequence:
   or when its names run once in most but not all of a larger count's blocks and nowhere else while that count's
   names run unequally often in its own (the rotary embedding that NoPE layers skip: its blocks hold one layer or
   two), where the larger count's blocks are whole layers (_whole) and explain about as many kernels (_merges);
-  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers, and so is one
+  a finer count that explains clearly fewer kernels than a coarser one is a loop inside the layers, unless cut again
+  where its layers begin (_aligned) it explains as much with up to three per-layer counts a name, every block runs
+  an MLP activation and neighbouring blocks run alike (names that count layers of three kinds, a dense KDA layer,
+  KDA + MoE and MLA + MoE, run at another place in each kind: blocks cut at them hold parts of two layers)
+  (_realigned); and so is one
   in whose blocks the coarser one's input norm (the names that run in each of its blocks and once more after them,
   the final norm) mostly does not run (an eager MoE's expert loop, launched alike in every forward where each
   prefill routes its tokens to as many experts: every layer runs its norm, the loop's iterations none); every set of
@@ -187,6 +191,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     candidates = [b for b in candidates if not any(_merges(b, o, ids, positions, gemm, act_at) for o in candidates)]
     # A finer count explaining clearly fewer kernels than a coarser one is a loop inside the layers (an eager MoE
     # layer's experts, all taken when a training batch routes tokens to every one), not the layers.
+    candidates = [_realigned(b, candidates, ids, positions, gemm, gemm_at, act_at) for b in candidates]
     candidates = [b for b in candidates
                   if all(b.explained >= NEAR_EXPLAINED * o.explained for o in candidates if o.count < b.count)]
     # So is a finer count in whose blocks the input norm mostly does not run (every layer runs its norm; an eager MoE
@@ -214,7 +219,7 @@ def _partition(backers: list[int], positions: dict[int, np.ndarray], length: int
 
 def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
                gemm_at: np.ndarray, mixers: tuple[int, ...] = (),
-               per_layer: tuple[np.ndarray, np.ndarray] | None = None) -> _Blocks:
+               per_layer: tuple[np.ndarray, np.ndarray] | None = None, kinds: int = MAX_COUNTS_PER_NAME) -> _Blocks:
     c = len(cuts)
     # The last block runs as long as a typical one (what follows it is the forward's tail).
     typical = int(np.median(np.diff(cuts))) if c > 1 else length - int(cuts[0])
@@ -224,7 +229,7 @@ def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.nda
         # and run a longer expert loop than any (a lone attention layer after Mamba ones).
         end = max(end, _final_head(cuts, *per_layer, gemm))
     bounds = np.append(cuts, end)
-    periodic = _periodic(positions, bounds)
+    periodic = _periodic(positions, bounds, kinds)
     fixed = {n: (k, r) for n, (k, _, _, r) in periodic.items() if k}
     outside = sum(len(positions[n]) - r >= k for n, (k, r) in fixed.items())
     # No partition: the runs outside the blocks are a layer the cut left out; or a layer would run no more than the
@@ -257,9 +262,11 @@ class _Blocks:
     mixers: tuple[int, ...] = ()  # names that cut the layers of a second kind between the backers' (_mixed)
     open_ended: bool = False  # a partition but for the layers it leaves out (of another kind, at an end: _mixed)
     alike: tuple[int, ...] = ()  # a coarser count's names, run in every few of these alike layers: no kind (_finer)
+    begun: bool = False  # cut where the layers begin (_realigned), not at the names that counted them
 
 
-def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int, tuple[int, int, int, int]]:
+def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray,
+              kinds: int = MAX_COUNTS_PER_NAME) -> dict[int, tuple[int, int, int, int]]:
     """Names that run a fixed number of times in each layer of a kind (0 in a kind that does not run them: a MoE
     router in dense layers; another number in another kind: an attention layer's q/k norms beside a conv layer's),
     in two layers at least, with at most GLUE_RUNS runs outside the layers (the final norm has the per-layer norm's
@@ -273,7 +280,7 @@ def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int,
         bucket = np.bincount(np.searchsorted(bounds, p, side="right"), minlength=c + 2)  # before, blocks, after
         inner, edge = bucket[1:c], int(bucket[0] + bucket[c])
         values = set(inner.tolist()) - {0}
-        if len(values) > MAX_COUNTS_PER_NAME or (not values and not edge):
+        if len(values) > kinds or (not values and not edge):
             continue
         last = max((v for v in values | {0} if 0 <= edge - v <= GLUE_RUNS), default=None)  # the last layer's runs
         if last is None and values and 0 < edge < min(values):
@@ -290,6 +297,27 @@ def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray) -> dict[int,
             ahead = min(int(bucket[0]), k - min(int(bucket[c]), k))
             out[n] = (k, present, ahead, runs)
     return out
+
+
+def _realigned(blocks: _Blocks, others: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
+               gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
+    """The partition cut where its layers begin (_aligned), where its own cuts explain clearly fewer kernels than a
+    coarser count's: names that count layers of several kinds run at another place in each kind (a dense first layer,
+    linear-attention and MLA layers), so blocks cut at them hold parts of two layers and the names' runs per block
+    vary; cut where each layer begins, they run a fixed number of times in each. Unchanged where that explains no
+    more."""
+    if all(blocks.explained >= NEAR_EXPLAINED * o.explained for o in others if o.count < blocks.count):
+        return blocks
+    starts = _aligned(blocks, ids, positions, blocks.cuts.copy(), gemm)
+    if np.array_equal(starts, blocks.cuts) or (np.diff(starts) <= 0).any():
+        return blocks
+    moved = _blocks_at(starts, blocks.backers, positions, len(ids), gemm, gemm_at, kinds=MAX_COUNTS_PER_NAME + 1)
+    rescued = all(moved.explained >= NEAR_EXPLAINED * o.explained for o in others if o.count < blocks.count)
+    if not (moved.valid and rescued and _share_running(moved.bounds, act_at) == 1):
+        return blocks  # every layer runs its MLP (a half cut at its norm does not)
+    # Layers cut where they begin run alike, neighbour after neighbour, but at a seam between kinds; halves of layers
+    # (a mixer, then its MLP) take turns and share little.
+    return replace(moved, begun=True) if _alike_neighbours(moved, ids, positions, gemm) >= ALIKE_LAYERS else blocks
 
 
 def _leaves_out_first(blocks: _Blocks, others, act_at: np.ndarray) -> bool:
@@ -688,7 +716,7 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     # cut has, in the block before cut j, layer j's first b runs last.
     starts = blocks.cuts.copy()
     for n, (k, m, b, _) in blocks.periodic.items():
-        if not k or not b or m != c:
+        if not k or not b or m != c or blocks.begun:
             continue
         p = positions[n]
         bucket = np.searchsorted(blocks.cuts, p, side="right")  # 0: before cut 0, j: block j-1
@@ -696,7 +724,8 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
             runs = p[bucket == j]
             if len(runs) >= b:
                 starts[j] = min(starts[j], int(runs[len(runs) - b]))
-    starts = _aligned(blocks, ids, positions, starts, gemm)
+    if not blocks.begun:
+        starts = _aligned(blocks, ids, positions, starts, gemm)
     counted = [positions[n] for n in blocks.backers]
     if blocks.mixers:
         counted.append(np.flatnonzero(isin(ids, np.array(blocks.mixers))))
