@@ -1230,3 +1230,19 @@ def test_a_forward_cut_inside_that_passes_for_as_many_layers_is_cut():
     assert count_layers(cut, doc["names"], varying=varying).count == 8  # what the count alone could not tell
     assert _cut_short(8, cut, 8, set(whole.backers), forwards)
     assert not _cut_short(8, forwards[1], 8, set(whole.backers), forwards[:1])
+
+
+def test_a_compiled_layer_at_the_seam_before_another_kind_is_of_its_kind():
+    # Three decode forwards of a torch.compile'd Qwen3.5 (kernel names of a real H100 trace, with the generator's
+    # truth): 6 gated-delta-net layers and 2 full-attention ones (the 4th and the 8th). Inductor fuses the end of the
+    # delta-net layer before the last attention layer into that layer's start, so it lacks one fused kernel its kind
+    # runs and read as a kind of its own (5 + 2 + 1).
+    doc = json.loads((Path(__file__).parent / "fixtures" / "kernel_sequences" / "qwen3_5_compiled_decode.json")
+                     .read_text())
+    forwards = [np.array(f) for f in doc["forwards"]]
+    stable = data_independent(forwards)
+    for seq in forwards:
+        found = count_layers(seq, doc["names"], stable)
+        assert found.count == doc["truth"]["layers"] == 8
+        assert _kinds(found) == sorted(doc["truth"]["layer_kinds"]) == [2, 6]
+        assert [i for i, k in enumerate(found.kind_of) if k != found.kind_of[0]] == [3, 7]  # layer_kind_detail

@@ -6,7 +6,8 @@ Inductor fuses into every 4th layer tells no kind); one line per kind. A last la
 taken as cut off (of a kind that runs all it runs) only where no final norm ended it. Which GEMM tile ran tells no
 kind (cuBLAS picks it by shape), nor do the kernels a compiler fused into an edge layer with the once-per-forward
 work, or into the first layer of a kind that uses it (the rotary tables in the first attention layer of a conv /
-attention stack: a lone layer a name or two off a kind only later layers run)."""
+attention stack: a lone layer a name or two off a kind only later layers run), or across a seam between kinds (the
+delta-net layer before a full-attention one: a lone layer beside another kind, a name or two off a kind)."""
 
 from __future__ import annotations
 
@@ -70,11 +71,16 @@ def layer_kinds(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, positions
     # A compiler also fuses once-per-forward work into the first layer that uses it (the rotary table into the first
     # attention layer of a conv / attention stack): a lone layer a name or two off a kind that only later layers run,
     # all of those names compiler-generated, is of that kind.
+    # So does a layer beside one of another kind (the seam, where a compiler fuses the end of one layer into the start
+    # of the next: the linear-attention layer before a full-attention one): a lone layer there a name or two off a
+    # kind, all compiler-generated, is of that kind.
     for i in range(1, n_layers - 1):
         if names is None or any(sig == signatures[i] for j, sig in enumerate(signatures) if j != i):
             continue
         later = [sig for j, sig in enumerate(signatures) if j > i and all(signatures[h] != sig for h in range(i))]
-        closest = min(later, key=lambda sig: len(sig ^ signatures[i]), default=None)
+        near = [sig for sig in signatures if sig != signatures[i] and len(sig ^ signatures[i]) <= EDGE_FUSED_NAMES]
+        seam = [sig for sig in near if any(signatures[j] not in (sig, signatures[i]) for j in (i - 1, i + 1))]
+        closest = min(later + seam, key=lambda sig: len(sig ^ signatures[i]), default=None)
         if (closest is not None and len(closest ^ signatures[i]) <= EDGE_FUSED_NAMES
                 and all(compiler_generated(names[n]) for n in closest ^ signatures[i])):
             signatures[i] = closest
