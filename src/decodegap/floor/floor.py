@@ -12,7 +12,8 @@ import numbers
 import msgspec
 
 from decodegap.errors import ParameterError
-from decodegap.floor.config import ModelGeometry
+from decodegap.floor.geometry import ModelGeometry
+from decodegap.floor.layout import DENSE, MOE, Layer
 from decodegap.floor.hardware import GpuSpec
 from decodegap.floor.quant import QuantScheme, WeightFormat
 from decodegap.records import Struct, as_json_data
@@ -162,13 +163,12 @@ class _Accumulator:
                          max(memory_ms, self.compute_ms), bound, "+".join(self.formats), detail)
 
 
-def _attention_tokens(geometry: ModelGeometry, layer: int, context: int, sparse_attention: bool) -> int:
-    """KV tokens the attention of one layer reads for one sequence."""
+def _attention_tokens(geometry: ModelGeometry, layer: Layer, context: int, sparse_attention: bool) -> int:
+    """KV tokens one attention layer reads for one sequence."""
     if geometry.has_indexer and sparse_attention and geometry.indexer_topk:
         return min(context, geometry.indexer_topk)
-    # gpt-oss lists its sliding layers first in each pair; which ones does not change the sum.
-    if geometry.sliding_window and layer < geometry.num_sliding_layers:
-        return min(context, geometry.sliding_window)
+    if layer.window:  # sliding (or chunked) attention reads at most its window
+        return min(context, layer.window)
     return context
 
 
@@ -202,24 +202,34 @@ def compute_floor(
     attn = _Accumulator(gpu)
     indexer = _Accumulator(gpu)
     attn_params = g.attention_params_per_layer
-    for layer in range(g.num_layers):
-        attn.add_weights(attn_params, quant.format_for(g, "attention", layer), tp, batch)
+    attention_layers = [i for i, layer in enumerate(g.layers) if layer.attention]
+    for i in attention_layers:
+        attn.add_weights(attn_params, quant.format_for(g, "attention", i), tp, batch)
         if use_indexer:
-            indexer.add_weights(g.indexer_params_per_layer, quant.format_for(g, "indexer", layer), tp, batch)
-    comps.append(
-        attn.component("attention_weights", "gemm", f"{g.num_layers} layers x {attn_params / 1e6:.1f}M")
-    )
+            indexer.add_weights(g.indexer_params_per_layer, quant.format_for(g, "indexer", i), tp, batch)
+    if attention_layers:
+        comps.append(attn.component("attention_weights", "gemm",
+                                    f"{len(attention_layers)} layers x {attn_params / 1e6:.1f}M"))
     if use_indexer:
         comps.append(
             indexer.component(
-                "indexer_weights", "gemm", f"{g.num_layers} layers x {g.indexer_params_per_layer / 1e6:.2f}M"
+                "indexer_weights", "gemm",
+                f"{len(attention_layers)} layers x {g.indexer_params_per_layer / 1e6:.2f}M"
             )
         )
+    if g.recurrent:  # Mamba / DeltaNet / conv mixers: their projections, read like any weight
+        rec = _Accumulator(gpu)
+        for i, layer in enumerate(g.layers):
+            if layer.recurrent:
+                rec.add_weights(g.recurrent.params, quant.format_for(g, "recurrent", i), tp, batch)
+        comps.append(rec.component("recurrent_weights", "gemm", f"{g.num_recurrent_layers} {g.recurrent.kind} "
+                                   f"layers x {g.recurrent.params / 1e6:.1f}M"))
 
     if g.num_dense_layers:
         dense = _Accumulator(gpu)
-        for layer in range(g.num_dense_layers):  # first-k-dense layers come first
-            dense.add_weights(g.dense_mlp_params, quant.format_for(g, "dense_mlp", layer), tp, batch)
+        for i, layer in enumerate(g.layers):
+            if layer.mlp == DENSE:
+                dense.add_weights(g.mlp_params(layer.mlp_width), quant.format_for(g, "dense_mlp", i), tp, batch)
         comps.append(
             dense.component(
                 "dense_mlp", "gemm", f"{g.num_dense_layers} layers x {g.dense_mlp_params / 1e6:.1f}M"
@@ -229,7 +239,7 @@ def compute_floor(
     if g.is_moe:
         touched = expected_distinct_experts(g.num_experts, g.experts_per_token, batch)
         experts, shared, router = _Accumulator(gpu), _Accumulator(gpu), _Accumulator(gpu)
-        for layer in range(g.num_dense_layers, g.num_layers):
+        for layer in (i for i, x in enumerate(g.layers) if x.mlp == MOE):
             fmt = quant.format_for(g, "experts", layer)
             # Bytes for the experts touched; flops for the k experts each token actually runs.
             experts.add(
@@ -277,22 +287,39 @@ def compute_floor(
     kv_shards = 1 if g.is_mla else min(tp, g.num_kv_heads)
     kv = _Accumulator(gpu)
     tokens_read = 0
-    for layer in range(g.num_layers):
+    for layer in g.layers:
+        if not layer.attention:
+            continue
         tokens = _attention_tokens(g, layer, context, sparse_attention)
         tokens_read += tokens
         if g.is_mla:  # absorbed MLA: scores over the 576-wide latent, output over the 512-wide latent
             flops = 2.0 * tokens * g.num_heads * (g.kv_width + g.kv_lora_rank) / tp
         else:
-            flops = 2.0 * tokens * g.num_heads * g.head_dim * 2 / tp
+            flops = 2.0 * tokens * g.num_heads * (g.head_dim + g.value_head_dim) / tp
         kv.add(batch * tokens * g.kv_width * kv_elem / kv_shards, batch * flops, kv_dtypes, quant.kv_dtype)
-    comps.append(
-        kv.component(
-            "kv_cache",
-            "attention",
-            f"{batch} x {tokens_read / max(g.num_layers, 1):.0f} tokens/layer x "
-            f"{g.kv_width} x {kv_elem:g} B" + (" (latent, on every rank)" if g.is_mla else ""),
+    if attention_layers:
+        comps.append(
+            kv.component(
+                "kv_cache",
+                "attention",
+                f"{batch} x {tokens_read / len(attention_layers):.0f} tokens/layer x "
+                f"{g.kv_width} x {kv_elem:g} B" + (" (latent, on every rank)" if g.is_mla else ""),
+            )
         )
-    )
+    if g.recurrent:
+        # A recurrent layer reads its state and convolution window and writes them back, every step, whatever
+        # the context: that replaces the KV cache's growing read. Split over the mixer's heads where it has them.
+        r = g.recurrent
+        shards = min(tp, r.heads) if r.heads else 1
+        per_layer = r.state_bytes_per_sequence
+        state = _Accumulator(gpu)
+        for _ in range(g.num_recurrent_layers):
+            # read + write; ~4 flops per state element (decay, outer-product update, readout)
+            state.add(2.0 * batch * per_layer / shards, 4.0 * batch * (r.state_elements + r.conv_elements) / shards,
+                      ("bf16",), f"state {r.state_bytes * 8}-bit")
+        comps.append(state.component(
+            "recurrent_state", "attention",
+            f"{batch} x {g.num_recurrent_layers} layers x {per_layer / 1e3:.1f} kB read + written"))
     if use_indexer:
         key_bytes = g.indexer_head_dim * kv_elem + (INDEXER_SCALE_BYTES if kv_elem == 1 else 0)
         idx = _Accumulator(gpu)
@@ -314,7 +341,8 @@ def compute_floor(
     # -- collectives -----------------------------------------------------------------------------------
     latency_us = gpu.default_allreduce_us if allreduce_us is None else float(allreduce_us)
     if tp > 1:
-        calls = 2 * g.num_layers  # after attention and after the MLP/MoE of every layer
+        # after the mixer(s) and after the MLP/MoE of every layer (Nemotron-H's layers have one of the two)
+        calls = sum(bool(x.attention or x.recurrent) + bool(x.mlp) for x in g.layers)
         message = batch * g.hidden * ACTIVATION_BYTES
         wire_bytes = 2.0 * (tp - 1) / tp * message  # ring all-reduce: each rank sends and receives this much
         wire_us = wire_bytes / (gpu.interconnect_gbps * 1e9) * 1e6
@@ -343,9 +371,11 @@ def compute_floor(
 
     modules, extra_bytes, extra_ms = _replicated_weights(g, quant, gpu, tp, use_indexer)
     stored = stored_weight_bytes(g, quant) / tp + extra_bytes
-    kv_bytes = next(c.bytes_per_gpu for c in comps if c.name == "kv_cache")
+    # What the KV cache (and recurrent state, held once: read and written in place) takes per GPU.
+    kv_bytes = sum(c.bytes_per_gpu for c in comps if c.name == "kv_cache")
+    kv_bytes += sum(c.bytes_per_gpu / 2 for c in comps if c.name == "recurrent_state")
     gpu_bytes = gpu.memory_gb * 2**30  # datasheet "GB" read as GiB: generous, so only a real overflow warns
-    warnings = []
+    warnings = list(g.warnings)
     if gpu_bytes and stored + kv_bytes > gpu_bytes:
         warnings.append(
             f"does not fit: {stored / 1e9:,.1f} GB of weights + {kv_bytes / 1e9:,.1f} GB of KV per GPU exceed the "
@@ -397,37 +427,51 @@ def check_counts(**values) -> None:
 
 
 def _valid_tps(g: ModelGeometry) -> list[int]:
-    return [t for t in range(1, g.num_heads + 1) if not g.num_heads % t
-            and (g.is_mla or not g.num_kv_heads % t or not t % g.num_kv_heads)]
+    most = max(g.num_heads, g.recurrent.heads if g.recurrent else 0, 1)
+    return [t for t in range(1, most + 1) if _tp_problem(g, t) is None]
+
+
+def _tp_problem(g: ModelGeometry, tp: int) -> str | None:
+    """Why tp ranks cannot shard this model, or None."""
+    if g.num_heads and g.num_heads % tp:
+        return (f"cannot shard {g.num_heads} attention heads (num_attention_heads must be divisible by the "
+                "tensor-parallel ranks)")
+    kv = g.num_kv_heads
+    if kv and not g.is_mla and kv % tp and tp % kv:
+        return (f"cannot shard {kv} KV heads (num_key_value_heads must be divisible by the tensor-parallel ranks, "
+                "or they by it)")
+    r = g.recurrent
+    if r and r.heads and r.heads % tp:
+        return f"cannot shard the {r.heads} heads of its {r.kind} layers (they must be divisible by the ranks)"
+    return None
 
 
 def check_tp(g: ModelGeometry, tp: int) -> None:
     """The engines' rule (vLLM, SGLang): query heads split evenly over the ranks; KV heads too, or each KV head
-    replicated on tp / kv_heads ranks. MLA's latent is shared by all heads, so only the query heads count."""
-    valid = ", ".join(str(t) for t in _valid_tps(g))
-    if g.num_heads % tp:
-        raise ParameterError(f"{{tp}} cannot shard {g.num_heads} attention heads (num_attention_heads must be "
-                             f"divisible by the tensor-parallel ranks): give one of {valid}", tp=tp)
-    kv = g.num_kv_heads
-    if not g.is_mla and kv % tp and tp % kv:
-        raise ParameterError(f"{{tp}} cannot shard {kv} KV heads (num_key_value_heads must be divisible by the "
-                             f"tensor-parallel ranks, or they by it): give one of {valid}", tp=tp)
+    replicated on tp / kv_heads ranks; a recurrent mixer's heads evenly too. MLA's latent is shared by all heads,
+    so only the query heads count."""
+    problem = _tp_problem(g, tp)
+    if problem:
+        valid = ", ".join(str(t) for t in _valid_tps(g))
+        raise ParameterError(f"{{tp}} {problem}: give one of {valid}", tp=tp)
 
 
 def stored_weight_bytes(g: ModelGeometry, quant: QuantScheme) -> float:
     """Bytes of every weight of the main model as stored (all experts, embedding table, head), before sharding."""
     total = 0.0
-    for layer in range(g.num_layers):
-        total += g.attention_params_per_layer * quant.format_for(g, "attention", layer).bytes_per_weight
-        total += g.indexer_params_per_layer * quant.format_for(g, "indexer", layer).bytes_per_weight
-        total += g.norm_params_per_layer * 2
-    for layer in range(g.num_dense_layers):
-        total += g.dense_mlp_params * quant.format_for(g, "dense_mlp", layer).bytes_per_weight
-    for layer in range(g.num_dense_layers, g.num_layers):
-        if g.is_moe:
-            total += g.num_experts * g.expert_params * quant.format_for(g, "experts", layer).bytes_per_weight
-            total += g.shared_expert_params * quant.format_for(g, "shared_experts", layer).bytes_per_weight
-            total += g.router_params * quant.format_for(g, "router", layer).bytes_per_weight
+    for i, layer in enumerate(g.layers):
+        if layer.attention:
+            total += g.attention_params_per_layer * quant.format_for(g, "attention", i).bytes_per_weight
+            total += g.indexer_params_per_layer * quant.format_for(g, "indexer", i).bytes_per_weight
+        if layer.recurrent:
+            total += g.recurrent_params_per_layer * quant.format_for(g, "recurrent", i).bytes_per_weight
+        if layer.mlp == DENSE:
+            total += g.mlp_params(layer.mlp_width) * quant.format_for(g, "dense_mlp", i).bytes_per_weight
+        elif layer.mlp == MOE:
+            total += g.num_experts * g.expert_params * quant.format_for(g, "experts", i).bytes_per_weight
+            total += g.shared_expert_params * quant.format_for(g, "shared_experts", i).bytes_per_weight
+            total += g.router_params * quant.format_for(g, "router", i).bytes_per_weight
+    total += g.norm_params_per_layer * g.num_layers * 2
     total += g.embedding_params * quant.format_for(g, "embedding").bytes_per_weight
     total += g.lm_head_params * quant.format_for(g, "lm_head").bytes_per_weight
     return total
@@ -447,18 +491,18 @@ def _replicated_weights(
         proj = g.attention_projection_params()
         names = [n for n in ("q_a_proj", "kv_a_proj_with_mqa") if n in proj]
         modules += [f"self_attn.{n}" for n in names]
-        for layer in range(g.num_layers):
+        for layer in (i for i, x in enumerate(g.layers) if x.attention):
             fmt = quant.format_for(g, "attention", layer)
             extra += sum(proj[n] for n in names) * fmt.bytes_per_weight * (1 - 1 / tp)
-    elif tp > g.num_kv_heads:
+    elif g.num_kv_heads and tp > g.num_kv_heads:
         proj = g.attention_projection_params()
         modules += ["self_attn.k_proj", "self_attn.v_proj"]
-        for layer in range(g.num_layers):
+        for layer in (i for i, x in enumerate(g.layers) if x.attention):
             fmt = quant.format_for(g, "attention", layer)
             extra += (proj["k_proj"] + proj["v_proj"]) * fmt.bytes_per_weight * (1 / g.num_kv_heads - 1 / tp)
     if use_indexer:
         modules.append("self_attn.indexer")
-        for layer in range(g.num_layers):
+        for layer in (i for i, x in enumerate(g.layers) if x.attention):
             fmt = quant.format_for(g, "indexer", layer)
             extra += g.indexer_params_per_layer * fmt.bytes_per_weight * (1 - 1 / tp)
     if g.is_moe:
@@ -490,17 +534,22 @@ def _assumptions(
         )
     if g.is_mla:
         out.append("MLA: absorbed decode reads one latent per token per layer, the same on every TP rank")
-    else:
+    elif g.num_attention_layers:
         out.append(f"KV heads split over min(tp, kv_heads) = {min(tp, g.num_kv_heads)} ranks")
-    out.append(
-        f"every sequence has {context} tokens of KV"
-        + (f"; sliding layers read at most {g.sliding_window}" if g.sliding_window else "")
-    )
+    if g.num_attention_layers:
+        out.append(
+            f"every sequence has {context} tokens of KV in each of {g.num_attention_layers} attention layers"
+            + (f"; sliding layers read at most {g.sliding_window}" if g.sliding_window else "")
+        )
+    if g.recurrent:
+        out.append(f"{g.num_recurrent_layers} {g.recurrent.kind} layers read and write a fixed state per sequence "
+                   f"each step ({g.recurrent.state_bytes_per_sequence:,} B per layer), whatever the context")
     if use_indexer:
         out.append(f"DSA: attention reads the top {g.indexer_topk} tokens; the indexer reads every key")
     if tp > 1:
         out.append(
-            f"2 all-reduces per layer, each {latency_us:g} us + ring bytes / {gpu.interconnect_gbps:g} GB/s; "
+            f"an all-reduce after each mixer and MLP, each {latency_us:g} us + ring bytes / "
+            f"{gpu.interconnect_gbps:g} GB/s; "
             "logit gather and vocab-parallel embedding all-reduce not counted"
         )
     return tuple(out)

@@ -27,7 +27,9 @@ from decodegap.records import Struct
 COMPONENT_OF = {"attention_weights": "attention_projections", "indexer_weights": "attention_projections",
                 "kv_cache": "attention_kv_read", "indexer_cache": "attention_kv_read", "dense_mlp": "dense_mlp",
                 "experts": "experts", "router": "experts", "shared_experts": "shared_experts",
-                "lm_head": "lm_head", "allreduce": "allreduce"}
+                "lm_head": "lm_head", "allreduce": "allreduce",
+                # a recurrent mixer's projections and the state it reads in place of a KV cache
+                "recurrent_weights": "attention_projections", "recurrent_state": "attention_kv_read"}
 MAX_PER_LAYER = 8  # GEMM launches of one kind per layer that a decomposition of calls per step may assume
 # The measured time of a row may fall short of its floor by this much before it counts as beating it (the
 # floor's datasheet bandwidth vs rounding of per-call times).

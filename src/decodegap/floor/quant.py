@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from decodegap.errors import NAME_ONLY, ParameterError, UserError
-from decodegap.floor.config import ModelGeometry
+from decodegap.floor.geometry import ModelGeometry
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,11 @@ def component_modules(geometry: ModelGeometry, component: str, layer: int) -> tu
     if component == "shared_experts":
         block = "mlp.shared_expert." if geometry.model_type == "qwen2_moe" else "mlp.shared_experts."
         return tuple(p + block + m for m in ("gate_proj", "up_proj", "down_proj"))
+    if component == "recurrent":  # the in and out projections of a Mamba / DeltaNet / conv mixer
+        block = {"gated_deltanet": "linear_attn", "kda": "self_attn", "lightning": "self_attn",
+                 "short_conv": "conv", "rg_lru": "temporal_block"}.get(
+            geometry.recurrent.kind if geometry.recurrent else "", "mamba")
+        return (p + block + ".in_proj", p + block + ".out_proj")
     if component == "lm_head":
         return ("lm_head",)
     raise ValueError(component)
