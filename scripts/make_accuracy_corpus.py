@@ -22,7 +22,10 @@ start and stop inside a forward (prof.start()/prof.stop() from a decoder-layer h
 unmodified script; generate and hand loops without a KV cache (use_cache=False: every forward a prefill of the
 sequence so far); training under gradient checkpointing (each layer's forward again inside the backward); generate
 over a static cache run eagerly; prompt-lookup speculative decoding (forwards of several candidate tokens on a cache:
-extends, between decodes); and cut files (a whole trace's JSON text truncated at a byte offset).
+extends, between decodes); assisted generation (a small draft model's forwards between the target's verifying ones);
+torch.compile(mode="reduce-overhead") over a static cache (an eager prefill, then decodes replayed by Inductor's CUDA
+graph trees); transformers' continuous batching (the requests of a forward packed into one row, joining and leaving:
+prefill, decode and mixed forwards); and cut files (a whole trace's JSON text truncated at a byte offset).
 
 Every trace is rewritten by scripts/trim_trace.py (every event kept except flow arrows and python_function; the args
 Concrete Inputs, Input Strides, Ev Idx, Record function id dropped) and gzipped; one over the size limit is captured
@@ -35,6 +38,7 @@ Run on a CUDA machine (torch + transformers 5.x; decodegap importable for the re
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout --jobs 5   # 13 traces the corpus does not hold
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout6 --jobs 8  # 13 more on new ground, and 2 cuts of them
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout7 --jobs 8  # 12 more in loops never read before
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout8 --jobs 8  # 13 more: new loops and families
     python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR   # every trace there cut short, two ways
     python3 scripts/make_accuracy_corpus.py --table tests/fixtures/traces/corpus   # the README's table rows
 Smoke-test the logic on a CPU (CPU activity only, tiny sizes; CUDA-graph loops run their static loop eagerly):
@@ -293,23 +297,77 @@ FAMILIES.update({
                       "full attention at layer 0 and every 6th, sliding (window 8) between, with sinks (eager "
                       "attention); a dense first layer, then eager MoE (MiMo-V2-Flash)"),
 })
+# The eighth holdout's families (`--holdout8`): a Llama 4 text stack (dense and MoE layers in turn, NoPE layers, chunked
+# attention), DBRX's own expert loop, a Mamba-1 hybrid with a shared attention block, an attention-free xLSTM, ZAYA's
+# convolutional attention with top-1 MoE, per-layer head counts (Laguna), parallel attention + MoE (Command A MoE),
+# differential attention, FlexOlmo's MoE, and dense stacks for the new loops (Seed-OSS, ERNIE 4.5, Llama on flex
+# attention); none in any set.
+FAMILIES.update({
+    "llama4": ("Llama4TextConfig", dict(SMALL, head_dim=32, intermediate_size_mlp=256, num_local_experts=4,
+                                        num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=8,
+                                        pad_token_id=0),
+               "Llama 4 text: dense and MoE layers in turn (the MoE: a shared expert and 4 routed experts run as one "
+               "bmm over all of them), every 4th layer NoPE (no rotary, no q/k norm, full attention), chunked "
+               "attention (chunks of 8) in the others: three kinds of layer"),
+    "dbrx": ("DbrxConfig", dict(d_model=128, n_heads=4, max_seq_len=512, vocab_size=VOCAB,
+                                attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=10000.0),
+                                ffn_config=dict(ffn_hidden_size=64, moe_num_experts=16, moe_top_k=4)),
+             "fine-grained eager MoE (16 experts top-4, DBRX's own Python loop over the experts that got tokens), "
+             "fused Wqkv with clipping, LayerNorm, blocks named `blocks` (DBRX)"),
+    "zamba": ("ZambaConfig", dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
+                                  n_mamba_heads=2, mamba_d_state=8, vocab_size=VOCAB, max_position_embeddings=512,
+                                  attn_layer_period=3, attn_layer_offset=2, use_mamba_kernels=False),
+              "hybrid: Mamba-1 layers (torch path), every 3rd also runs one shared attention + MLP block on the hidden "
+              "state concatenated with the embeddings (Zamba 1)"),
+    "xlstm": ("xLSTMConfig", dict(hidden_size=128, num_heads=4, vocab_size=VOCAB, chunk_size=4, mode="train",
+                                  use_cache=False),
+              "attention-free: mLSTM blocks (matrix-memory LSTM) with gated MLPs, in xLSTM's training mode: "
+              "chunkwise-parallel torch kernels over chunks of 4 tokens, no cache (xLSTM 7B)"),
+    "zaya": ("ZayaConfig", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                moe_intermediate_size=128, num_experts=8, router_hidden_size=64, vocab_size=VOCAB,
+                                max_position_embeddings=512),
+             "compressed convolutional attention (q/k through causal depthwise + grouped convolutions whose states sit "
+             "in the cache beside the KV), eager MoE top-1 of 8 with an MLP router fed the previous layer's router "
+             "state, residual scaling (ZAYA1)"),
+    "laguna": ("LagunaConfig", dict(SMALL, head_dim=32, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                                    num_experts=8, num_experts_per_tok=2, sliding_window=8),
+               "per-layer head counts (8 heads in the full-attention layers, 4 in the sliding ones, window 8), "
+               "softplus output gates, a dense first layer, then eager MoE with a shared expert (Laguna)"),
+    "cohere2_moe": ("Cohere2MoeConfig", dict(SMALL, head_dim=32, num_experts=8, num_experts_per_tok=2, sliding_window=8,
+                                             first_k_dense_replace=1, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+                    "parallel attention + MoE from one LayerNorm: a dense full-attention first layer, then eager MoE "
+                    "layers 3 sliding (window 8) : 1 full (Command A MoE)"),
+    "diffllama": ("DiffLlamaConfig", dict(DENSE), "differential attention: two softmax maps a head, one "
+                                                    "subtracted from the other with a learned lambda, a per-head "
+                                                    "RMSNorm (DiffLlama)"),
+    "flex_olmo": ("FlexOlmoConfig", dict(SMALL, num_experts=7, num_experts_per_tok=2, pad_token_id=0, eos_token_id=2),
+                  "eager MoE (7 experts top-2) with post-attention / post-MLP norms and q/k norms (FlexOlmo)"),
+    "seed_oss": ("SeedOssConfig", dict(DENSE, head_dim=64), "dense GQA with q/k/v biases (Seed-OSS)"),
+    "ernie4_5": ("Ernie4_5Config", dict(DENSE, head_dim=64), "dense GQA (ERNIE 4.5 dense)"),
+    "llama_flex": ("LlamaConfig", dict(DENSE), "dense GQA (Llama) on attn_implementation='flex_attention': a compiled "
+                                               "flex-attention kernel and a block mask built every forward instead of "
+                                               "SDPA"),
+})
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "qwen3_next", "jamba", "glm4_moe",
        "phimoe", "granitemoe", "granitemoehybrid", "deepseek_v2", "ernie4_5_moe", "minimax", "jetmoe", "qwen3_5_moe",
-       "dots1", "hunyuan_moe", "lfm2_moe", "afmoe", "kimi_linear", "glm_moe_dsa", "longcat_flash", "mimo_v2_flash"}
+       "dots1", "hunyuan_moe", "lfm2_moe", "afmoe", "kimi_linear", "glm_moe_dsa", "longcat_flash", "mimo_v2_flash",
+       "zaya", "laguna", "cohere2_moe", "flex_olmo"}
 # MoE families that run their experts on grouped GEMMs unless a spec says otherwise (the others: the eager loop)
 GROUPED_EXPERTS = {"granitemoe", "granitemoehybrid", "qwen3_5_moe", "dots1", "lfm2_moe"}
-NO_ATTENTION = {"mamba2", "falcon_mamba"}  # no attention implementation to choose
+NO_ATTENTION = {"mamba2", "falcon_mamba", "xlstm"}  # no attention implementation to choose
 # no SDPA path in transformers 5.17
 EAGER_ATTENTION = {"gpt_oss", "bloom", "gptj", "mpt", "codegen", "xglm", "mimo_v2_flash"}
+OTHER_ATTENTION = {"llama_flex": "flex_attention"}  # family variants on another attention implementation
 
 
 def family_config(family: str, layers: int):
     import transformers
 
     cname, kw, _ = FAMILIES[family]
-    kw = dict(kw)
+    kw = {k: dict(v) if isinstance(v, dict) else v for k, v in kw.items()}  # DBRX's sub-configs are dicts
     layer_key = {"gpt2": "n_layer", "bloom": "n_layer", "gptj": "n_layer", "gpt_bigcode": "n_layer",
-                 "codegen": "n_layer", "mpt": "n_layers", "xglm": "num_layers", "longcat_flash": "num_layers"}
+                 "codegen": "n_layer", "mpt": "n_layers", "xglm": "num_layers", "longcat_flash": "num_layers",
+                 "dbrx": "n_layers"}
     kw[layer_key.get(family, "num_hidden_layers")] = layers
     if family == "longcat_flash":  # its num_hidden_layers counts the attention sublayers (cache slots), 2 a layer
         kw["num_hidden_layers"] = 2 * layers
@@ -327,6 +385,9 @@ def family_config(family: str, layers: int):
         kw["layers_block_type"] = ["hybrid" if i % 3 == 2 else "mamba" for i in range(layers)]
     if family == "nemotron_h":  # M: Mamba-2, -: MLP, *: attention; one block a layer
         kw["hybrid_override_pattern"] = ("M-M*-" * layers)[:layers]
+    if family == "laguna":  # full attention at layer 0 and every 3rd, with twice the heads of the sliding layers
+        kw["layer_types"] = ["full_attention" if i % 3 == 0 else "sliding_attention" for i in range(layers)]
+        kw["num_attention_heads_per_layer"] = [8 if i % 3 == 0 else 4 for i in range(layers)]
     return getattr(transformers, cname)(**kw)
 
 
@@ -340,7 +401,8 @@ def build(family: str, layers: int, device: str, experts: str | None = None):
     config = family_config(family, layers)
     torch.manual_seed(0)
     experts = experts or ("grouped_mm" if family in GROUPED_EXPERTS else "eager")
-    kw = {} if family in NO_ATTENTION else {"attn_implementation": "eager" if family in EAGER_ATTENTION else "sdpa"}
+    attn = OTHER_ATTENTION.get(family, "eager" if family in EAGER_ATTENTION else "sdpa")
+    kw = {} if family in NO_ATTENTION else {"attn_implementation": attn}
     if family in MOE:
         kw["experts_implementation"] = experts
     model = AutoModelForCausalLM.from_config(config, **kw)
@@ -442,6 +504,9 @@ class ForwardLog:
         self.forwards: list[Fwd] = []
         self.training = training
         self.cached_override = None  # callable -> int, for caches whose length lives on the device
+        # callable(ids, kwargs) -> (batch, tokens, cached, phase, extra), for inputs no cache describes (continuous
+        # batching packs the requests of a forward into one row)
+        self.describe = None
         if model is not None:
             model.register_forward_pre_hook(self.pre, with_kwargs=True, prepend=True)
             model.register_forward_hook(self.post, always_call=True)
@@ -456,6 +521,10 @@ class ForwardLog:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None:
             ids = kwargs["inputs_embeds"]
+        if self.describe is not None:
+            batch, tokens, cached, phase, extra = self.describe(ids, kwargs)
+            self.forwards.append(Fwd(batch, tokens, cached, phase, t0, self.rec, self.epoch, extra=extra))
+            return
         past = kwargs.get("past_key_values")
         if self.cached_override is not None:
             cached = self.cached_override()
@@ -688,8 +757,9 @@ def _one_generate(ctx: Ctx, spec: Spec, extra: dict, what, ids: torch.Tensor | N
     info = layer_info(model, ctx.device)
     log = ForwardLog(model)
     ids = prompt(spec.batch, ctx.device) if ids is None else ids
+    warm = spec.opts.get("warmup_tokens", 3)  # as many as the capture: every shape compiled first (flex attention)
     with torch.no_grad():
-        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(3), **extra)  # warm-up
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen_kwargs(warm), **extra)  # warm-up
     sync(ctx.device)
 
     def capture(n):
@@ -785,6 +855,259 @@ def loop_prompt_lookup_generate(ctx: Ctx, spec: Spec) -> None:
                             f"max_new_tokens={n}) at batch 1, prompt {PROMPT // 2} tokens twice; each forward "
                             f"verifies up to {k} candidate tokens on the DynamicCache (cropped after a rejection); "
                             "no step markers", ids=torch.cat([half, half], dim=1))
+
+
+def loop_assisted_generate(ctx: Ctx, spec: Spec) -> None:
+    """Assisted generation (speculative decoding with a draft model): generate(assistant_model=a model of the same
+    family with opts draft_layers layers, default 2) at batch 1. Each round the draft proposes candidates (its own
+    forwards on its own DynamicCache; with random weights its confidence falls under 0.4 after one token, so one
+    candidate), then the target verifies the last token + the candidates in one forward (the first: prompt +
+    candidates, a prefill; then extends of 2, a decode when no candidate is left to verify), and both caches are
+    cropped to the accepted tokens. The steps are the target's forwards; the draft's forwards run between them and
+    are logged apart (`assistant` in the truth), as are its layers."""
+    draft_layers = spec.opts.get("draft_layers", 2)
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    draft = build(spec.family, draft_layers, ctx.device)
+    draft_info = layer_info(draft, ctx.device)
+    log, dlog = ForwardLog(model), ForwardLog(draft)
+    ids = prompt(1, ctx.device)
+
+    def run(n):
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), assistant_model=draft, **gen_kwargs(n))
+
+    with torch.no_grad():
+        run(4)  # warm-up
+    sync(ctx.device)
+
+    def capture(n):
+        log.clear()
+        dlog.clear()
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            dlog.set_rec(True)
+            run(n)
+            sync(ctx.device)
+            log.set_rec(False)
+            dlog.set_rec(False)
+        t = base_truth(spec, info, f"assisted generation: greedy model.generate(assistant_model=<{draft_layers}-layer "
+                                   f"{spec.family}>, max_new_tokens={n}) at batch 1, prompt {PROMPT} tokens: each "
+                                   "round the draft proposes candidates (its own forwards and DynamicCache), then one "
+                                   "target forward verifies them (the first a prefill of prompt + candidates, then "
+                                   "extends of the last token + candidates); no step markers",
+                       "profile() around one generate(); a warm-up generate ran before; hooks on both models")
+        t["expect"] = ("the target's forwards are the steps (steps, layers, layer_kinds are the target's); the draft's "
+                       "forwards (`assistant`) are a smaller model's, between the steps, not steps")
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+    path = os.path.join(ctx.out_dir, f"{spec.name}.truth.json")  # the last capture's: add the draft's forwards
+    truth = json.load(open(path))
+    base = truth["clock_check"]["base_time_ns"]
+    whole, partial = dlog.split()
+    truth["assistant"] = {
+        "layers": draft_info["layers"], "layer_kinds": draft_info["layer_kinds"],
+        "model_class": draft_info["model_class"], "steps": steps_of(whole), "partial_at_edges": len(partial),
+        "each_forward": [{"batch": f.batch, "tokens": f.tokens, "cached_before": f.cached_before, "phase": f.phase,
+                          "window": "whole" if f in whole else "partial" if f in partial else "outside",
+                          "cpu_start_ns": f.t0 - base, "cpu_end_ns": f.t1 - base} for f in dlog.forwards]}
+    write_truth(ctx.out_dir, spec.name, truth)
+    print(f"{spec.name}: draft forwards {truth['assistant']['steps']}", flush=True)
+
+
+def loop_reduce_overhead_hand(ctx: Ctx, spec: Spec) -> None:
+    """torch.compile(model.forward, mode="reduce-overhead") over a StaticCache in a hand loop, as generate() runs a
+    static cache when it compiles: the prefill eager (not compiled), then every decode through the compiled forward,
+    which Inductor's CUDA graph trees replay (one cudaGraphLaunch a forward, after copying the new inputs into the
+    graph's buffers); torch.compiler.cudagraph_mark_step_begin() before each decode, the next token and
+    cache_position made on the device (no host sync). Compilation and graph recording ran in two warm-up loops
+    outside the trace (the cache reset in place between loops). The KV length lives on the device in a StaticCache,
+    so the log counts it on the host."""
+    from transformers import StaticCache
+
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)  # eager, before compiling
+    log = ForwardLog(model)
+    kv = [0]
+    log.cached_override = lambda: kv[0]
+    cache_len = PROMPT + spec.steps[0] + 8
+    cache = StaticCache(config=model.config, max_cache_len=cache_len)
+    eager_forward = model.forward
+    torch._dynamo.config.cache_size_limit = 64
+    compiled = torch.compile(eager_forward, mode="reduce-overhead")
+    ids0 = prompt(spec.batch, ctx.device)
+    prefill_pos = torch.arange(PROMPT, device=ctx.device)
+
+    def run(n):
+        cache.reset()  # keys, values and the device-side length zeroed in place (the graphs' addresses stay)
+        kv[0] = 0
+        model.forward = eager_forward
+        with torch.no_grad():
+            logits = model(input_ids=ids0, past_key_values=cache, use_cache=True, cache_position=prefill_pos).logits
+            kv[0] = PROMPT
+            nxt, pos = logits[:, -1:].argmax(-1), prefill_pos[-1:] + 1
+            model.forward = compiled
+            for _ in range(n - 1):
+                torch.compiler.cudagraph_mark_step_begin()
+                logits = model(input_ids=nxt, past_key_values=cache, use_cache=True, cache_position=pos).logits
+                kv[0] += 1
+                nxt, pos = logits[:, -1:].argmax(-1), pos + 1
+        model.forward = eager_forward
+        assert int(cache.get_seq_length()) == kv[0], (int(cache.get_seq_length()), kv[0])  # after the window
+
+    t0 = time.time()
+    for _ in range(2):
+        run(spec.steps[0])
+    sync(ctx.device)
+    print(f"{spec.name}: warm-up loops (compilation, graph recording) {time.time() - t0:.1f} s", flush=True)
+
+    def capture(n):
+        log.clear()
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            run(n)  # its last check reads the device-side length: a sync after the last forward
+            sync(ctx.device)
+            log.set_rec(False)
+        t = base_truth(spec, info, f"torch.compile(model.forward, mode='reduce-overhead') on a StaticCache of "
+                                   f"{cache_len}: a hand loop at batch {spec.batch}, the prefill eager, then {n - 1} "
+                                   "decodes through the compiled forward, each a CUDA graph tree replay "
+                                   "(cudaGraphLaunch), argmax and cache_position on the device; no markers",
+                       "two warm-up loops compiled and recorded the graphs first (not in the trace); profile() around "
+                       "one loop; KV length counted on the host, checked against the cache after the loop")
+        t["cuda_graph_replays_expected"] = n - 1 if ctx.device == "cuda" else 0
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+    truth = json.load(open(os.path.join(ctx.out_dir, f"{spec.name}.truth.json")))
+    got = truth["in_trace"]["cuda_graph_launches"]
+    if got < truth["cuda_graph_replays_expected"]:
+        print(f"{spec.name}: WARNING {got} graph launches in the trace for "
+              f"{truth['cuda_graph_replays_expected']} decodes (CUDA graphs skipped?)", flush=True)
+
+
+def loop_continuous_batching(ctx: Ctx, spec: Spec) -> None:
+    """transformers' continuous batching: a ContinuousBatchingManager (init_continuous_batching) over a
+    PagedAttentionCache (blocks of 16 tokens), attention 'paged|sdpa', no CUDA graphs, no compile, synchronous
+    batches, greedy. Each forward packs its scheduled requests' tokens into one row (input_ids [1, total]): whole
+    prompts and prompt chunks (a budget of opts batch_tokens, default 32, tokens a forward) and one token per decoding
+    request, so a forward is a prefill, an extend (prompt chunks only), a decode or mixed (decodes and prompt tokens
+    together). Three requests wait when the loop starts, two more join from a forward hook after forwards 2 and 3,
+    and each leaves at its own max_new_tokens: the requests per forward change. The phase of a forward comes from the
+    scheduled requests (host-side state read in the pre-hook): per request the tokens it runs and its length before.
+    The manager's generation loop (what start() runs on a background thread) runs on the profiling thread:
+    torch.profiler records the CPU ops of its own thread only."""
+    import threading
+
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    if ctx.device != "cuda":  # CPU smoke: transformers sizes the paged cache by psutil's free host memory (0 without)
+        from transformers.generation.continuous_batching.cache import PagedAttentionMemoryHandler
+
+        PagedAttentionMemoryHandler.get_available_memory = lambda self: 1 << 32
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)  # on sdpa, before the paged attention
+    model.set_attn_implementation("paged|sdpa")
+    log = ForwardLog(model)
+    budget = spec.opts.get("batch_tokens", 32)
+    gen = GenerationConfig(do_sample=False, max_new_tokens=spec.steps[0], eos_token_id=-1, pad_token_id=0)
+    cbc = ContinuousBatchingConfig(block_size=16, num_blocks=64, max_batch_tokens=budget, max_requests_per_batch=8,
+                                   max_blocks_per_request=0, allow_block_sharing=False, use_cuda_graph=False,
+                                   use_async_batching=False)
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cbc)
+    status = manager.background_thread_status
+    state = {"prompt_len": {}, "joins": {}, "last_join": 0, "tag": ""}
+
+    def describe(ids, kwargs):
+        reqs = manager.batch_processor.inputs_and_outputs.requests_in_batch
+        q = [fs.query_length for fs in reqs]
+        past = [fs.state.position_offset - fs.query_length for fs in reqs]  # prepare_batch_tensors advanced it
+        rids = [fs.state.request_id for fs in reqs]
+        kinds = ["decode" if p >= state["prompt_len"][r] else "prefill" if p == 0 else "extend"
+                 for r, p in zip(rids, past, strict=True)]
+        assert sum(q) == ids.shape[1], (q, tuple(ids.shape))  # no padding: no CUDA graphs, no compile
+        if all(k == "decode" for k in kinds):
+            phase = "decode"
+        elif "decode" in kinds:
+            phase = "mixed"
+        else:
+            phase = "prefill" if all(k == "prefill" for k in kinds) else "extend"
+        return int(ids.shape[0]), int(ids.shape[1]), sum(past), phase, {
+            "requests": rids, "query_lengths": q, "lengths_before": past, "request_phases": kinds}
+
+    log.describe = describe
+
+    def join(module, args, output):  # after the log's post-hook: forward k has ended
+        k = len(log.forwards)
+        for i, (plen, new) in state["joins"].pop(k, []):
+            add(i, plen, new)
+        if k == state["last_join"]:
+            status.request_stop(type(status).FLUSH_AND_STOP, 0)  # the loop ends when every request is done
+
+    model.register_forward_hook(join)
+
+    def add(i, plen, new):
+        rid = f"{state['tag']}r{i}"
+        state["prompt_len"][rid] = plen
+        manager.add_request(input_ids=[int(x) for x in torch.randint(1, VOCAB, (plen,))], request_id=rid,
+                            max_new_tokens=new)
+        state["requests"].append({"request": rid, "prompt": plen, "max_new_tokens": new})
+
+    def serve(n, tag):
+        """One session: requests (prompt length, max_new_tokens, after which forward it joins; 0: before the loop)."""
+        plan = [(16, n, 0), (12, max(2, n - 3), 0), (20, max(2, n - 5), 0), (10, max(2, n // 2), 2), (14, 3, 3)]
+        log.clear()
+        status.clear()
+        state.update(tag=tag, joins={}, requests=[], last_join=max(j for _, _, j in plan))
+        for i, (plen, new, after) in enumerate(plan):
+            if after:
+                state["joins"].setdefault(after, []).append((i, (plen, new)))
+            else:
+                add(i, plen, new)
+        watchdog = threading.Timer(300, lambda: status.request_stop(type(status).HARD_STOP, 0))
+        watchdog.start()
+        try:
+            manager._run_generation_loop()  # on this thread, returns once flushed
+        finally:
+            watchdog.cancel()
+        done = {}
+        while (r := manager.get_result(timeout=0.01)) is not None:
+            done[r.request_id] = r
+        for req in state["requests"]:
+            r = done.get(req["request"])
+            assert r is not None and r.error is None and len(r.generated_tokens) == req["max_new_tokens"], (req, r)
+            req["generated"] = len(r.generated_tokens)
+        return list(state["requests"])
+
+    torch.manual_seed(2)
+    with torch.no_grad():
+        serve(spec.steps[0], "warm_")
+    sync(ctx.device)
+
+    def capture(n):
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            reqs = serve(n, f"n{n}_")
+            sync(ctx.device)
+            log.set_rec(False)
+        t = base_truth(spec, info, f"continuous batching (transformers' ContinuousBatchingManager, paged|sdpa on a "
+                                   f"PagedAttentionCache, no CUDA graphs): {len(reqs)} greedy requests, 3 queued at "
+                                   "the start and 2 joining after forwards 2 and 3, each leaving at its own "
+                                   "max_new_tokens "
+                                   f"(longest {n}); every forward packs its requests' tokens into one row, prompts "
+                                   f"chunked to {budget} tokens a forward: prefill, decode and mixed forwards",
+                       "profile() around one session of the manager's generation loop, run on this thread; a warm-up "
+                       "session ran before; the phase of each forward from the scheduled requests (a request whose "
+                       "length before the forward is at least its prompt decodes; mixed: decodes and prompt tokens "
+                       "in one forward)")
+        t["requests"] = reqs
+        t["requests_per_forward"] = [len(f.extra["requests"]) for f in log.forwards]
+        t["continuous_batching_config"] = {"block_size": 16, "num_blocks": 64, "max_batch_tokens": budget,
+                                           "attn_implementation": "paged|sdpa", "use_cuda_graph": False,
+                                           "use_async_batching": False}
+        t["batch_note"] = "batch: the packed row (1); requests_per_forward and each_forward.requests: the requests"
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
 
 
 def loop_nocache_hand(ctx: Ctx, spec: Spec) -> None:
@@ -1433,7 +1756,9 @@ LOOPS = {"eager_generate": loop_eager_generate, "sample_padded": loop_sample_pad
          "profstep_wraps_generate": loop_profstep_wraps_generate, "train": loop_train, "midstep": loop_midstep,
          "record": loop_record, "beam_generate": loop_beam_generate, "nocache_generate": loop_nocache_generate,
          "nocache_hand": loop_nocache_hand, "train_checkpointed": loop_train_checkpointed,
-         "static_generate": loop_static_generate, "prompt_lookup_generate": loop_prompt_lookup_generate}
+         "static_generate": loop_static_generate, "prompt_lookup_generate": loop_prompt_lookup_generate,
+         "assisted_generate": loop_assisted_generate, "reduce_overhead_hand": loop_reduce_overhead_hand,
+         "continuous_batching": loop_continuous_batching}
 
 
 def S(name, family, loop, **kw) -> Spec:
@@ -1681,6 +2006,36 @@ HOLDOUT7 = [
     S("bamba7_beam", "bamba", "beam_generate", layers=7, rs=False, steps=[6, 5], cost=10),
     S("lfm2_7_profstep_generate_hook", "lfm2", "profstep_generate_hook", layers=7, batch=2, steps=[5, 4]),
 ]
+# An eighth holdout (`--holdout8`): ground no set covered. Three loops the reader never saw: transformers' continuous
+# batching (a forward packs its requests into one row; requests join and leave, prompts are chunked: prefill, decode
+# and mixed forwards) for a dense and an eager-MoE stack; torch.compile(mode="reduce-overhead") over a StaticCache (an
+# eager prefill, then decodes replayed by Inductor's CUDA graph trees); assisted generation with a 2-layer draft model
+# (the draft's forwards between the target's, not steps). Flex attention (compiled kernels, a block mask a forward) in
+# a plain generate. And families no set had: a Llama 4 text stack (dense and MoE layers in turn, NoPE layers, chunked
+# attention) over a chunked prefill, DBRX's fine-grained eager MoE, a Zamba 1 hybrid (Mamba-1 + one shared attention
+# block) with left padding, an xLSTM trained without markers, ZAYA1's convolutional attention + top-1 MoE with a
+# ProfilerStep per forward, Laguna's per-layer head counts with a host sync per step, Command A MoE's parallel attention
+# + MoE with the window opening and closing mid-forward, and differential attention in CUDA graph replays. Every
+# family / loop pair is new.
+HOLDOUT8 = [
+    S("qwen3_4_continuous_batching", "qwen3", "continuous_batching", layers=4, steps=[10, 8], cost=8),
+    S("flex_olmo4_continuous_batching", "flex_olmo", "continuous_batching", layers=4, rs=False, steps=[10, 8],
+      cost=10),
+    S("seed_oss6_reduce_overhead_hand", "seed_oss", "reduce_overhead_hand", layers=6, batch=2, steps=[10, 8],
+      cost=COMPILE_COST),
+    S("ernie4_5_6_assisted_generate", "ernie4_5", "assisted_generate", layers=6, steps=[12, 10], cost=6),
+    S("llama_flex6_eager_generate", "llama_flex", "eager_generate", layers=6, batch=2, steps=[10, 8],
+      opts={"warmup_tokens": 10}, cost=COMPILE_COST),
+    S("llama4_8_hand_extend", "llama4", "hand_extend", layers=8, steps=[8, 6]),
+    S("dbrx6_eager_generate", "dbrx", "eager_generate", layers=6, batch=2, rs=False, steps=[8, 6]),
+    S("zamba9_sample_padded", "zamba", "sample_padded", layers=9, batch=3, rs=False, steps=[6, 5], cost=10),
+    S("xlstm3_train_nomarkers", "xlstm", "train", layers=3, rs=False, steps=[2, 1], opts={"markers": "none"},
+      cost=10),
+    S("zaya6_profstep_hand", "zaya", "profstep_hand", layers=6, batch=2, steps=[6, 5]),
+    S("laguna6_hand_item", "laguna", "hand", layers=6, rs=False, steps=[8, 6], opts={"item": True}),
+    S("cohere2_moe8_midstep", "cohere2_moe", "midstep", layers=8, batch=2, steps=[5, 4], cost=6),
+    S("diffllama6_cudagraph", "diffllama", "cudagraph", layers=6, batch=2, rs=False, steps=[10, 8]),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
@@ -1694,8 +2049,11 @@ HOLDOUT6_CUTS = [  # cuts of an eager-MoE and a hybrid trace (the corpus's are o
 def smoke_spec(spec: Spec) -> Spec:
     s = Spec(**{**spec.__dict__, "opts": dict(spec.opts)})
     s.layers = max(2, min(spec.layers, 4 if spec.loop != "deep_nomarkers" else 6))
+    if spec.family == "zamba":  # two layers with the shared block at least (transformers ties them)
+        s.layers = min(spec.layers, 6)
     # prompt lookup: enough new tokens that candidates are found and verified (fewer forwards than tokens)
-    knob = {"train": 2, "train_checkpointed": 2, "prompt_lookup_generate": 12}.get(spec.loop, 4)
+    knob = {"train": 2, "train_checkpointed": 2, "prompt_lookup_generate": 12, "continuous_batching": 6}.get(spec.loop,
+                                                                                                             4)
     s.steps = [min(spec.steps[0], knob)]
     s.batch = min(spec.batch, 3)
     return s
@@ -1808,7 +2166,7 @@ def cut_all(src_dir: str, out_dir: str) -> int:
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7}
+               + HOLDOUT7 + HOLDOUT8}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -1840,7 +2198,7 @@ def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7}
+               + HOLDOUT7 + HOLDOUT8}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -1917,7 +2275,7 @@ def table_rows(folder: str) -> str:
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7}
+               + HOLDOUT7 + HOLDOUT8}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -1945,6 +2303,7 @@ def main() -> None:
     parser.add_argument("--holdout6", action="store_true",
                         help="make the HOLDOUT6 traces instead (and HOLDOUT6_CUTS unless --no-cuts)")
     parser.add_argument("--holdout7", action="store_true", help="make the HOLDOUT7 traces instead (no cuts)")
+    parser.add_argument("--holdout8", action="store_true", help="make the HOLDOUT8 traces instead (no cuts)")
     parser.add_argument("--cuts-of", metavar="DIR", help="instead, cut every trace of DIR (with its truth) two ways "
                         "into OUT_DIR: after 3 whole forwards (where it has 5) and with almost no kernels")
     parser.add_argument("--seconds", type=float, help="start no new trace after this many seconds")
@@ -1963,12 +2322,12 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     if args.cuts_of:
         sys.exit(cut_all(args.cuts_of, args.out_dir))
-    chosen = (HOLDOUT7 if args.holdout7 else HOLDOUT6 if args.holdout6 else HOLDOUT5 if args.holdout5
-              else HOLDOUT4 if args.holdout4 else HOLDOUT3 if args.holdout3 else HOLDOUT2 if args.holdout2
-              else HOLDOUT if args.holdout else SPECS)
+    chosen = (HOLDOUT8 if args.holdout8 else HOLDOUT7 if args.holdout7 else HOLDOUT6 if args.holdout6
+              else HOLDOUT5 if args.holdout5 else HOLDOUT4 if args.holdout4 else HOLDOUT3 if args.holdout3
+              else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)
     names = args.only or [s.name for s in chosen]
     unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-                            + HOLDOUT7}
+                            + HOLDOUT7 + HOLDOUT8}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
