@@ -198,3 +198,39 @@ def test_kimi_linear_checkpoint_layout_numbered_from_one():
     assert [i + 1 for i, layer in enumerate(g.layers) if layer.attention] == full
     assert [i + 1 for i, layer in enumerate(g.layers) if layer.recurrent] == [i for i in range(1, n + 1)
                                                                                if i not in full]
+
+
+# ---- released checkpoints' config.json (not transformers' defaults) --------------------------------------------
+RELEASED = TRUTH / "released"
+
+
+def _released(stem: str) -> tuple[dict, dict]:
+    rec = json.loads((RELEASED / f"{stem}.json").read_text())
+    return rec["config"], rec["truth"]
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in RELEASED.glob("*.json")))
+def test_released_checkpoints_params_match_the_built_model(stem):
+    # Released configs give some layouts as rules transformers derives layer_types from (Qwen3-Next's
+    # full_attention_interval, MiniMax-M1's attn_type_list, Gemma 2's alternation), spell a field otherwise
+    # (RecurrentGemma's _block_types) and leave tie_word_embeddings to the family's default (Gemma, GPT-2: tied).
+    cfg, truth = _released(stem)
+    g = geometry_from_dict(cfg)
+    assert g.params_total == pytest.approx(truth["total"], rel=TOLERANCE)
+    assert g.params_active_with_embeddings == pytest.approx(truth["active_with_embeddings"], rel=TOLERANCE)
+    assert g.tie_embeddings == truth["tied"]
+
+
+@pytest.mark.parametrize("stem,full,recurrent,sliding", [
+    ("qwen3_next_80b_a3b", 12, 36, 0),  # full_attention_interval 4: every 4th layer full, the others gated DeltaNet
+    ("minimax_m1_80k", 10, 70, 0),  # attn_type_list: 1 softmax attention, 0 lightning attention
+    ("gemma_2_2b_it", 13, 0, 13),  # a sliding window and no pattern: Gemma 2 alternates, sliding first
+    ("recurrentgemma_2b", 8, 18, 0),  # _block_types recurrent, recurrent, attention cycled over 26 layers
+])
+def test_released_layouts_given_as_rules(stem, full, recurrent, sliding):
+    cfg, _ = _released(stem)
+    g = geometry_from_dict(cfg)
+    assert (sum(x.attention == "full" for x in g.layers), sum(x.recurrent for x in g.layers),
+            sum(x.attention == "sliding" for x in g.layers)) == (full, recurrent, sliding)
+    if stem == "gemma_2_2b_it":
+        assert [x.attention for x in g.layers[:4]] == ["sliding", "full", "sliding", "full"]

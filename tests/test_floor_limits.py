@@ -168,3 +168,13 @@ def test_any_mutated_config_is_a_floor_or_one_line(tmp_path, capsys):
                 floor = json.loads(out)
                 assert math.isfinite(floor["floor_ms"]) and floor["floor_ms"] > 0, (field, value)
                 assert all(math.isfinite(c["ms"]) and c["ms"] >= 0 for c in floor["components"]), (field, value)
+
+
+def test_weights_that_barely_fit_are_warned_about():
+    # DeepSeek-V3 (671B, FP8) on 8 H100s: 84 GB of weights a GPU, 78 GiB of the 80: it fits, leaving no room for the
+    # activations an engine keeps beside weights and KV (vLLM gives those 90% of the memory by default)
+    ds = _floor("deepseek-v3.json", "h100", tp=8)
+    assert ds.memory_per_gpu.fits is True
+    barely = [w for w in ds.warnings if w.startswith("barely fits")]
+    assert len(barely) == 1 and "GiB of weights" in barely[0] and "of the 80 GiB of a h100 at tp 8" in barely[0]
+    assert not any(w.startswith("barely fits") for w in _floor("deepseek-v3.json", "h200", tp=8).warnings)

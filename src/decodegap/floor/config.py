@@ -46,6 +46,12 @@ MLA_TYPES = {"deepseek_v2", "deepseek_v3", "kimi_k2", "glm_moe_dsa", "deepseek_v
 PLAIN_MLP_TYPES = {"gpt2", "gpt_bigcode", "gptj", "codegen", "gpt_neo", "gpt_neox", "gpt_neox_japanese", "opt",
                    "bloom", "falcon", "mpt", "xglm", "biogpt", "starcoder2", "phi", "persimmon", "fuyu", "nemotron",
                    "apertus", "arcee", "nanochat", "jais2", "cosmos3_edge", "nemotron_h", "git", "openai-gpt", "ctrl"}
+# Families whose config class ties the output head to the embedding table when config.json leaves
+# tie_word_embeddings out (transformers' class defaults; every other decoder family's default is untied).
+TIED_BY_DEFAULT = {"bloom", "cohere", "cohere2", "cohere2_moe", "cpmant", "ctrl", "ernie4_5", "ernie4_5_moe", "falcon",
+                   "falcon_mamba", "gpt-sw3", "gpt2", "gpt_bigcode", "gpt_neo", "gpt_neox_japanese", "granite_swa",
+                   "jetmoe", "lfm2", "lfm2_moe", "mamba", "minicpm3", "mpt", "openai-gpt", "opt", "recurrent_gemma",
+                   "smollm3", "starcoder2", "vaultgemma", "xglm", "youtu", "zamba", "zamba2", "zaya", "biogpt"}
 # Families with one always-on shared expert of the routed experts' width and no config field for it.
 ALWAYS_SHARED_EXPERT = {"llama4", "hunyuan_v1_moe"}
 # Families whose attention output is gated per head by a second half of q_proj (no field says so in HF's
@@ -203,7 +209,7 @@ def geometry_from_dict(cfg: dict[str, Any], source: str = "config") -> ModelGeom
         shared_expert_intermediate=shared_width if num_experts else 0,
         mlp_gated=family not in PLAIN_MLP_TYPES,
         recurrent=recurrent,
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_embeddings=f.flag("tie_word_embeddings", family in TIED_BY_DEFAULT or family.startswith("gemma")),
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")) and not is_mla,
         qk_norm=model_type.startswith("qwen3") or bool(cfg.get("use_qk_norm")),
         output_gate=f.flag("attn_output_gate", family in OUTPUT_GATED_TYPES) and not is_mla,

@@ -22,6 +22,7 @@ ACTIVATION_BYTES = 2  # bf16 hidden states crossing the all-reduce
 # Floor times are rounded once, here, to this many decimals of a millisecond: the floor's own report, its JSON and
 # the gap ledger then show one value (rounding again at another precision would move a figure like 2.9145).
 MS_DIGITS = 6
+ENGINE_MEMORY_SHARE = 0.9  # of GPU memory an engine allots weights and KV by default (vLLM gpu_memory_utilization)
 INDEXER_SCALE_BYTES = 4  # one fp32 scale per FP8 indexer key (DeepSeek-V3.2 cache layout)
 
 
@@ -376,11 +377,15 @@ def compute_floor(
     kv_bytes += sum(c.bytes_per_gpu / 2 for c in comps if c.name == "recurrent_state")
     gpu_bytes = gpu.memory_gb * 2**30  # datasheet "GB" read as GiB: generous, so only a real overflow warns
     warnings = list(g.warnings)
+    held = f"{stored / 2**30:,.1f} GiB of weights + {kv_bytes / 2**30:,.1f} GiB of KV per GPU"  # one unit throughout
     if gpu_bytes and stored + kv_bytes > gpu_bytes:
-        warnings.append(
-            f"does not fit: {stored / 1e9:,.1f} GB of weights + {kv_bytes / 1e9:,.1f} GB of KV per GPU exceed the "
-            f"{gpu.memory_gb:g} GB of a {gpu.id} at tp {tp}; this floor is for a setup that cannot run"
-        )
+        warnings.append(f"does not fit: {held} exceed the {gpu.memory_gb:g} GiB of a {gpu.id} at tp {tp}; this "
+                        "floor is for a setup that cannot run")
+    elif gpu_bytes and stored + kv_bytes > ENGINE_MEMORY_SHARE * gpu_bytes:
+        warnings.append(f"barely fits: {held} take {(stored + kv_bytes) / gpu_bytes:.0%} of the "
+                        f"{gpu.memory_gb:g} GiB of a {gpu.id} at tp {tp}, more than the {ENGINE_MEMORY_SHARE:.0%} "
+                        "engines give weights and KV by default (vLLM's gpu_memory_utilization): little is left for "
+                        "activations and CUDA graphs")
     tokens_per_s = 1e3 / floor_ms if floor_ms > 0 else float("inf")
     return Floor(
         schema=FLOOR_SCHEMA,

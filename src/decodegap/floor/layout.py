@@ -6,7 +6,9 @@ Configs describe this many ways; each is read here, first given wins:
   attention, MoE; Nemotron-H checkpoints) or `layers_block_type` (Nemotron-H, Zamba: mamba / attention / mlp / moe /
   hybrid = Mamba beside a shared attention + MLP block);
 - a mixer per layer, every layer also having an MLP: `layer_types` (full_attention, sliding_attention,
-  chunked_attention, linear_attention, mamba, conv...), `block_types` (RecurrentGemma, cycled), `full_attn_idxs`
+  chunked_attention, linear_attention, mamba, conv...), or a rule transformers derives them from (MiniMax's
+  `attn_type_list`, Qwen3-Next's `full_attention_interval`, `sliding_window_pattern`; Gemma 2 alternates),
+  `block_types` (RecurrentGemma, cycled), `full_attn_idxs`
   (LFM2), `linear_attn_config.full_attn_layers` (Kimi Linear checkpoints, numbered from 1), `attn_layer_indices`
   (Bamba), `attn_layer_period` / `attn_layer_offset` (Jamba);
 - none of these: every layer attention; with Mamba fields and attention heads, both in parallel (Falcon-H1); with
@@ -98,8 +100,12 @@ def mixers(f: Fields, num_layers: int | None, recurrent_kind: str | None, has_at
         return _sized([_mixer_of(n, windows, f, False) for n in f.str_list("layer_types")], num_layers,
                       "layer_types", f)
     n = _depth(num_layers, f)
-    if cfg.get("block_types") is not None:  # RecurrentGemma: the list repeats over the layers
-        kinds = f.str_list("block_types") or ["attention"]
+    rule = _layer_types_by_rule(f, n, model_type, windows["sliding"])
+    if rule is not None:
+        return [_mixer_of(name, windows, f, False) for name in rule]
+    blocks = "block_types" if cfg.get("block_types") is not None else "_block_types"  # released RecurrentGemma
+    if cfg.get(blocks) is not None:  # RecurrentGemma: the list repeats over the layers
+        kinds = f.str_list(blocks) or ["attention"]
         return [_mixer_of(kinds[i % len(kinds)], windows, f, False) for i in range(n)]
     attention_at: set[int] | None = None
     if cfg.get("full_attn_idxs") is not None:
@@ -121,6 +127,26 @@ def mixers(f: Fields, num_layers: int | None, recurrent_kind: str | None, has_at
     if windows["sliding"] and model_type == "mistral" and f.flag("use_sliding_window", True):
         return [_Mixer(SLIDING, windows["sliding"])] * n  # Mistral-7B v0.1 slides on every layer
     return [_Mixer(FULL)] * n
+
+
+def _layer_types_by_rule(f: Fields, n: int, model_type: str, window: int) -> list[str] | None:
+    """The layer kinds a released config gives as a rule rather than a list (transformers derives layer_types from
+    it): MiniMax's attn_type_list (0: lightning attention, 1: softmax), Qwen3-Next's full_attention_interval (every
+    k-th layer full, the others gated DeltaNet), a sliding window with its pattern (every k-th layer full: Gemma 3's
+    sliding_window_pattern; Gemma 2 alternates without one). None where the config gives no such rule."""
+    cfg = f.cfg
+    if cfg.get("attn_type_list") is not None:
+        kinds = f.int_list("attn_type_list", 1)
+        if len(kinds) != n:
+            raise UserError(f"{f.source}: attn_type_list lists {len(kinds)} layers, num_hidden_layers is {n}")
+        return ["full_attention" if k else "linear_attention" for k in kinds]
+    if cfg.get("full_attention_interval") is not None:
+        every = f.int("full_attention_interval", low=1, high=MAX_LAYERS)
+        return ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
+    every = f.int("sliding_window_pattern", default=2 if model_type.startswith("gemma2") else 0, high=MAX_LAYERS)
+    if window and every:
+        return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n)]
+    return None
 
 
 def _depth(num_layers: int | None, f: Fields) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 from decodegap.floor.fields import MAX_HEADS, Fields
 
 # Kinds whose config fields say nothing else: the family's modeling code decides.
-FAMILY_RECURRENT_KIND = {"minimax": "lightning"}
+FAMILY_RECURRENT_KIND = {"minimax": "lightning", "minimax_m1": "lightning"}
 STATE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "bfloat16": 2, "bf16": 2, "fp16": 2}
 
 MAMBA_HEADS = ("mamba_n_heads", "mamba_num_heads", "n_mamba_heads")
