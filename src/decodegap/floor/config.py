@@ -60,11 +60,11 @@ OUTPUT_GATED_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "afmoe", "muse_gli
 # MLPs half as wide as their width field says: RecurrentGemma's (HF: intermediate_size // 2), Moshi's (one fc1 of
 # ffn_dim holds both the gate and the up projection).
 MLP_WIDTH_DIVISOR = {"recurrent_gemma": 2, "moshi": 2}
-# Fields that mean structure these counts leave out: the floor says so in its warnings instead of being silently
-# wrong.
+# Fields that mean structure these counts leave out (with the fields it also needs set): the floor says so in its
+# warnings instead of being silently wrong.
 UNMODELLED = {
     "altup_num_inputs": "AltUp and LAuReL blocks (Gemma 3n)",
-    "vocab_size_per_layer_input": "per-layer input embeddings (Gemma 3n / Gemma 4)",
+    ("vocab_size_per_layer_input", "hidden_size_per_layer_input"): "per-layer input embeddings (Gemma 3n / Gemma 4)",
     "hc_mult": "hyper-connections",
     "compress_rates": "the KV compressor and its indexer (DeepSeek-V4)",
     "num_mem_blocks": "transformer blocks shared between layers (Zamba: counted once per use)",
@@ -72,6 +72,8 @@ UNMODELLED = {
     "num_layers_per_stack": "stacks run several times per step (HRM)",
     "attention_hidden_size": "attention over the hidden state joined with the input embedding (Zamba)",
     "zero_expert_num": "zero-computation experts and shortcut-connected sublayers (LongCat-Flash)",
+    "global_head_dim": "full-attention layers with a head size and KV heads of their own (Gemma 4)",
+    "attention_k_eq_v": "keys that serve as values (no v_proj; Gemma 4)",
 }
 # Families whose structure no field announces, and which these counts leave out: said in the warnings.
 FAMILY_WARNINGS = {"jetmoe": "JetMoE's mixture-of-attention experts are counted as one dense attention"}
@@ -172,15 +174,18 @@ def geometry_from_dict(cfg: dict[str, Any], source: str = "config") -> ModelGeom
     if f.has(*SHARED_WIDTH) and f.int(*SHARED_WIDTH):  # one shared block of its own width (Qwen2-MoE, Granite)
         n_shared = max(n_shared, 1)
         shared_width = f.int(*SHARED_WIDTH)
+    if num_experts and f.flag("enable_moe_block", False):  # Gemma 4: each layer runs its dense MLP beside the experts
+        n_shared, shared_width = n_shared + 1, shared_width + f.int(*INTERMEDIATE, low=1)
 
     mla = {name: f.int(name, default=0) if is_mla else 0
            for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim")}
     if is_mla and mla["kv_lora_rank"] + mla["qk_rope_head_dim"] < 1:
         raise UserError(f"{source}: kv_lora_rank + qk_rope_head_dim must be at least 1")
     v_head_dim = f.int("v_head_dim", default=head_dim) if has_attention else 0
-    for name, what in UNMODELLED.items():
-        if cfg.get(name):
-            f.warnings.append(f"{name}: {what} not modelled; parameter counts and the floor leave them out")
+    for names, what in UNMODELLED.items():
+        names = (names,) if isinstance(names, str) else names  # all set: a width of 0 turns the structure off
+        if all(cfg.get(n) for n in names):
+            f.warnings.append(f"{names[0]}: {what} not modelled; parameter counts and the floor leave them out")
     if family in FAMILY_WARNINGS:
         f.warnings.append(FAMILY_WARNINGS[family])
     _check_dtype(cfg, source)

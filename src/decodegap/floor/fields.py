@@ -37,7 +37,7 @@ MOE_INTERMEDIATE = ("moe_intermediate_size", "expert_intermediate_size", "expert
 EXPERTS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts", "n_experts",
            "num_routed_experts")
 TOP_K = ("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k",
-         "n_activated_experts", "num_selected_experts")
+         "n_activated_experts", "num_selected_experts", "top_k_experts")
 SHARED_EXPERTS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", "num_shared_expert")
 # The total width of a layer's shared expert(s), where a config gives it apart from the routed experts' width
 SHARED_WIDTH = ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
