@@ -128,8 +128,8 @@ def decodegap_params(config: Path) -> dict:
         return {"refused": str(exc).replace(str(config.parent) + "/", "")}
     except Exception:  # noqa: BLE001 - what the sweep exists to find
         return {"traceback": traceback.format_exc(limit=3).strip().splitlines()[-1]}
-    return {"total": floor.params.total, "active": floor.params.active_with_embeddings,
-            "warnings": [w for w in floor.warnings if not w.startswith("does not fit")]}
+    # the config reader's own warnings (what it leaves out), not the floor's about memory
+    return {"total": floor.params.total, "active": floor.params.active_with_embeddings, "warnings": list(g.warnings)}
 
 
 def verdict(truth: dict, dg: dict) -> tuple[str, float | None, float | None]:
@@ -174,7 +174,8 @@ def main() -> None:
     for t, _ in cands:
         folder = args.work / t
         truth = json.loads((folder / "truth.json").read_text()) if (folder / "truth.json").exists() else {}
-        if not (folder / "config.json").exists():
+        if not (folder / "config.json").exists():  # transformers could not make its default config
+            counts["no config"] = counts.get("no config", 0) + 1
             continue
         dg = decodegap_params(folder / "config.json")
         v, rt, ra = verdict(truth, dg)

@@ -225,7 +225,8 @@ def test_released_checkpoints_params_match_the_built_model(stem):
     ("qwen3_next_80b_a3b", 12, 36, 0),  # full_attention_interval 4: every 4th layer full, the others gated DeltaNet
     ("minimax_m1_80k", 10, 70, 0),  # attn_type_list: 1 softmax attention, 0 lightning attention
     ("gemma_2_2b_it", 13, 0, 13),  # a sliding window and no pattern: Gemma 2 alternates, sliding first
-    ("recurrentgemma_2b", 8, 18, 0),  # _block_types recurrent, recurrent, attention cycled over 26 layers
+    ("recurrentgemma_2b", 0, 18, 8),  # _block_types recurrent, recurrent, attention cycled over 26 layers; its
+    # attention is local, over attention_window_size
 ])
 def test_released_layouts_given_as_rules(stem, full, recurrent, sliding):
     cfg, _ = _released(stem)
@@ -234,3 +235,25 @@ def test_released_layouts_given_as_rules(stem, full, recurrent, sliding):
             sum(x.attention == "sliding" for x in g.layers)) == (full, recurrent, sliding)
     if stem == "gemma_2_2b_it":
         assert [x.attention for x in g.layers[:4]] == ["sliding", "full", "sliding", "full"]
+
+
+def test_a_window_without_a_pattern_slides_every_layer():
+    # HF's StarCoder2, Phi-3 and Mistral-7B v0.1 attend over sliding_window tokens in every layer; Qwen2 turns its
+    # window off with use_sliding_window
+    cfg, _ = _load("starcoder2")
+    g = geometry_from_dict({**cfg, "sliding_window": 4096})
+    assert all(x.attention == "sliding" and x.window == 4096 for x in g.layers)
+    assert _floor(g, context=16384).component("kv_cache").bytes_per_gpu == \
+        g.num_layers * 4096 * g.kv_width * 2
+    off = geometry_from_dict({**cfg, "sliding_window": 4096, "use_sliding_window": False})
+    assert all(x.attention == "full" for x in off.layers)
+
+
+def test_channel_split_recurrent_state_is_split_over_tensor_parallel_ranks():
+    # Mamba-1 and short convolutions have no heads: engines split their inner channels over the ranks, state and
+    # weights alike, so each rank reads 1/tp of the state
+    for model_type in ("falcon_mamba", "lfm2"):
+        g = geometry_from_dict(_load(model_type)[0])
+        assert g.recurrent.heads == 0
+        one = _floor(g, tp=1).component("recurrent_state").bytes_per_gpu
+        assert _floor(g, tp=2).component("recurrent_state").bytes_per_gpu == one // 2

@@ -178,3 +178,34 @@ def test_weights_that_barely_fit_are_warned_about():
     barely = [w for w in ds.warnings if w.startswith("barely fits")]
     assert len(barely) == 1 and "GiB of weights" in barely[0] and "of the 80 GiB of a h100 at tp 8" in barely[0]
     assert not any(w.startswith("barely fits") for w in _floor("deepseek-v3.json", "h200", tp=8).warnings)
+
+
+LAYOUT_FIELDS = ["layer_types", "layers_block_type", "hybrid_override_pattern", "mlp_layer_types", "block_types",
+                 "_block_types", "full_attn_idxs", "attn_layer_indices", "attn_layer_period", "attn_layer_offset",
+                 "expert_layer_period", "full_attention_interval", "attn_type_list", "sliding_window_pattern",
+                 "linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "mamba_d_state",
+                 "mamba_n_heads", "mamba_expand", "conv_L_cache", "block_ffn_dim_multiplier", "block_multiple_of",
+                 "enable_moe_block", "top_k_experts", "num_shared_experts", "moe_layer_start_index",
+                 "interleave_moe_layer_step", "attention_chunk_size", "mamba_ssm_cache_dtype", "text_config"]
+
+
+def test_any_mutated_hybrid_config_is_a_floor_or_one_line(tmp_path, capsys):
+    # the same over the fields the per-layer layout and the recurrent mixers read, in hybrid configs
+    import math
+
+    truth = Path(__file__).parent / "fixtures" / "floor_truth"
+    for base_name in ("qwen3_next", "lfm2", "nemotron_h", "jamba"):
+        base = json.loads((truth / f"{base_name}.json").read_text())["config"]
+        if base_name == "lfm2":
+            base = {**base, "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.5}
+        for field in LAYOUT_FIELDS:
+            for value in EXTREMES:
+                path = tmp_path / "config.json"
+                path.write_text(json.dumps({**base, field: value}))
+                code, out, err = run_cli(["floor", "--model", str(path), "--gpu", "h200", "--format", "json"], capsys)
+                assert code in (0, 2), (base_name, field, value, err)
+                if code == 2:
+                    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (field, value, err)
+                    continue
+                floor = json.loads(out)
+                assert math.isfinite(floor["floor_ms"]) and floor["floor_ms"] > 0, (base_name, field, value)

@@ -8,6 +8,7 @@ families appear only where the architecture decides what no config field says (w
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from decodegap.floor.fields import (
     MAX_HEADS,
     MAX_LAYERS,
     MAX_VOCAB,
+    MAX_WIDTH,
     MOE_INTERMEDIATE,
     SHARED_EXPERTS,
     SHARED_WIDTH,
@@ -243,7 +245,11 @@ def _adjusted_width(width: int, f: Fields, family: str) -> int:
     if f.flag("block_auto_adjust_ff_dim", False):
         width = int(2 * width / 3)
         multiplier = f.cfg.get("block_ffn_dim_multiplier")
-        if isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool):
+        if multiplier is not None:
+            number = isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool)
+            if not number or not math.isfinite(multiplier) or not 0 < multiplier * width <= MAX_WIDTH:
+                raise UserError(f"{f.source}: block_ffn_dim_multiplier must be a positive number that keeps the MLP "
+                                f"under {MAX_WIDTH:,} wide, got {str(multiplier)[:40]!r}")
             width = int(multiplier * width)
         step = f.int("block_multiple_of", default=1, low=1)
         width = step * -(-width // step)

@@ -309,9 +309,10 @@ def compute_floor(
         )
     if g.recurrent:
         # A recurrent layer reads its state and convolution window and writes them back, every step, whatever
-        # the context: that replaces the KV cache's growing read. Split over the mixer's heads where it has them.
+        # the context: that replaces the KV cache's growing read. Split over the mixer's heads where it has them,
+        # else over its channels (Mamba-1's inner width, a short convolution's hidden channels), as its weights are.
         r = g.recurrent
-        shards = min(tp, r.heads) if r.heads else 1
+        shards = min(tp, r.heads) if r.heads else tp
         per_layer = r.state_bytes_per_sequence
         state = _Accumulator(gpu)
         for _ in range(g.num_recurrent_layers):

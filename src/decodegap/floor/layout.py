@@ -106,6 +106,8 @@ def mixers(f: Fields, num_layers: int | None, recurrent_kind: str | None, has_at
     blocks = "block_types" if cfg.get("block_types") is not None else "_block_types"  # released RecurrentGemma
     if cfg.get(blocks) is not None:  # RecurrentGemma: the list repeats over the layers
         kinds = f.str_list(blocks) or ["attention"]
+        if cfg.get("attention_window_size") is not None:  # its attention blocks are local, over that window
+            kinds = ["sliding_attention" if k in _FULL_NAMES else k for k in kinds]
         return [_mixer_of(kinds[i % len(kinds)], windows, f, False) for i in range(n)]
     attention_at: set[int] | None = None
     if cfg.get("full_attn_idxs") is not None:
@@ -124,8 +126,9 @@ def mixers(f: Fields, num_layers: int | None, recurrent_kind: str | None, has_at
         if not has_attention:
             return [_Mixer(recurrent=True, block_mlp="")] * n  # Mamba alone: no attention, no MLP
         return [_Mixer(FULL, recurrent=True)] * n  # Falcon-H1: attention and Mamba side by side in every layer
-    if windows["sliding"] and model_type == "mistral" and f.flag("use_sliding_window", True):
-        return [_Mixer(SLIDING, windows["sliding"])] * n  # Mistral-7B v0.1 slides on every layer
+    if windows["sliding"] and f.flag("use_sliding_window", True):
+        # a window and no pattern: every layer slides (Mistral-7B v0.1, StarCoder2, Phi-3; Qwen2 turns it off)
+        return [_Mixer(SLIDING, windows["sliding"])] * n
     return [_Mixer(FULL)] * n
 
 
