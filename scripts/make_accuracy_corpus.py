@@ -40,6 +40,7 @@ Run on a CUDA machine (torch + transformers 5.x; decodegap importable for the re
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout7 --jobs 8  # 12 more in loops never read before
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout8 --jobs 8  # 13 more: new loops and families
     python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR   # every trace there cut short, two ways
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR --cut-keep 2,5   # after 2 and 5 forwards
     python3 scripts/make_accuracy_corpus.py --table tests/fixtures/traces/corpus   # the README's table rows
 Smoke-test the logic on a CPU (CPU activity only, tiny sizes; CUDA-graph loops run their static loop eagerly):
     python3 scripts/make_accuracy_corpus.py /tmp/corpus --device cpu --smoke
@@ -2141,16 +2142,16 @@ def make_cut(out_dir: str, name: str, source: str, keep_forwards: int | None) ->
           f"forwards with every kernel: {len(salv)} of {len(whole)}", flush=True)
 
 
-def cut_all(src_dir: str, out_dir: str) -> int:
-    """Cuts of every trace of `src_dir` (a holdout's folder) into `out_dir`: `cut3_<name>` keeps 3 whole forwards
-    (traces with 5 or more), `cut0_<name>` almost no kernels. Returns how many failed."""
+def cut_all(src_dir: str, out_dir: str, keeps: tuple[int, ...] = (3, 0)) -> int:
+    """Cuts of every trace of `src_dir` (a holdout's folder) into `out_dir`: `cut<k>_<name>` keeps k whole forwards
+    (traces with k + 2 or more), `cut0_<name>` almost no kernels. Returns how many failed."""
     failed = 0
     for truth_path in sorted(glob.glob(os.path.join(src_dir, "*.truth.json"))):
         source = json.load(open(truth_path))
         if source.get("loop") == "cut":
             continue
         whole = [f for f in source.get("each_forward", []) if f["window"] == "whole"]
-        for keep in ((3, None) if len(whole) >= 5 else (None,)):
+        for keep in [k or None for k in keeps if not k or len(whole) >= k + 2]:
             name = f"cut{keep or 0}_{source['name']}"
             try:
                 make_cut(src_dir, name, source["name"], keep)
@@ -2306,6 +2307,8 @@ def main() -> None:
     parser.add_argument("--holdout8", action="store_true", help="make the HOLDOUT8 traces instead (no cuts)")
     parser.add_argument("--cuts-of", metavar="DIR", help="instead, cut every trace of DIR (with its truth) two ways "
                         "into OUT_DIR: after 3 whole forwards (where it has 5) and with almost no kernels")
+    parser.add_argument("--cut-keep", default="3,0", help="with --cuts-of: the whole forwards each cut keeps, comma "
+                        "separated (0: almost no kernels; k: where the trace has k + 2 whole forwards)")
     parser.add_argument("--seconds", type=float, help="start no new trace after this many seconds")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -2321,7 +2324,7 @@ def main() -> None:
         return
     os.makedirs(args.out_dir, exist_ok=True)
     if args.cuts_of:
-        sys.exit(cut_all(args.cuts_of, args.out_dir))
+        sys.exit(cut_all(args.cuts_of, args.out_dir, tuple(int(k) for k in args.cut_keep.split(","))))
     chosen = (HOLDOUT8 if args.holdout8 else HOLDOUT7 if args.holdout7 else HOLDOUT6 if args.holdout6
               else HOLDOUT5 if args.holdout5 else HOLDOUT4 if args.holdout4 else HOLDOUT3 if args.holdout3
               else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)

@@ -1246,3 +1246,19 @@ def test_a_compiled_layer_at_the_seam_before_another_kind_is_of_its_kind():
         assert found.count == doc["truth"]["layers"] == 8
         assert _kinds(found) == sorted(doc["truth"]["layer_kinds"]) == [2, 6]
         assert [i for i, k in enumerate(found.kind_of) if k != found.kind_of[0]] == [3, 7]  # layer_kind_detail
+
+
+def test_a_forward_runs_the_names_that_counted_another_forwards_layers_once_per_layer():
+    # The same capture: the second whole forward runs the names that counted the first one's 8 layers 8 times each;
+    # the forward the window cut (layers 0-3 and part of 4) runs them fewer times; a reading one layer short is no
+    # match either.
+    from dataclasses import replace
+
+    from decodegap.steps.layers import data_dependent, runs_once_per_layer
+
+    doc = _kimi()
+    forwards = [np.array(f) for f in doc["forwards"]]
+    whole = count_layers(forwards[0], doc["names"], varying=data_dependent(forwards))
+    assert whole.count == 8 and runs_once_per_layer(forwards[1], whole)
+    assert not runs_once_per_layer(np.array(doc["cut_forward"]), whole)
+    assert not runs_once_per_layer(forwards[1], replace(whole, count=7))

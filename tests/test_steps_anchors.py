@@ -424,3 +424,17 @@ def test_learned_positions_are_a_second_lookup_of_the_same_forward(tmp_path, mar
     d = _d(write(doc, tmp_path / "t.json"))
     assert _counts(d) == {"decode": 6} and d["layers"] == 4 and d["steps"]["dropped_partial"] == 0
     assert [r["gpu_busy_ms"] for r in d["step_rows"]] == pytest.approx(busy, abs=1e-6) and len(busy) == 6
+
+
+def test_a_cut_file_with_one_prefill_and_one_decode_of_an_eager_moe():
+    """A real eager-MoE trace (DeepSeek-V2 layout: 2 dense layers, then 4 MoE layers; batch 2) cut inside its third
+    forward: a prefill and one decode keep every kernel (the generator's truth). The prefill routes its 16 x 2
+    tokens to every expert and its expert loop read as 25 layers; with one decode nothing tells which names vary
+    from step to step, and the decode read 14. The names that counted the decode's 6 layers run once per layer in
+    the prefill too, so the forwards hold; and the decode's layers are counted without the names whose counts differ
+    between the two phases, where that counts fewer layers that the prefill runs alike."""
+    base = Path(__file__).parent / "fixtures" / "traces" / "cuts" / "deepseek_v2_cut_prefill_decode"
+    truth = json.loads(base.with_suffix(".truth.json").read_text())
+    d = _d(base.with_suffix(".json.gz"))
+    assert _counts(d) == truth["steps"] == {"prefill": 1, "decode": 1}
+    assert d["layers"] == truth["layers"] == 6

@@ -11,7 +11,7 @@ import numpy as np
 from decodegap.ops import shapes as shape_info
 from decodegap.ops.categories import is_backward, CATEGORIES, categorize
 from decodegap.steps.layer_kinds import LayerKind
-from decodegap.steps.layers import Layers, count_layers, data_dependent, data_independent
+from decodegap.steps.layers import Layers, count_layers, data_dependent, data_independent, runs_once_per_layer
 from decodegap.steps.repetition import name_classes
 from decodegap.steps.steps import PHASES, Steps, idle_gaps_ns
 from decodegap.trace.link import Links
@@ -124,9 +124,11 @@ def _forward_part(trace: Trace, rows: np.ndarray) -> np.ndarray:
 
 
 def infer_layers(trace: Trace, rows: np.ndarray, alike: list[np.ndarray] | None = None,
-                 training: bool = False) -> Layers:
+                 training: bool = False, others: list[np.ndarray] | None = None) -> Layers:
     """The layers of one step, over kernel names normalised where compilers number them; `alike`: the rows of other
-    steps of its phase, whose kernel counts tell the per-layer work from launches that depend on the data."""
+    steps of its phase, whose kernel counts tell the per-layer work from launches that depend on the data; `others`:
+    steps of other phases, which tell it where the phase has one step (an eager MoE prefill routes its tokens to
+    more experts, its per-layer work runs as often)."""
     mapping, canonical = name_classes(trace.names)
 
     def seq(r: np.ndarray) -> np.ndarray:
@@ -134,8 +136,18 @@ def infer_layers(trace: Trace, rows: np.ndarray, alike: list[np.ndarray] | None 
 
     if training:  # a training iteration runs every layer forward, then backward: count the forward's
         rows, alike = _forward_part(trace, rows), [_forward_part(trace, r) for r in alike or []]
+        others = [_forward_part(trace, r) for r in others or []]
     stable = data_independent([seq(r) for r in alike]) if alike and len(alike) > 1 else None
     found = count_layers(seq(rows), canonical, stable)
+    other = [seq(r) for r in others or []]
+    if stable is None and other and not any(runs_once_per_layer(o, found) for o in other):
+        # One step of its phase tells nothing varies: every layer of the other phases' steps runs the names that
+        # count the layers as often, an expert loop's iterations (read as more layers) do not. Left out where they
+        # vary between the phases, they count no more layers, run once per layer in another phase's step.
+        apart = count_layers(seq(rows), canonical, varying=data_dependent([seq(rows)] + other))
+        if apart.count is not None and (found.count is None or apart.count <= found.count) and any(
+                runs_once_per_layer(o, apart) for o in other):
+            return apart
     if found.count is None and stable is not None:  # too few names run alike in every step: leave out the varying
         found = count_layers(seq(rows), canonical, varying=data_dependent([seq(r) for r in alike]))
     return found
@@ -168,8 +180,9 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
 
     typical = decode[len(decode) // 2] if decode else None
     spread = [decode[i].rows for i in np.linspace(0, len(decode) - 1, min(SAME_PHASE_STEPS, len(decode))).astype(int)]
-    found = (infer_layers(trace, typical.rows, spread, training=steps.workload == "training") if typical is not None
-             else Layers(None, "no step"))
+    others = [s.rows for s in steps.steps if s.kind != phase][:SAME_PHASE_STEPS] if len(decode) == 1 else None
+    found = (infer_layers(trace, typical.rows, spread, training=steps.workload == "training", others=others)
+             if typical is not None else Layers(None, "no step"))
     return Breakdown(
         decode_count=len(steps.decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
         prefill_ms_each=[s.wall_ns / 1e6 for s in steps.prefill],

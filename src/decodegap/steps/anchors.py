@@ -24,7 +24,7 @@ import re
 
 import numpy as np
 
-from decodegap.steps.layers import count_layers, data_dependent
+from decodegap.steps.layers import count_layers, data_dependent, runs_once_per_layer
 from decodegap.steps.phase import widest_gemm_rows
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace, isin
@@ -67,6 +67,7 @@ class AnchorCut:
     partial: list[str] = field(default_factory=list)  # why each left-out edge piece is partial
     warnings: list[str] = field(default_factory=list)
     spans: list[tuple[int, int]] = field(default_factory=list)  # host time each forward covers (anchor to anchor)
+    unlike: bool = False  # the forwards read as different layer counts (held by the names that counted one of them)
 
 
 def launch_times(trace: Trace, links: Links) -> np.ndarray | None:
@@ -310,10 +311,10 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
             if disagree:
                 result.warnings.append(f"the forwards were cut at {len(anchors)} {FAMILIES[fid].words}, but the trace "
                                        f"holds {', '.join(disagree)}: check the step boundaries (--annotate)")
-            if doubt:
-                alike = ("as many as another kind of anchor" if not accumulates or each == 1 else
-                         f"each holding {each} embedding lookups")
-                result.warnings.append(f"the forwards cut at {len(anchors)} {FAMILIES[fid].words} ({alike}) read as "
+            if doubt or result.unlike:
+                alike = ("" if not doubt else " (as many as another kind of anchor)" if not accumulates or each == 1
+                         else f" (each holding {each} embedding lookups)")
+                result.warnings.append(f"the forwards cut at {len(anchors)} {FAMILIES[fid].words}{alike} read as "
                                        f"different numbers of layers: the layer count is uncertain")
             return result
     return None
@@ -397,14 +398,25 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     varying = data_dependent([seq[body[i][0]] for i in (interior if len(interior) >= 2 else
                                                          uncut if len(uncut) >= 2 else picks)])
     checked = {i: count_layers(seq[body[i][0]], names, varying=varying) for i in picks}
-    typical = Counter(f.count for f in checked.values() if f.count).most_common(1)
-    if not typical:
-        return None
-    layers = typical[0][0]
-    if not any_layers and any(f.count != layers for i, f in checked.items() if 0 < i < len(body) - 1):
-        return None  # the anchor does not fall once per forward (`any_layers`: another family says it does)
-    per_layer = next(set(f.backers) for f in checked.values() if f.count == layers)
     edge = len(body) - 1 if opens else 0  # the forward the window may have cut
+    readings: dict = {}  # a reading per count, a whole forward's before the edge one's (its names may be cut short)
+    for i in sorted(checked, key=lambda i: i == edge):
+        if checked[i].count:
+            readings.setdefault(checked[i].count, checked[i])
+    if not readings:
+        return None
+    layers = Counter(f.count for f in checked.values() if f.count).most_common(1)[0][0]
+    unlike = not any_layers and any(checked[i].count != layers for i in interior)
+    if unlike:
+        # A forward that reads another count may still run the names that counted it once per layer (an eager MoE
+        # prefill, routing to every expert, misreads on its expert loop): the count every interior forward runs so.
+        agree = {c: {i for i, f in checked.items() if f.count == c or runs_once_per_layer(seq[body[i][0]], r)}
+                 for c, r in readings.items()}
+        held = [c for c in readings if all(i in agree[c] for i in interior)]
+        if not held:
+            return None  # the anchor does not fall once per forward (`any_layers`: another family says it does)
+        layers = max(held, key=lambda c: (len(agree[c]), sum(f.count == c for f in checked.values())))
+    per_layer = set(readings[layers].backers)
     partial = []
     whole = [seq[body[i][0]] for i in picks if i != edge and checked[i].count == layers]
     if len(body) > 1 and edge in checked and not any_layers and edge_check and _cut_short(  # (in doubt, layers tell
@@ -427,7 +439,7 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
             body[-1] = (np.concatenate([r, outside]), (lo, last_launch[out_i] + 1))
     if not body:
         return None
-    return AnchorCut([r for r, _ in body], family, "", partial, spans=[span for _, span in body])
+    return AnchorCut([r for r, _ in body], family, "", partial, spans=[span for _, span in body], unlike=unlike)
 
 
 def _after_sampling(edges: np.ndarray, ends: np.ndarray, opens: bool, waits: np.ndarray) -> np.ndarray:

@@ -140,6 +140,18 @@ def data_dependent(forwards: list[np.ndarray]) -> set[int]:
     return {n for n, c in seen.items() if len(c) > 1}
 
 
+def runs_once_per_layer(seq: np.ndarray, found: Layers) -> bool:
+    """Whether a forward (`seq`: its name ids) runs the names that counted `found`'s layers once per layer: every one
+    it runs, and at least half of them (a forward of another phase may run a kernel of its own in place of one). The
+    same model's forwards run the same layers, so a forward that reads another count on its own (an eager MoE
+    prefill, routing its tokens to every expert) still runs them so."""
+    if found.count is None or not found.backers:
+        return False
+    runs = Counter(seq.tolist())
+    ran = [runs[n] for n in found.backers if runs[n]]
+    return 2 * len(ran) >= len(found.backers) and all(r == found.count for r in ran)
+
+
 def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[int] | None = None,
                  varying: set[int] = frozenset()) -> Layers:
     """The layers of one forward (`seq`: a name id per GPU activity, in order); `stable`: the data-independent names
