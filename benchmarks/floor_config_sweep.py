@@ -77,6 +77,9 @@ def build_truth(model_type: str, how: str, folder: Path) -> dict:
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from make_floor_truth import count_params  # the same count as the tests' truth
+
     cfg = AutoConfig.for_model(model_type)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(cfg.to_json_string(use_diff=False))
@@ -84,14 +87,7 @@ def build_truth(model_type: str, how: str, folder: Path) -> dict:
     built = text if how in ("text", "backbone") else cfg
     with torch.device("meta"):
         model = (AutoModel if how == "backbone" else AutoModelForCausalLM).from_config(built)
-    seen, total, routed = set(), 0, 0
-    for name, p in model.named_parameters():
-        if id(p) in seen or NON_TEXT.search(name):
-            continue
-        seen.add(id(p))
-        total += p.numel()
-        if "experts" in name.lower() and "shared" not in name.lower():
-            routed += p.numel()
+    total, routed = count_params(model, NON_TEXT)
     td = text.to_dict()
     if how == "backbone" and not (td.get("tie_word_embeddings") or cfg.to_dict().get("tie_word_embeddings")):
         total += td["hidden_size"] * td["vocab_size"]

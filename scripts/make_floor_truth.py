@@ -65,6 +65,21 @@ def _first(d: dict, names) -> int | None:
     return None
 
 
+
+def count_params(model, skip: re.Pattern = NON_TEXT) -> tuple[int, int]:
+    """A model's parameters (built on the meta device), each tied tensor once, and those of its routed experts
+    (modules named *experts*, not *shared*); names `skip` matches (vision and audio towers) left out."""
+    seen, total, routed = set(), 0, 0
+    for name, p in model.named_parameters():
+        if id(p) in seen or skip.search(name):
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        if "experts" in name.lower() and "shared" not in name.lower():
+            routed += p.numel()
+    return total, routed
+
+
 def truth(model_type: str) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -74,16 +89,11 @@ def truth(model_type: str) -> dict:
     text = cfg.get_text_config()
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(text if text is not cfg else cfg)
-    seen, total, routed = set(), 0, 0
-    for name, p in model.named_parameters():
-        if id(p) in seen or NON_TEXT.search(name):
-            continue
-        seen.add(id(p))
-        total += p.numel()
-        if "experts" in name.lower() and "shared" not in name.lower():
-            routed += p.numel()
+    total, routed = count_params(model)
     td = text.to_dict()
     experts, top_k = _first(td, EXPERTS), _first(td, TOP_K)
+    if routed and not (experts and top_k):
+        raise SystemExit(f"{model_type}: routed experts but no expert count or top-k field the script knows")
     active = total - routed * (1 - top_k / experts) if routed else total
     config = {k: v for k, v in json.loads(cfg.to_json_string(use_diff=False)).items() if k not in DROP}
     return {"model_type": model_type, "built_from": "text_config" if text is not cfg else "config",
@@ -107,4 +117,6 @@ def main(types: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        sys.exit(__doc__)
     main(sys.argv[1:])

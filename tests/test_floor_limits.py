@@ -152,22 +152,28 @@ FIELDS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_va
 def test_any_mutated_config_is_a_floor_or_one_line(tmp_path, capsys):
     # property-style over every (field, extreme value) pair of three families: exit 0 with finite figures,
     # or exit 2 with one line; never a traceback, a hang or "nan"
-    import math
 
     for base_name in ("llama-3.1-8b.json", "qwen3-30b-a3b.json", "deepseek-v3.json"):
         base = json.loads((CONFIGS / base_name).read_text())
         for field in FIELDS:
             for value in EXTREMES:
-                path = tmp_path / "config.json"
-                path.write_text(json.dumps({**base, field: value}))
-                code, out, err = run_cli(["floor", "--model", str(path), "--gpu", "h200", "--format", "json"], capsys)
-                assert code in (0, 2), (base_name, field, value, err)
-                if code == 2:
-                    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (field, value, err)
-                    continue
-                floor = json.loads(out)
-                assert math.isfinite(floor["floor_ms"]) and floor["floor_ms"] > 0, (field, value)
-                assert all(math.isfinite(c["ms"]) and c["ms"] >= 0 for c in floor["components"]), (field, value)
+                _a_floor_or_one_line({**base, field: value}, tmp_path, capsys, (base_name, field, value))
+
+
+def _a_floor_or_one_line(config: dict, tmp_path, capsys, what) -> None:
+    """The floor of `config`: exit 0 with finite figures, or exit 2 with one line; never a traceback or "nan"."""
+    import math
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code, out, err = run_cli(["floor", "--model", str(path), "--gpu", "h200", "--format", "json"], capsys)
+    assert code in (0, 2), (what, err)
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (what, err)
+        return
+    floor = json.loads(out)
+    assert math.isfinite(floor["floor_ms"]) and floor["floor_ms"] > 0, what
+    assert all(math.isfinite(c["ms"]) and c["ms"] >= 0 for c in floor["components"]), what
 
 
 def test_weights_that_barely_fit_are_warned_about():
@@ -191,7 +197,6 @@ LAYOUT_FIELDS = ["layer_types", "layers_block_type", "hybrid_override_pattern", 
 
 def test_any_mutated_hybrid_config_is_a_floor_or_one_line(tmp_path, capsys):
     # the same over the fields the per-layer layout and the recurrent mixers read, in hybrid configs
-    import math
 
     truth = Path(__file__).parent / "fixtures" / "floor_truth"
     for base_name in ("qwen3_next", "lfm2", "nemotron_h", "jamba"):
@@ -200,12 +205,4 @@ def test_any_mutated_hybrid_config_is_a_floor_or_one_line(tmp_path, capsys):
             base = {**base, "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.5}
         for field in LAYOUT_FIELDS:
             for value in EXTREMES:
-                path = tmp_path / "config.json"
-                path.write_text(json.dumps({**base, field: value}))
-                code, out, err = run_cli(["floor", "--model", str(path), "--gpu", "h200", "--format", "json"], capsys)
-                assert code in (0, 2), (base_name, field, value, err)
-                if code == 2:
-                    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (field, value, err)
-                    continue
-                floor = json.loads(out)
-                assert math.isfinite(floor["floor_ms"]) and floor["floor_ms"] > 0, (base_name, field, value)
+                _a_floor_or_one_line({**base, field: value}, tmp_path, capsys, (base_name, field, value))
