@@ -438,3 +438,16 @@ def test_a_cut_file_with_one_prefill_and_one_decode_of_an_eager_moe():
     d = _d(base.with_suffix(".json.gz"))
     assert _counts(d) == truth["steps"] == {"prefill": 1, "decode": 1}
     assert d["layers"] == truth["layers"] == 6
+
+
+def test_a_capture_of_a_prefill_and_one_decode_of_an_eager_moe_keeps_both():
+    """A whole capture of two forwards of an eager DeepSeek-V2 stack (real H100 kernels; the generator's truth: a
+    prefill and a decode, 6 layers). Its prefill's expert loop reads as 25 layers, its decode 6, and no forward
+    between them tells which count is the forwards': the decode, last, was dropped as a forward the capture ended
+    inside. It runs kernels the prefill never runs (its own attention and GEMM tiles): another phase, not cut."""
+    base = Path(__file__).parent / "fixtures" / "traces" / "deepseek_v2_prefill_and_one_decode"
+    truth = json.loads(base.with_suffix(".truth.json").read_text())
+    d = _d(base.with_suffix(".json.gz"))
+    assert _counts(d) == truth["steps"] == {"prefill": 1, "decode": 1}
+    assert d["layers"] == truth["layers"] == 6
+    assert d["steps"]["dropped_partial"] == 0

@@ -420,7 +420,7 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     partial = []
     whole = [seq[body[i][0]] for i in picks if i != edge and checked[i].count == layers]
     if len(body) > 1 and edge in checked and not any_layers and edge_check and _cut_short(  # (in doubt, layers tell
-            checked[edge].count, seq[body[edge][0]], layers, per_layer, whole):  # no edge)
+            checked[edge].count, seq[body[edge][0]], layers, per_layer, whole, alone=not interior):  # no edge)
         partial.append(f"the {'last' if opens else 'first'} forward shows {checked[edge].count or 'no'} layers, "
                        f"not {layers}: the capture {'ended' if opens else 'began'} inside it")
         body = body[:-1] if opens else body[1:]
@@ -474,18 +474,22 @@ def _spread(n: int) -> list[int]:
     return sorted({0, n - 1, *interior})
 
 
-def _cut_short(count: int | None, seq: np.ndarray, layers: int, per_layer: set[int], whole: list[np.ndarray]) -> bool:
+def _cut_short(count: int | None, seq: np.ndarray, layers: int, per_layer: set[int], whole: list[np.ndarray],
+               alone: bool = False) -> bool:
     """Whether a forward at the window's edge is cut: it shows another layer count, or it runs only names the whole
     forwards run (`whole`: their name sequences) and some of the names that counted their layers fewer times than
     they all do (half a stack of unlike layers may pass for as many layers of other blocks). A forward of another
     phase runs kernels of its own (a prefill's attention, other GEMM tiles), and may run a per-layer name less often
-    (a prefill's chunked mixer in some layers): it is no cut forward on that."""
+    (a prefill's chunked mixer in some layers): it is no cut forward on that. `alone`: no interior forward tells
+    which count is the forwards' (a capture of a prefill and one decode, whose eager MoE prefill may read another
+    count): one that runs kernels the others never run is of another phase, not cut, whatever it shows."""
+    runs = Counter(seq.tolist())
+    theirs = [Counter(w.tolist()) for w in whole]
+    names = set().union(*theirs) if theirs else set()
     if count != layers:
-        return True
-    if not whole:
+        return not (alone and theirs and not set(runs) <= names)
+    if not theirs:
         return False
-    runs, theirs = Counter(seq.tolist()), [Counter(w.tolist()) for w in whole]
-    names = set().union(*theirs)
     return set(runs) <= names and any(0 < runs[n] < min(t[n] for t in theirs) for n in per_layer)
 
 
