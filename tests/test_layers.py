@@ -1180,18 +1180,23 @@ def test_glue_that_runs_once_more_before_the_layers_adds_no_layer():
     # generator's truth): the cache's position bookkeeping (an add and a fill on int64) runs once before the layers and
     # once in each layer. Its count, one more than the layers and explaining more than the MoE routing's, put a block
     # of glue before the first layer that runs no MLP activation; it is no layer, and the routing's count stands.
-    doc = json.loads((Path(__file__).parent / "fixtures" / "kernel_sequences" / "qwen3_moe_static_decode.json")
-                     .read_text())
-    forwards = [np.array(f) for f in doc["forwards"]]
-    stable = data_independent(forwards)
-    for seq in forwards:
-        found = count_layers(seq, doc["names"], stable)
+    doc, forwards = _kernel_sequences("qwen3_moe_static_decode")
+    for found in _each_forwards_layers(doc, forwards):
         assert found.count == doc["truth"]["layers"] == 4
         assert _kinds(found) == doc["truth"]["layer_kinds"] == [4]
 
 
-def _kimi() -> dict:
-    return json.loads((Path(__file__).parent / "fixtures" / "kernel_sequences" / "kimi_linear_decode.json").read_text())
+def _kernel_sequences(name: str) -> tuple[dict, list[np.ndarray]]:
+    """A real trace's kernel sequences with their generator's truth (tests/fixtures/kernel_sequences), and its
+    forwards as arrays."""
+    doc = json.loads((Path(__file__).parent / "fixtures" / "kernel_sequences" / f"{name}.json").read_text())
+    return doc, [np.array(f) for f in doc["forwards"]]
+
+
+def _each_forwards_layers(doc: dict, forwards: list[np.ndarray]) -> list:
+    """Each forward's layers, told the names that run alike in every forward."""
+    stable = data_independent(forwards)
+    return [count_layers(seq, doc["names"], stable) for seq in forwards]
 
 
 def test_three_kinds_of_layer_are_counted_where_each_layer_begins():
@@ -1201,11 +1206,8 @@ def test_three_kinds_of_layer_are_counted_where_each_layer_begins():
     # and the names that run in every layer run 1 to 3 times a block: the count explained less than the two halves of
     # the stack, and the forward read 2 layers. Cut where each layer begins, every name runs a fixed number of times in
     # each layer of a kind.
-    doc = _kimi()
-    forwards = [np.array(f) for f in doc["forwards"]]
-    stable = data_independent(forwards)
-    for seq in forwards:
-        found = count_layers(seq, doc["names"], stable)
+    doc, forwards = _kernel_sequences("kimi_linear_decode")
+    for found in _each_forwards_layers(doc, forwards):
         assert found.count == doc["truth"]["layers"] == 8
         assert _kinds(found) == sorted(doc["truth"]["layer_kinds"]) == [1, 2, 5]
         groups = {}
@@ -1221,8 +1223,7 @@ def test_a_forward_cut_inside_that_passes_for_as_many_layers_is_cut():
     from decodegap.steps.anchors import _cut_short
     from decodegap.steps.layers import data_dependent
 
-    doc = _kimi()
-    forwards = [np.array(f) for f in doc["forwards"]]
+    doc, forwards = _kernel_sequences("kimi_linear_decode")
     cut = np.array(doc["cut_forward"])
     varying = data_dependent(forwards)
     whole = count_layers(forwards[0], doc["names"], varying=varying)
@@ -1237,12 +1238,8 @@ def test_a_compiled_layer_at_the_seam_before_another_kind_is_of_its_kind():
     # truth): 6 gated-delta-net layers and 2 full-attention ones (the 4th and the 8th). Inductor fuses the end of the
     # delta-net layer before the last attention layer into that layer's start, so it lacks one fused kernel its kind
     # runs and read as a kind of its own (5 + 2 + 1).
-    doc = json.loads((Path(__file__).parent / "fixtures" / "kernel_sequences" / "qwen3_5_compiled_decode.json")
-                     .read_text())
-    forwards = [np.array(f) for f in doc["forwards"]]
-    stable = data_independent(forwards)
-    for seq in forwards:
-        found = count_layers(seq, doc["names"], stable)
+    doc, forwards = _kernel_sequences("qwen3_5_compiled_decode")
+    for found in _each_forwards_layers(doc, forwards):
         assert found.count == doc["truth"]["layers"] == 8
         assert _kinds(found) == sorted(doc["truth"]["layer_kinds"]) == [2, 6]
         assert [i for i, k in enumerate(found.kind_of) if k != found.kind_of[0]] == [3, 7]  # layer_kind_detail
@@ -1256,8 +1253,7 @@ def test_a_forward_runs_the_names_that_counted_another_forwards_layers_once_per_
 
     from decodegap.steps.layers import data_dependent, runs_once_per_layer
 
-    doc = _kimi()
-    forwards = [np.array(f) for f in doc["forwards"]]
+    doc, forwards = _kernel_sequences("kimi_linear_decode")
     whole = count_layers(forwards[0], doc["names"], varying=data_dependent(forwards))
     assert whole.count == 8 and runs_once_per_layer(forwards[1], whole)
     assert not runs_once_per_layer(np.array(doc["cut_forward"]), whole)

@@ -204,8 +204,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # A finer count explaining clearly fewer kernels than a coarser one is a loop inside the layers (an eager MoE
     # layer's experts, all taken when a training batch routes tokens to every one), not the layers.
     candidates = [_realigned(b, candidates, ids, positions, gemm, gemm_at, act_at) for b in candidates]
-    candidates = [b for b in candidates
-                  if all(b.explained >= NEAR_EXPLAINED * o.explained for o in candidates if o.count < b.count)]
+    candidates = [b for b in candidates if _explains_as_much(b, candidates)]
     # So is a finer count in whose blocks the input norm mostly does not run (every layer runs its norm; an eager MoE
     # layer's expert loop, launched alike in every forward where a prefill routes tokens to the same experts, does
     # not), whatever it explains.
@@ -311,6 +310,11 @@ def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray,
     return out
 
 
+def _explains_as_much(blocks: _Blocks, others: list[_Blocks]) -> bool:
+    """Whether `blocks` explains about as many kernels as every coarser partition of `others`."""
+    return all(blocks.explained >= NEAR_EXPLAINED * o.explained for o in others if o.count < blocks.count)
+
+
 def _realigned(blocks: _Blocks, others: list[_Blocks], ids: np.ndarray, positions: dict[int, np.ndarray],
                gemm: set[int], gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
     """The partition cut where its layers begin (_aligned), where its own cuts explain clearly fewer kernels than a
@@ -318,14 +322,14 @@ def _realigned(blocks: _Blocks, others: list[_Blocks], ids: np.ndarray, position
     linear-attention and MLA layers), so blocks cut at them hold parts of two layers and the names' runs per block
     vary; cut where each layer begins, they run a fixed number of times in each. Unchanged where that explains no
     more."""
-    if all(blocks.explained >= NEAR_EXPLAINED * o.explained for o in others if o.count < blocks.count):
+    if _explains_as_much(blocks, others):
         return blocks
     starts = _aligned(blocks, ids, positions, blocks.cuts.copy(), gemm)
     if np.array_equal(starts, blocks.cuts) or (np.diff(starts) <= 0).any():
         return blocks
     moved = _blocks_at(starts, blocks.backers, positions, len(ids), gemm, gemm_at, kinds=MAX_COUNTS_PER_NAME + 1)
-    rescued = all(moved.explained >= NEAR_EXPLAINED * o.explained for o in others if o.count < blocks.count)
-    if not (moved.valid and rescued and _share_running(moved.bounds, act_at) == 1):
+    whole = _share_running(moved.bounds, act_at) == 1
+    if not (moved.valid and whole and _explains_as_much(moved, others)):
         return blocks  # every layer runs its MLP (a half cut at its norm does not)
     # Layers cut where they begin run alike, neighbour after neighbour, but at a seam between kinds; halves of layers
     # (a mixer, then its MLP) take turns and share little.
@@ -727,8 +731,8 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     # Layer j begins where the first of its kernels runs: a name with b of its k runs per layer before the first
     # cut has, in the block before cut j, layer j's first b runs last.
     starts = blocks.cuts.copy()
-    for n, (k, m, b, _) in blocks.periodic.items():
-        if not k or not b or m != c or blocks.begun:
+    for n, (k, m, b, _) in ({} if blocks.begun else blocks.periodic).items():  # cut where they begin: starts as cut
+        if not k or not b or m != c:
             continue
         p = positions[n]
         bucket = np.searchsorted(blocks.cuts, p, side="right")  # 0: before cut 0, j: block j-1
