@@ -1258,3 +1258,48 @@ def test_a_forward_runs_the_names_that_counted_another_forwards_layers_once_per_
     assert whole.count == 8 and runs_once_per_layer(forwards[1], whole)
     assert not runs_once_per_layer(np.array(doc["cut_forward"]), whole)
     assert not runs_once_per_layer(forwards[1], replace(whole, count=7))
+
+
+def test_single_mixer_blocks_are_layers_each():
+    # Five decode forwards of an eager Nemotron-H (kernel names of a real H100 trace, with the generator's truth):
+    # ten blocks, each one norm, one mixer or MLP and one residual add, in the pattern Mamba, MLP, Mamba, attention,
+    # MLP, twice. No name runs once per block (the Mamba mixer's gated norm runs the input norm's kernels again), so
+    # the attention kernel counted the pattern's two repeats as layers, each holding two Mamba blocks and two MLPs.
+    # The blocks begin with the input norm and project in and out; two mixers in a row pair with no MLP.
+    doc, forwards = _kernel_sequences("nemotron_h_decode")
+    for found in _each_forwards_layers(doc, forwards):
+        assert found.count == doc["truth"]["layers"] == 10
+        assert _kinds(found) == sorted(doc["truth"]["layer_kinds"]) == [2, 4, 4]
+        groups = {}
+        for layer, kind in enumerate(found.kind_of):
+            groups.setdefault(kind, []).append(layer)
+        assert sorted(groups.values()) == [[0, 2, 5, 7], [1, 4, 6, 9], [3, 8]]  # the generator's layer_kind_detail
+
+
+def test_blocks_that_take_turns_as_mixer_and_mlp_pair_into_layers():
+    # Built here: four pre-norm layers of attention then MLP (eight blocks, each begun by the input norm and
+    # projecting in and out) read as two layers of two attention and two MLP blocks each. The blocks' kinds take
+    # turns, so they pair: four layers, not eight. With a second mixer in a row (attention, then a conv mixer) the
+    # blocks are layers each.
+    from decodegap.steps.layers import Layers, _residual_blocks
+
+    names = ["copy", "pow", "mean", "rsqrt", "mul", "gemm_nvjet", "attn_flash", "silu", "add", "conv", "lm"]
+    n = {k: i for i, k in enumerate(names)}
+    norm = [n["copy"], n["pow"], n["mean"], n["rsqrt"], n["mul"]]
+    attention = norm + [n["gemm_nvjet"], n["attn_flash"], n["gemm_nvjet"], n["add"]]
+    conv = norm + [n["gemm_nvjet"], n["conv"], n["gemm_nvjet"], n["add"]]
+    mlp = norm + [n["gemm_nvjet"], n["silu"], n["gemm_nvjet"], n["add"]]
+
+    def read(blocks: list[list[int]]) -> tuple[int, tuple[int, ...]]:
+        seq = np.array([k for b in blocks for k in b] + norm + [n["lm"]])
+        counts = np.bincount(seq)
+        positions = {i: np.flatnonzero(seq == i) for i in np.flatnonzero(counts >= 2).tolist()}
+        half = sum(len(b) for b in blocks[:len(blocks) // 2])
+        end = sum(len(b) for b in blocks)
+        found = Layers(2, "pairs of layers", starts=(0, half), end=end, last=end - 1)
+        got = _residual_blocks(found, seq, positions, names, np.flatnonzero(seq == n["gemm_nvjet"]))
+        return got.count, got.starts
+
+    assert read([attention, mlp] * 4) == (4, (0, 18, 36, 54))
+    assert read([attention, mlp, attention, conv, mlp] * 2)[0] == 10
+    assert read([attention, mlp, conv, mlp] * 2)[0] == 4  # pairs: a mixer, then its MLP

@@ -73,6 +73,10 @@ So layers are read from counts, not from a repeating sequence:
   in one kind of layer); where the layers begin unlike (a shared block before some), as far as the longest earlier
   layer it begins like ran; a name that counted the layers and runs again from the final norm on (MoE routing
   kernels in beam search's bookkeeping) does not carry the last layer past it where the norm's kernels run there;
+- where a layer so read holds two blocks of one kind, a block being what runs from one run of the input norm (what
+  every layer begins with before its first projection) to the next, projecting in and out, the blocks are the layers
+  (Nemotron-H: Mamba, MLP, Mamba, attention, MLP, each block one norm, one mixer or MLP, one residual add), or pairs
+  of them where their kinds take turns between two classes as a mixer's and an MLP's do (_residual_blocks);
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds (steps.layer_kinds).
 The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
 
@@ -219,7 +223,7 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     fused = {n for n in distinct if names and compiler_generated(names[n])}
     best = _mixed(best, partitions, candidates, ids, positions, lone, gemm, gemm_at, act_at, set(act), fused)
     best = _in_turn(best, ids, positions, gemm, gemm_at, act_at)
-    return _layers(best, ids, positions, names, gemm)
+    return _residual_blocks(_layers(best, ids, positions, names, gemm), ids, positions, names, gemm_at)
 
 
 def _partition(backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
@@ -724,6 +728,72 @@ def _own_work_share(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set
     return float(own.mean())
 
 
+def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None,
+                     gemm_at: np.ndarray) -> Layers:
+    """Layers that are each one residual block (a hybrid of single-mixer blocks: Mamba, attention and MLP blocks each
+    a layer, Nemotron-H) where the reading holds two blocks of one kind in a layer. A block begins with the input
+    norm, the kernels every layer begins with before its first projection (the final norm runs them once more), and
+    projects. Every layer of a stack of pre-norm layers runs that norm before its mixer and again before its MLP, so
+    its blocks take turns between two classes (mixers, MLPs) and pair into layers; blocks whose kinds follow one
+    another in no such turn (two mixers in a row: Mamba, then attention) are layers each. A norm inside a mixer (MLA's
+    latent norm) cuts more blocks, but no layer then holds two of a kind; a block projects twice, in and out. Unchanged
+    where any of that fails."""
+    if found.count is None or not found.starts or not len(gemm_at):
+        return found
+    at, seq = _per_layer_runs(ids, positions)
+    starts = np.array(found.starts, dtype=np.int64)
+    norm = _head_norm(seq, np.searchsorted(at, starts), names)
+    if len(norm) < 2:
+        return found
+    lo, hi = np.searchsorted(at, [starts[0], found.end])
+    begins = at[lo + _runs_of(norm, seq[lo:hi])]  # where each block begins
+    if len(begins) <= found.count or not isin(starts, begins).all():
+        return found
+    bounds = np.append(begins, found.end)
+    projections = np.bincount(np.searchsorted(bounds, gemm_at, side="right"), minlength=len(bounds) + 1)
+    if projections[1:len(bounds)].min() < 2:
+        # Each block reads the residual stream through a projection and writes it back through another: a norm
+        # between two projections (Qwen3's q and k norms) or between two norms (a post-norm and the next pre-norm)
+        # begins no block.
+        return found
+    per_layer = isin(ids, np.fromiter(positions, dtype=np.int64))
+    plain = np.where(isin(ids, ids[gemm_at]), -1, ids)  # the GEMM tile tells no kind
+    index: dict[tuple, int] = {}
+    kind = [index.setdefault(tuple(plain[a:b][per_layer[a:b]].tolist()), len(index))
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+    layer_of = np.searchsorted(starts, begins, side="right") - 1
+    held = [[k for k, j in zip(kind, layer_of.tolist(), strict=True) if j == i] for i in range(found.count)]
+    if all(len(set(h)) == len(h) for h in held):
+        return found
+    colour = _two_turns(kind)
+    if colour is not None:  # a mixer's block, then its MLP's: pairs, each begun by a block of the first's class
+        begins = begins[[colour[k] == colour[kind[0]] for k in kind]]
+        if len(begins) <= found.count:
+            return found
+    ends = np.append(begins[1:], found.end)
+    kinds, kind_of = layer_kinds(ids, begins, ends, positions, names, whole_last=True)
+    evidence = (f"{len(begins)} layers of residual blocks, each begun by the input norm's {len(norm)} kernels and "
+                f"projecting in and out: " + ("a mixer's block, then its MLP's" if colour is not None else
+                                              "one block each (two mixers in a row: a hybrid of single-mixer blocks)"))
+    if len(kinds) > 1:
+        evidence += "; " + describe_kinds(kinds)
+    period = float(begins[-1] - begins[0]) / (len(begins) - 1)
+    return Layers(len(begins), evidence, period, int(begins[0]), found.last, kinds, tuple(int(b) for b in begins),
+                  tuple(kind_of) if len(kinds) > 1 else (), (), int(found.end))
+
+
+def _two_turns(kind: list[int]) -> dict[int, int] | None:
+    """The class (0 or 1) of each block kind where a sequence of block kinds takes turns between two classes, no two
+    blocks of one class in a row (the graph of neighbouring kinds has two colours); None where it does not."""
+    colour = {kind[0]: 0}
+    for a, b in zip(kind[:-1], kind[1:], strict=True):
+        if b not in colour:
+            colour[b] = 1 - colour[a]
+        elif colour[b] == colour[a]:
+            return None
+    return colour
+
+
 def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None,
             gemm: set[int]) -> Layers:
     c = blocks.count
@@ -890,10 +960,7 @@ def _final_norm(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.nda
     before the lm_head); (0, 0) when that is fewer than two kernels or runs nowhere there."""
     at, seq = _per_layer_runs(ids, positions)
     cut = np.searchsorted(at, starts)
-    heads = [seq[a:b] for a, b in zip(cut.tolist(), cut[1:].tolist() + [len(seq)], strict=True)]
-    norm = heads[0][:min(_common_prefix(heads[0], h) for h in heads)]
-    projects = [i for i, n in enumerate(norm.tolist()) if names and categorize(names[n]) == "gemm"]
-    norm = norm[:projects[0]] if projects else norm
+    norm = _head_norm(seq, cut, names)
     common = len(norm)
     if common < 2:
         return 0, 0
@@ -901,6 +968,15 @@ def _final_norm(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.nda
         if at[i] > last and np.array_equal(seq[i:i + common], norm):
             return int(at[i]), int(at[i + common - 1]) + 1
     return 0, 0
+
+
+def _head_norm(seq: np.ndarray, cut: np.ndarray, names: list[str] | None) -> np.ndarray:
+    """What every layer begins with before its first matrix product (its input norm's kernels), over the per-layer
+    names `seq`, the layers beginning at `cut` among them."""
+    heads = [seq[a:b] for a, b in zip(cut.tolist(), cut[1:].tolist() + [len(seq)], strict=True)]
+    norm = heads[0][:min(_common_prefix(heads[0], h) for h in heads)]
+    projects = [i for i, n in enumerate(norm.tolist()) if names and categorize(names[n]) == "gemm"]
+    return norm[:projects[0]] if projects else norm
 
 
 def _as_long_as_its_kind(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.ndarray]) -> int:
