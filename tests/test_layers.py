@@ -1303,3 +1303,20 @@ def test_blocks_that_take_turns_as_mixer_and_mlp_pair_into_layers():
     assert read([attention, mlp] * 4) == (4, (0, 18, 36, 54))
     assert read([attention, mlp, attention, conv, mlp] * 2)[0] == 10
     assert read([attention, mlp, conv, mlp] * 2)[0] == 4  # pairs: a mixer, then its MLP
+
+
+def test_names_an_expert_loop_ran_by_chance_tell_no_kind_where_another_phase_runs_them_elsewhere():
+    # A real capture cut after its second forward (an eager Qwen3-MoE over a static cache: 4 MoE layers of one kind,
+    # with the generator's truth) keeps one decode and the prefill. With one decode nothing tells the names an expert
+    # loop ran by chance (an index kernel where an expert got one token, in layers 1-3) from a kind's: the decode
+    # alone reads 1 + 3. The prefill, read as as many layers, runs that kernel in other layers: it tells no kind.
+    from decodegap.steps.layers import kinds_agreed
+
+    doc, (decode, prefill) = _kernel_sequences("qwen3_moe_prefill_one_decode")
+    alone = count_layers(decode, doc["names"])
+    assert alone.count == 4 and _kinds(alone) == [1, 3]
+    untelling = kinds_agreed(alone, decode, [prefill], doc["names"])
+    agreed = count_layers(decode, doc["names"], untelling=untelling)
+    assert agreed.count == doc["truth"]["layers"] == 4
+    assert _kinds(agreed) == doc["truth"]["layer_kinds"] == [4]
+    assert agreed.starts == alone.starts  # the kinds change, not the layers

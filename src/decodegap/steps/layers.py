@@ -157,9 +157,10 @@ def runs_once_per_layer(seq: np.ndarray, found: Layers) -> bool:
 
 
 def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[int] | None = None,
-                 varying: set[int] = frozenset()) -> Layers:
+                 varying: set[int] = frozenset(), untelling: frozenset[int] = frozenset()) -> Layers:
     """The layers of one forward (`seq`: a name id per GPU activity, in order); `stable`: the data-independent names
-    (from data_independent), None to take every name but those in `varying` (from data_dependent)."""
+    (from data_independent), None to take every name but those in `varying` (from data_dependent); `untelling`:
+    names that tell no layer kind (kinds_agreed)."""
     if len(seq) < 4:
         return NO_LAYERS
     ids = seq.astype(np.int64)
@@ -223,7 +224,39 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     fused = {n for n in distinct if names and compiler_generated(names[n])}
     best = _mixed(best, partitions, candidates, ids, positions, lone, gemm, gemm_at, act_at, set(act), fused)
     best = _in_turn(best, ids, positions, gemm, gemm_at, act_at)
-    return _residual_blocks(_layers(best, ids, positions, names, gemm), ids, positions, names, gemm_at)
+    if untelling:
+        best = replace(best, alike=tuple(best.alike) + tuple(sorted(untelling)))
+    return _residual_blocks(_layers(best, ids, positions, names, gemm), ids, positions, names, gemm_at, untelling)
+
+
+def kinds_agreed(found: Layers, seq: np.ndarray, others: list[np.ndarray], names: list[str] | None) -> frozenset[int]:
+    """Names that run in other layers in another forward of the model than in `found`'s (of `seq`), where that
+    forward reads as many layers: they tell no kind. With one forward of a phase nothing tells a name an eager MoE
+    layer's expert loop ran by chance (another index kernel where an expert got one token) from one a kind of layer
+    runs; a kind's own names (a router in the MoE layers, a shared block) run in the same layers in every forward."""
+    if found.count is None or len(found.kinds) < 2:
+        return frozenset()
+    varying = data_dependent([seq, *others])
+    mine = _held_by(seq, found)
+    untelling: set[int] = set()
+    for other in others:
+        theirs_found = count_layers(other, names, varying=varying)
+        if theirs_found.count != found.count:
+            continue
+        theirs = _held_by(other, theirs_found)
+        untelling |= {n for n in mine.keys() & theirs.keys() if mine[n] != theirs[n]}
+    return frozenset(untelling)
+
+
+def _held_by(seq: np.ndarray, found: Layers) -> dict[int, frozenset[int]]:
+    """Per name, the layers of `found` that run it."""
+    bounds = np.append(np.array(found.starts, dtype=np.int64), found.end)
+    inside = (np.arange(len(seq)) >= bounds[0]) & (np.arange(len(seq)) < bounds[-1])
+    layer = np.searchsorted(bounds, np.flatnonzero(inside), side="right") - 1
+    held: dict[int, set[int]] = {}
+    for n, j in zip(seq[inside].tolist(), layer.tolist(), strict=True):
+        held.setdefault(n, set()).add(j)
+    return {n: frozenset(j) for n, j in held.items()}
 
 
 def _partition(backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
@@ -729,7 +762,7 @@ def _own_work_share(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set
 
 
 def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None,
-                     gemm_at: np.ndarray) -> Layers:
+                     gemm_at: np.ndarray, untelling: frozenset[int] = frozenset()) -> Layers:
     """Layers that are each one residual block (a hybrid of single-mixer blocks: Mamba, attention and MLP blocks each
     a layer, Nemotron-H) where the reading holds two blocks of one kind in a layer. A block begins with the input
     norm, the kernels every layer begins with before its first projection (the final norm runs them once more), and
@@ -771,7 +804,7 @@ def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.nda
         if len(begins) <= found.count:
             return found
     ends = np.append(begins[1:], found.end)
-    kinds, kind_of = layer_kinds(ids, begins, ends, positions, names, whole_last=True)
+    kinds, kind_of = layer_kinds(ids, begins, ends, positions, names, whole_last=True, alike=set(untelling))
     evidence = (f"{len(begins)} layers of residual blocks, each begun by the input norm's {len(norm)} kernels and "
                 f"projecting in and out: " + ("a mixer's block, then its MLP's" if colour is not None else
                                               "one block each (two mixers in a row: a hybrid of single-mixer blocks)"))
