@@ -11,8 +11,8 @@ import numpy as np
 from decodegap.ops import shapes as shape_info
 from decodegap.ops.categories import is_backward, CATEGORIES, categorize
 from decodegap.steps.layer_kinds import LayerKind
-from decodegap.steps.layers import (Layers, count_layers, data_dependent, data_independent, kinds_agreed,
-                                   runs_once_per_layer)
+from decodegap.steps.layers import (Layers, count_layers, data_dependent, data_independent,
+                                   layers_beside_other_phases)
 from decodegap.steps.repetition import name_classes
 from decodegap.steps.steps import PHASES, Steps, idle_gaps_ns
 from decodegap.trace.link import Links
@@ -142,20 +142,7 @@ def infer_layers(trace: Trace, rows: np.ndarray, alike: list[np.ndarray] | None 
     found = count_layers(seq(rows), canonical, stable)
     other = [seq(r) for r in others or []]
     if stable is None and other:
-        varying = frozenset()
-        if not any(runs_once_per_layer(o, found) for o in other):
-            # One step of its phase tells nothing varies: every layer of the other phases' steps runs the names that
-            # count the layers as often, an expert loop's iterations (read as more layers) do not. Left out where
-            # they vary between the phases, they count no more layers, run once per layer in another phase's step.
-            apart = count_layers(seq(rows), canonical, varying=data_dependent([seq(rows)] + other))
-            if apart.count is not None and (found.count is None or apart.count <= found.count) and any(
-                    runs_once_per_layer(o, apart) for o in other):
-                found, varying = apart, data_dependent([seq(rows)] + other)
-        # Nor does it tell a kind's names from those an expert loop ran by chance: the other phases' steps do.
-        untelling = kinds_agreed(found, seq(rows), other, canonical)
-        if untelling:
-            found = count_layers(seq(rows), canonical, varying=varying, untelling=untelling)
-        return found
+        return layers_beside_other_phases(seq(rows), other, canonical, found)
     if found.count is None and stable is not None:  # too few names run alike in every step: leave out the varying
         found = count_layers(seq(rows), canonical, varying=data_dependent([seq(r) for r in alike]))
     return found

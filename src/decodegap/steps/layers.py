@@ -120,6 +120,7 @@ class Layers:
     kind_of: tuple[int, ...] = ()  # per layer: index into kinds (empty with one kind)
     backers: tuple[int, ...] = ()  # the name ids that counted the layers
     end: int = 0  # where the last layer ends (exclusive): as long as the longest layer, or to its last kernel
+    backer_runs: int = 0  # how often each of `backers` runs in the forward: `count`, or its kind's layers (a hybrid)
 
 
 NO_LAYERS = Layers(None, "no per-layer work found: no kernel runs the same number of times in every layer")
@@ -145,15 +146,27 @@ def data_dependent(forwards: list[np.ndarray]) -> set[int]:
 
 
 def runs_once_per_layer(seq: np.ndarray, found: Layers) -> bool:
-    """Whether a forward (`seq`: its name ids) runs the names that counted `found`'s layers once per layer: every one
-    it runs, and at least half of them (a forward of another phase may run a kernel of its own in place of one). The
-    same model's forwards run the same layers, so a forward that reads another count on its own (an eager MoE
-    prefill, routing its tokens to every expert) still runs them so."""
+    """Whether a forward (`seq`: its name ids) runs the names that counted `found`'s layers once per layer (of their
+    kind, in a hybrid's mixer split): every one it runs, and at least half of them (a forward of another phase may
+    run a kernel of its own in place of one). The same model's forwards run the same layers, so a forward that reads
+    another count on its own (an eager MoE prefill, routing its tokens to every expert) still runs them so."""
     if found.count is None or not found.backers:
         return False
     runs = Counter(seq.tolist())
     ran = [runs[n] for n in found.backers if runs[n]]
-    return 2 * len(ran) >= len(found.backers) and all(r == found.count for r in ran)
+    return 2 * len(ran) >= len(found.backers) and all(r == (found.backer_runs or found.count) for r in ran)
+
+
+def runs_otherwise(seq: np.ndarray, found: Layers) -> bool:
+    """Whether a forward (`seq`) runs at least half of the names that counted `found`'s layers, not all of them once
+    per layer: another forward of the model that contradicts the count (an eager MoE's expert loop, read as layers,
+    runs as often as experts got tokens). One that runs fewer of them (a compiled prefill, its kernels fused
+    otherwise than a decode's) tells nothing of it."""
+    if found.count is None or not found.backers:
+        return False
+    runs = Counter(seq.tolist())
+    ran = [runs[n] for n in found.backers if runs[n]]
+    return 2 * len(ran) >= len(found.backers) and any(r != (found.backer_runs or found.count) for r in ran)
 
 
 def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[int] | None = None,
@@ -227,6 +240,30 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     if untelling:
         best = replace(best, alike=tuple(best.alike) + tuple(sorted(untelling)))
     return _residual_blocks(_layers(best, ids, positions, names, gemm), ids, positions, names, gemm_at, untelling)
+
+
+def layers_beside_other_phases(seq: np.ndarray, others: list[np.ndarray], names: list[str] | None,
+                               found: Layers | None = None) -> Layers:
+    """The layers of a forward that is the one of its phase (`seq`), told by forwards of other phases (`others`);
+    `found`: count_layers(seq, names), where already read. One forward tells nothing varies: every layer of the other
+    phases' forwards runs the names that count the layers as often, an expert loop's iterations (read as more layers)
+    do not. Left out where they vary between the phases, they count no more layers, run once per layer in another
+    phase's forward. A forward that runs few of them (a compiled prefill, fused otherwise) contradicts nothing, and
+    where it reads as many layers on its own, it bears the count out. Nor does one forward tell a kind's names from
+    those an expert loop ran by chance: the other phases' forwards do (kinds_agreed)."""
+    found = found if found is not None else count_layers(seq, names)
+    varying = data_dependent([seq, *others])
+    borne_out = any(runs_once_per_layer(o, found) for o in others) or (
+        not any(runs_otherwise(o, found) for o in others)
+        and any(count_layers(o, names).count == found.count for o in others))
+    left_out: frozenset[int] | set[int] = frozenset()
+    if not borne_out:
+        apart = count_layers(seq, names, varying=varying)
+        if apart.count is not None and (found.count is None or apart.count <= found.count) and any(
+                runs_once_per_layer(o, apart) for o in others):
+            found, left_out = apart, varying
+    untelling = kinds_agreed(found, seq, others, names)
+    return count_layers(seq, names, varying=left_out, untelling=untelling) if untelling else found
 
 
 def kinds_agreed(found: Layers, seq: np.ndarray, others: list[np.ndarray], names: list[str] | None) -> frozenset[int]:
@@ -863,6 +900,7 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     kinds, kind_of = layer_kinds(ids, starts, ends, positions, names, whole_last=bool(final),
                                  alike=set(blocks.alike))
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
+    other = 0
     if blocks.mixers:
         other = int(isin(ids, np.array(blocks.mixers)).sum()) // len(blocks.mixers)
         evidence = (f"{len(blocks.backers)} kernels run once in each of {c - other} layers, {len(blocks.mixers)} once "
@@ -870,7 +908,7 @@ def _layers(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray], 
     if len(kinds) > 1:
         evidence += "; " + describe_kinds(kinds)
     return Layers(c, evidence, period, int(starts[0]), last, kinds, tuple(int(s) for s in starts),
-                  tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers), int(ends[-1]))
+                  tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers), int(ends[-1]), c - other)
 
 
 def _last_end(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None,
