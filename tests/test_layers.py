@@ -1257,7 +1257,7 @@ def test_a_forward_runs_the_names_that_counted_another_forwards_layers_once_per_
     whole = count_layers(forwards[0], doc["names"], varying=data_dependent(forwards))
     assert whole.count == 8 and runs_once_per_layer(forwards[1], whole)
     assert not runs_once_per_layer(np.array(doc["cut_forward"]), whole)
-    assert not runs_once_per_layer(forwards[1], replace(whole, count=7))
+    assert not runs_once_per_layer(forwards[1], replace(whole, count=7, backer_runs=7))
 
 
 def test_single_mixer_blocks_are_layers_each():
