@@ -440,6 +440,18 @@ def test_a_cut_file_with_one_prefill_and_one_decode_of_an_eager_moe():
     assert d["layers"] == truth["layers"] == 6
 
 
+def test_a_decode_the_launches_tell_from_the_prefill_is_a_decode():
+    """A real eager Qwen3.5-MoE capture (a hand-written loop at batch 1, no op shapes) cut after its second forward:
+    a prefill and one decode (the generator's truth). Their launches are unlike, and the decode's launch the fewer
+    thread blocks, so the launches say which is which; the decode, whose host work ran longer than the prefill's,
+    had been read as a prefill by its kernel mix and wall time, the test for steps no launch tells apart."""
+    base = Path(__file__).parent / "fixtures" / "traces" / "cuts" / "qwen3_5_moe_cut_prefill_decode"
+    truth = json.loads(base.with_suffix(".truth.json").read_text())
+    d = _d(base.with_suffix(".json.gz"))
+    assert _counts(d) == truth["steps"] == {"prefill": 1, "decode": 1}
+    assert d["layers"] == truth["layers"] == 8
+
+
 def test_a_capture_of_a_prefill_and_one_decode_of_an_eager_moe_keeps_both():
     """A whole capture of two forwards of an eager DeepSeek-V2 stack (real H100 kernels; the generator's truth: a
     prefill and a decode, 6 layers). Its prefill's expert loop reads as 25 layers, its decode 6, and no forward

@@ -601,6 +601,9 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     by_launch = (phases_from_launches(trace, [p.rows for p in pieces], names, typical_i) if None in evidence
                  else None) or [None] * len(pieces)
     typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
+    # Launches that tell some steps from others say which are decodes too; all alike, they tell no phase (a run of
+    # recomputing forwards launches alike as well)
+    launches_tell = len(set(by_launch) - {None}) > 1
     steps, dropped, notes = [], dropped_before, []
     for i, (p, t, phase, launched) in enumerate(zip(pieces, tokens, evidence, by_launch, strict=True)):
         mix = Counter(names[p.rows].tolist())
@@ -614,8 +617,8 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
             notes.append(f"{p.mark.name if p.mark else 'the ' + where + ' step'} ({where} in the trace): "
                          f"{len(p.rows)} of the typical {typical_len:.0f} GPU activities")
             continue
-        if phase is None and launched == "prefill" and len(pieces) > 1:  # no annotation or op shape: launches say
-            phase = launched
+        if phase is None and len(pieces) > 1 and (launched == "prefill" or launches_tell and launched):
+            phase = launched  # no annotation or op shape: launches say
         if phase is None:  # nor launch shapes: a longer step with another kernel mix is a prefill
             # which kernels it runs, not how often: an eager MoE step runs its experts' kernels more or fewer times
             kinds = set(mix)
