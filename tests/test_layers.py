@@ -18,7 +18,8 @@ import pytest
 
 from decodegap.pipeline import analyze_path
 from decodegap.report.json import report_dict
-from decodegap.steps.layers import count_layers, data_independent
+from decodegap.steps.across_forwards import data_independent
+from decodegap.steps.layers import count_layers
 from decodegap.steps.repetition import name_classes, normalized_name
 from tracegen import engine_forwards, write
 
@@ -1221,7 +1222,7 @@ def test_a_forward_cut_inside_that_passes_for_as_many_layers_is_cut():
     # and part of 4 read 8 "layers" of other blocks, as many as the whole forwards. It runs only their kernels and
     # fewer of the names that counted their layers, so it is cut; neither whole forward is.
     from decodegap.steps.anchors import _cut_short
-    from decodegap.steps.layers import data_dependent
+    from decodegap.steps.across_forwards import data_dependent
 
     doc, forwards = _kernel_sequences("kimi_linear_decode")
     cut = np.array(doc["cut_forward"])
@@ -1251,7 +1252,7 @@ def test_a_forward_runs_the_names_that_counted_another_forwards_layers_once_per_
     # match either.
     from dataclasses import replace
 
-    from decodegap.steps.layers import data_dependent, runs_once_per_layer
+    from decodegap.steps.across_forwards import data_dependent, runs_once_per_layer
 
     doc, forwards = _kernel_sequences("kimi_linear_decode")
     whole = count_layers(forwards[0], doc["names"], varying=data_dependent(forwards))
@@ -1310,7 +1311,7 @@ def test_names_an_expert_loop_ran_by_chance_tell_no_kind_where_another_phase_run
     # with the generator's truth) keeps one decode and the prefill. With one decode nothing tells the names an expert
     # loop ran by chance (an index kernel where an expert got one token, in layers 1-3) from a kind's: the decode
     # alone reads 1 + 3. The prefill, read as as many layers, runs that kernel in other layers: it tells no kind.
-    from decodegap.steps.layers import kinds_agreed
+    from decodegap.steps.across_forwards import kinds_agreed
 
     doc, (decode, prefill) = _kernel_sequences("qwen3_moe_prefill_one_decode")
     alone = count_layers(decode, doc["names"])
@@ -1329,7 +1330,7 @@ def test_a_compiled_prefill_that_runs_few_of_the_decodes_names_contradicts_nothi
     # that counted the decode's layers: that tells nothing against them, and the decode's count stands (read again
     # without the names whose counts differ between the phases, Qwen3.5 read 2 layers and LFM2-MoE 3). LFM2-MoE's
     # names count a mixer split's conv layers, once in each of those, as its prefill runs them.
-    from decodegap.steps.layers import layers_beside_other_phases
+    from decodegap.steps.across_forwards import layers_beside_other_phases
 
     doc, (decode, prefill) = _kernel_sequences(fixture)
     found = layers_beside_other_phases(decode, [prefill], doc["names"])
@@ -1342,7 +1343,7 @@ def test_one_decode_of_an_eager_moe_is_read_beside_its_prefill(fixture):
     # The same kind of cut of eager MoE stacks: MiniMax's decode alone reads its expert loop's index kernel as 30
     # layers, which its prefill never runs; the prefill reads 8 on its own, so the count is read again without the
     # names whose counts differ between the phases. Qwen3-MoE's count stands and its kinds are told by the prefill.
-    from decodegap.steps.layers import layers_beside_other_phases
+    from decodegap.steps.across_forwards import layers_beside_other_phases
 
     doc, (decode, prefill) = _kernel_sequences(fixture)
     found = layers_beside_other_phases(decode, [prefill], doc["names"])

@@ -11,8 +11,8 @@ import numpy as np
 from decodegap.ops import shapes as shape_info
 from decodegap.ops.categories import is_backward, CATEGORIES, categorize
 from decodegap.steps.layer_kinds import LayerKind
-from decodegap.steps.layers import (Layers, count_layers, data_dependent, data_independent,
-                                   layers_beside_other_phases)
+from decodegap.steps.across_forwards import data_dependent, data_independent, layers_beside_other_phases
+from decodegap.steps.layers import Layers, count_layers
 from decodegap.steps.repetition import name_classes
 from decodegap.steps.steps import PHASES, Steps, idle_gaps_ns
 from decodegap.trace.link import Links

@@ -24,7 +24,8 @@ import re
 
 import numpy as np
 
-from decodegap.steps.layers import count_layers, data_dependent, runs_once_per_layer
+from decodegap.steps.across_forwards import data_dependent, runs_once_per_layer
+from decodegap.steps.layers import count_layers
 from decodegap.steps.phase import widest_gemm_rows
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace, isin

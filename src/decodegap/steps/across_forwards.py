@@ -1,0 +1,110 @@
+"""What the other forwards of a model tell about one forward's layers (steps.layers reads a forward alone): which
+kernel names run a data-dependent number of times (an eager MoE layer's expert loop), whether another forward runs the
+names that counted the layers once per layer, and, where a phase has one forward, what its other phases' forwards
+bear out: the count (an expert loop read as layers; a compiled prefill fused otherwise contradicts nothing) and the
+kinds (a kind's own names run in the same layers in every forward)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from decodegap.steps.layers import Layers, count_layers
+
+
+def data_independent(forwards: list[np.ndarray]) -> set[int] | None:
+    """Names that run equally often in every forward given (None: one forward, nothing to compare)."""
+    if len(forwards) < 2:
+        return None
+    counts = [Counter(f.tolist()) for f in forwards]
+    names = set(counts[0]).intersection(*counts[1:])
+    return {n for n in names if len({c[n] for c in counts}) == 1}
+
+
+def data_dependent(forwards: list[np.ndarray]) -> set[int]:
+    """Names whose count differs between forwards that run them (an eager MoE layer's per-expert launches); names
+    only some forwards run (a prefill's attention kernel) are not counted against."""
+    seen: dict[int, set[int]] = {}
+    for f in forwards:
+        for n, c in Counter(f.tolist()).items():
+            seen.setdefault(n, set()).add(c)
+    return {n for n, c in seen.items() if len(c) > 1}
+
+
+def runs_once_per_layer(seq: np.ndarray, found: Layers) -> bool:
+    """Whether a forward (`seq`: its name ids) runs the names that counted `found`'s layers once per layer (of their
+    kind, in a hybrid's mixer split): every one it runs, and at least half of them (a forward of another phase may
+    run a kernel of its own in place of one). The same model's forwards run the same layers, so a forward that reads
+    another count on its own (an eager MoE prefill, routing its tokens to every expert) still runs them so."""
+    if found.count is None or not found.backers:
+        return False
+    runs = Counter(seq.tolist())
+    ran = [runs[n] for n in found.backers if runs[n]]
+    return 2 * len(ran) >= len(found.backers) and all(r == (found.backer_runs or found.count) for r in ran)
+
+
+def runs_otherwise(seq: np.ndarray, found: Layers) -> bool:
+    """Whether a forward (`seq`) runs at least half of the names that counted `found`'s layers, not all of them once
+    per layer: another forward of the model that contradicts the count (an eager MoE's expert loop, read as layers,
+    runs as often as experts got tokens). One that runs fewer of them (a compiled prefill, its kernels fused
+    otherwise than a decode's) tells nothing of it."""
+    if found.count is None or not found.backers:
+        return False
+    runs = Counter(seq.tolist())
+    ran = [runs[n] for n in found.backers if runs[n]]
+    return 2 * len(ran) >= len(found.backers) and any(r != (found.backer_runs or found.count) for r in ran)
+
+
+def layers_beside_other_phases(seq: np.ndarray, others: list[np.ndarray], names: list[str] | None,
+                               found: Layers | None = None) -> Layers:
+    """The layers of a forward that is the one of its phase (`seq`), told by forwards of other phases (`others`);
+    `found`: count_layers(seq, names), where already read. One forward tells nothing varies: every layer of the other
+    phases' forwards runs the names that count the layers as often, an expert loop's iterations (read as more layers)
+    do not. Left out where they vary between the phases, they count no more layers, run once per layer in another
+    phase's forward. A forward that runs few of them (a compiled prefill, fused otherwise) contradicts nothing, and
+    where it reads as many layers on its own, it bears the count out. Nor does one forward tell a kind's names from
+    those an expert loop ran by chance: the other phases' forwards do (kinds_agreed)."""
+    found = found if found is not None else count_layers(seq, names)
+    varying = data_dependent([seq, *others])
+    borne_out = any(runs_once_per_layer(o, found) for o in others) or (
+        not any(runs_otherwise(o, found) for o in others)
+        and any(count_layers(o, names).count == found.count for o in others))
+    left_out: frozenset[int] | set[int] = frozenset()
+    if not borne_out:
+        apart = count_layers(seq, names, varying=varying)
+        if apart.count is not None and (found.count is None or apart.count <= found.count) and any(
+                runs_once_per_layer(o, apart) for o in others):
+            found, left_out = apart, varying
+    untelling = kinds_agreed(found, seq, others, names)
+    return count_layers(seq, names, varying=left_out, untelling=untelling) if untelling else found
+
+
+def kinds_agreed(found: Layers, seq: np.ndarray, others: list[np.ndarray], names: list[str] | None) -> frozenset[int]:
+    """Names that run in other layers in another forward of the model than in `found`'s (of `seq`), where that
+    forward reads as many layers: they tell no kind. With one forward of a phase nothing tells a name an eager MoE
+    layer's expert loop ran by chance (another index kernel where an expert got one token) from one a kind of layer
+    runs; a kind's own names (a router in the MoE layers, a shared block) run in the same layers in every forward."""
+    if found.count is None or len(found.kinds) < 2:
+        return frozenset()
+    varying = data_dependent([seq, *others])
+    mine = _held_by(seq, found)
+    untelling: set[int] = set()
+    for other in others:
+        theirs_found = count_layers(other, names, varying=varying)
+        if theirs_found.count != found.count:
+            continue
+        theirs = _held_by(other, theirs_found)
+        untelling |= {n for n in mine.keys() & theirs.keys() if mine[n] != theirs[n]}
+    return frozenset(untelling)
+
+
+def _held_by(seq: np.ndarray, found: Layers) -> dict[int, frozenset[int]]:
+    """Per name, the layers of `found` that run it."""
+    bounds = np.append(np.array(found.starts, dtype=np.int64), found.end)
+    inside = (np.arange(len(seq)) >= bounds[0]) & (np.arange(len(seq)) < bounds[-1])
+    layer = np.searchsorted(bounds, np.flatnonzero(inside), side="right") - 1
+    held: dict[int, set[int]] = {}
+    for n, j in zip(seq[inside].tolist(), layer.tolist(), strict=True):
+        held.setdefault(n, set()).add(j)
+    return {n: frozenset(j) for n, j in held.items()}
