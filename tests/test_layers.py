@@ -1267,9 +1267,13 @@ def test_single_mixer_blocks_are_layers_each():
     # MLP, twice. No name runs once per block (the Mamba mixer's gated norm runs the input norm's kernels again), so
     # the attention kernel counted the pattern's two repeats as layers, each holding two Mamba blocks and two MLPs.
     # The blocks begin with the input norm and project in and out; two mixers in a row pair with no MLP.
+    from decodegap.steps.across_forwards import runs_once_per_layer
+
     doc, forwards = _kernel_sequences("nemotron_h_decode")
-    for found in _each_forwards_layers(doc, forwards):
+    for i, found in enumerate(_each_forwards_layers(doc, forwards)):
         assert found.count == doc["truth"]["layers"] == 10
+        # the names that counted the pattern's repeats stay the reading's: the other forwards run them as often
+        assert found.backers and runs_once_per_layer(forwards[i - 1], found)
         assert _kinds(found) == sorted(doc["truth"]["layer_kinds"]) == [2, 4, 4]
         groups = {}
         for layer, kind in enumerate(found.kind_of):
@@ -1298,12 +1302,14 @@ def test_blocks_that_take_turns_as_mixer_and_mlp_pair_into_layers():
         half = sum(len(b) for b in blocks[:len(blocks) // 2])
         end = sum(len(b) for b in blocks)
         found = Layers(2, "pairs of layers", starts=(0, half), end=end, last=end - 1)
-        got = _residual_blocks(found, seq, positions, names, np.flatnonzero(seq == n["gemm_nvjet"]))
+        got = _residual_blocks(found, seq, positions, names, np.flatnonzero(seq == n["gemm_nvjet"]),
+                               np.flatnonzero(seq == n["silu"]))
         return got.count, got.starts
 
     assert read([attention, mlp] * 4) == (4, (0, 18, 36, 54))
     assert read([attention, mlp, attention, conv, mlp] * 2)[0] == 10
     assert read([attention, mlp, conv, mlp] * 2)[0] == 4  # pairs: a mixer, then its MLP
+    assert read([attention, conv] * 4)[0] == 8  # two mixers taking turns, no MLP: each block a layer
 
 
 def test_names_an_expert_loop_ran_by_chance_tell_no_kind_where_another_phase_runs_them_elsewhere():
@@ -1349,3 +1355,25 @@ def test_one_decode_of_an_eager_moe_is_read_beside_its_prefill(fixture):
     found = layers_beside_other_phases(decode, [prefill], doc["names"])
     assert found.count == doc["truth"]["layers"]
     assert _kinds(found) == sorted(doc["truth"]["layer_kinds"])
+
+
+def test_one_forward_that_reads_no_layers_alone_is_read_without_the_names_that_vary():
+    # Built here: four dense layers, each begun by 15 copy kernels that the glue before the layers also runs, once in
+    # the decode and twice in the prefill, so neither forward reads layers alone (the copies run 5 and 6 times). Two
+    # forwards that read none bear out no count: without the copies, whose counts differ, the decode reads 4.
+    from decodegap.steps.across_forwards import layers_beside_other_phases
+
+    copies = [f"copy_kernel_{i}" for i in range(15)]
+    norm = ["pow", "mean", "rsqrt", "mul"]
+    layer = copies + norm + ["gemm_nvjet_q", "attn_flash", "gemm_nvjet_o", "add"] + norm + [
+        "gemm_nvjet_gate", "silu", "gemm_nvjet_down", "add"]
+    names = sorted(set(layer) | {"embedding", "lm_head_gemm", "argmax"})
+    n = {k: i for i, k in enumerate(names)}
+
+    def forward(glue: int) -> np.ndarray:
+        seq = ["embedding"] + copies * glue + layer * 4 + norm + ["lm_head_gemm", "argmax"]
+        return np.array([n[k] for k in seq])
+
+    decode, prefill = forward(1), forward(2)
+    assert count_layers(decode, names).count is None and count_layers(prefill, names).count is None
+    assert layers_beside_other_phases(decode, [prefill], names).count == 4

@@ -69,7 +69,7 @@ def layers_beside_other_phases(seq: np.ndarray, others: list[np.ndarray], names:
     varying = data_dependent([seq, *others])
     borne_out = any(runs_once_per_layer(o, found) for o in others) or (
         not any(runs_otherwise(o, found) for o in others)
-        and any(count_layers(o, names).count == found.count for o in others))
+        and found.count is not None and any(count_layers(o, names).count == found.count for o in others))
     left_out: frozenset[int] | set[int] = frozenset()
     if not borne_out:
         apart = count_layers(seq, names, varying=varying)

@@ -120,7 +120,8 @@ class Layers:
     kind_of: tuple[int, ...] = ()  # per layer: index into kinds (empty with one kind)
     backers: tuple[int, ...] = ()  # the name ids that counted the layers
     end: int = 0  # where the last layer ends (exclusive): as long as the longest layer, or to its last kernel
-    backer_runs: int = 0  # how often each of `backers` runs in the forward: `count`, or its kind's layers (a hybrid)
+    backer_runs: int = 0  # how often each of `backers` runs in the forward (0: `count`): a hybrid's run in its kind's
+    # layers only; a re-cut reading's (_residual_blocks) as often as in the reading they counted
 
 
 NO_LAYERS = Layers(None, "no per-layer work found: no kernel runs the same number of times in every layer")
@@ -196,7 +197,8 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     best = _in_turn(best, ids, positions, gemm, gemm_at, act_at)
     if untelling:
         best = replace(best, alike=tuple(best.alike) + tuple(sorted(untelling)))
-    return _residual_blocks(_layers(best, ids, positions, names, gemm), ids, positions, names, gemm_at, untelling)
+    return _residual_blocks(_layers(best, ids, positions, names, gemm), ids, positions, names, gemm_at, act_at,
+                            untelling)
 
 
 def _partition(backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
@@ -702,15 +704,17 @@ def _own_work_share(blocks: _Blocks, positions: dict[int, np.ndarray], gemm: set
 
 
 def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None,
-                     gemm_at: np.ndarray, untelling: frozenset[int] = frozenset()) -> Layers:
+                     gemm_at: np.ndarray, act_at: np.ndarray, untelling: frozenset[int] = frozenset()) -> Layers:
     """Layers that are each one residual block (a hybrid of single-mixer blocks: Mamba, attention and MLP blocks each
     a layer, Nemotron-H) where the reading holds two blocks of one kind in a layer. A block begins with the input
     norm, the kernels every layer begins with before its first projection (the final norm runs them once more), and
     projects. Every layer of a stack of pre-norm layers runs that norm before its mixer and again before its MLP, so
-    its blocks take turns between two classes (mixers, MLPs) and pair into layers; blocks whose kinds follow one
-    another in no such turn (two mixers in a row: Mamba, then attention) are layers each. A norm inside a mixer (MLA's
-    latent norm) cuts more blocks, but no layer then holds two of a kind; a block projects twice, in and out. Unchanged
-    where any of that fails."""
+    its blocks take turns between mixers, which run no MLP activation, and MLPs, which each run one, and pair into
+    layers; blocks whose kinds follow one another in no such turn (two mixers in a row: Mamba, then attention), or
+    take turns with no MLP activation in either (two mixers), are layers each. Where both run an activation (a Mamba
+    mixer's SiLU beside an MLP's) nothing tells pairs from blocks. A norm inside a mixer (MLA's latent norm) cuts more
+    blocks, but no layer then holds two of a kind; a block projects twice, in and out. Unchanged where any of that
+    fails. The names that counted the reading stay its backers (they run as often in the forward)."""
     if found.count is None or not found.starts or not len(gemm_at):
         return found
     at, seq = _per_layer_runs(ids, positions)
@@ -739,9 +743,18 @@ def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.nda
     if all(len(set(h)) == len(h) for h in held):
         return found
     colour = _two_turns(kind)
-    if colour is not None:  # a mixer's block, then its MLP's: pairs, each begun by a block of the first's class
-        begins = begins[[colour[k] == colour[kind[0]] for k in kind]]
-        if len(begins) <= found.count:
+    if colour is not None:
+        block_of = np.searchsorted(bounds, act_at, side="right") - 1
+        activated = np.isin(np.arange(len(kind)), block_of)
+        side = np.array([colour[k] for k in kind])
+        runs = [set(activated[side == c].tolist()) for c in (0, 1)]
+        if runs == [{False}, {False}]:
+            colour = None  # two mixers taking turns, no MLP: each block a layer
+        elif sorted(map(sorted, runs)) == [[False], [True]] and runs[side[0]] == {False}:
+            begins = begins[side == side[0]]  # a mixer's block, then its MLP's: pairs
+            if len(begins) <= found.count:
+                return found
+        else:
             return found
     ends = np.append(begins[1:], found.end)
     kinds, kind_of = layer_kinds(ids, begins, ends, positions, names, whole_last=True, alike=set(untelling))
@@ -752,7 +765,8 @@ def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.nda
         evidence += "; " + describe_kinds(kinds)
     period = float(begins[-1] - begins[0]) / (len(begins) - 1)
     return Layers(len(begins), evidence, period, int(begins[0]), found.last, kinds, tuple(int(b) for b in begins),
-                  tuple(kind_of) if len(kinds) > 1 else (), (), int(found.end))
+                  tuple(kind_of) if len(kinds) > 1 else (), found.backers, int(found.end),
+                  found.backer_runs or found.count)
 
 
 def _two_turns(kind: list[int]) -> dict[int, int] | None:
