@@ -76,7 +76,8 @@ So layers are read from counts, not from a repeating sequence:
 - where a layer so read holds two blocks of one kind, a block being what runs from one run of the input norm (what
   every layer begins with before its first projection) to the next, projecting in and out, the blocks are the layers
   (Nemotron-H: Mamba, MLP, Mamba, attention, MLP, each block one norm, one mixer or MLP, one residual add), or pairs
-  of them where their kinds take turns between two classes as a mixer's and an MLP's do (_residual_blocks);
+  of them where their kinds take turns between a mixer's, which runs no MLP activation, and an MLP's
+  (_residual_blocks);
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds (steps.layer_kinds).
 The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
 
