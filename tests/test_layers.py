@@ -1377,3 +1377,20 @@ def test_one_forward_that_reads_no_layers_alone_is_read_without_the_names_that_v
     decode, prefill = forward(1), forward(2)
     assert count_layers(decode, names).count is None and count_layers(prefill, names).count is None
     assert layers_beside_other_phases(decode, [prefill], names).count == 4
+
+
+def test_layers_with_one_input_norm_each_are_counted_before_the_final_norm():
+    # Four decode forwards of an eager Cohere2-MoE (kernel names of a real H100 trace, with the generator's truth and
+    # the config's layer types): each layer runs one input norm for its attention and MLP in parallel, so the norm's
+    # kernels run 9 times for 8 layers, the last at the final norm; no other name counts every layer (a dense first
+    # layer, NoPE full-attention layers on another kernel than the sliding ones), and the full-attention kernel read 2
+    # layers of 4. The blocks before the final norm are the layers, and though layers of three kinds share little,
+    # they explain clearly more of the forward than the 2.
+    doc, forwards = _kernel_sequences("cohere2_moe_decode")
+    for found in _each_forwards_layers(doc, forwards):
+        assert found.count == doc["truth"]["layers"] == 8
+        assert _kinds(found) == doc["truth"]["layer_kinds"] == [1, 1, 6]
+        groups = {}
+        for layer, kind in enumerate(found.kind_of):
+            groups.setdefault(kind, []).append(layer)
+        assert sorted(groups.values()) == [[0], [1, 2, 3, 5, 6, 7], [4]]

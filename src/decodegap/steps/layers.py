@@ -73,6 +73,10 @@ So layers are read from counts, not from a repeating sequence:
   in one kind of layer); where the layers begin unlike (a shared block before some), as far as the longest earlier
   layer it begins like ran; a name that counted the layers and runs again from the final norm on (MoE routing
   kernels in beam search's bookkeeping) does not carry the last layer past it where the norm's kernels run there;
+- a count whose names run once more at the final norm (one input norm per layer: parallel attention + MLP) stands for
+  the blocks before its last, which runs from the final norm to the forward's end (_before_final_norm), where no
+  names count as many layers themselves; a finer count that explains clearly more of the forward than a coarser one
+  stands for its layers though they share little (layers of three kinds: dense, sliding and NoPE full attention);
 - where a layer so read holds two blocks of one kind, a block being what runs from one run of the input norm (what
   every layer begins with before its first projection) to the next, projecting in and out, the blocks are the layers
   (Nemotron-H: Mamba, MLP, Mamba, attention, MLP, each block one norm, one mixer or MLP, one residual add), or pairs
@@ -162,11 +166,16 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
         # the first valid one stands for the count (a rotary pair runs twice in each attention layer of a conv /
         # attention stack: no partition), and among sets as large, the one whose blocks run the most work in common
         # (a mask copied once before the layers and once in each MoE layer, as often as the attention kernel runs).
-        proposed = [_partition(backers, positions, len(ids), gemm, gemm_at)
+        proposed = [_before_final_norm(_partition(backers, positions, len(ids), gemm, gemm_at), positions, len(ids),
+                                       gemm, gemm_at, act_at)
                     for backers in _apart(_interleaved(group, positions))]
         valid = [b for b in proposed if b.valid] or [b for b in proposed if b.open_ended]
         if valid:
             (candidates if valid[0].valid else open_ended).append(max(valid, key=lambda b: (len(b.backers), b.common)))
+    # A count read before the final norm (_before_final_norm) stands only where no names count as many layers
+    # themselves (they tell where each begins better than the norm's kernels and what runs before the first).
+    direct = {b.count for b in candidates if len(positions[b.backers[0]]) == b.count}
+    candidates = [b for b in candidates if len(positions[b.backers[0]]) == b.count or b.count not in direct]
     if not candidates:
         return NO_LAYERS
     # Every valid one, and those that leave a layer out (a lone attention layer after the last Mamba one): a hybrid's
@@ -206,6 +215,26 @@ def _partition(backers: list[int], positions: dict[int, np.ndarray], length: int
                gemm_at: np.ndarray) -> _Blocks:
     cuts = np.array([positions[n] for n in backers]).min(axis=0)  # each block from its earliest backer
     return _blocks_at(cuts, backers, positions, length, gemm, gemm_at)
+
+
+def _before_final_norm(blocks: _Blocks, positions: dict[int, np.ndarray], length: int, gemm: set[int],
+                       gemm_at: np.ndarray, act_at: np.ndarray) -> _Blocks:
+    """The blocks before the last, where the last cut is the final norm: names that run once per layer at its input
+    norm (one norm per layer: parallel attention + MLP, Cohere) run once more at the final norm, so their count is one
+    more than the layers and its last block holds the final norm and the output head: what runs from it to the
+    forward's end is short (under half a typical block) and runs no MLP activation, where every block before it runs
+    one (every layer has its MLP or experts), and no MLP activation runs before the first cut (cuts late in each
+    layer leave layer 0's MLP before it)."""
+    if blocks.count < 3 or not len(act_at) or act_at.max() >= blocks.cuts[-1]:
+        return blocks
+    if act_at.min() < blocks.cuts[0]:
+        return blocks  # the cuts fall late in the layers (layer 0's MLP runs before the first): not at their norm
+    if length - blocks.cuts[-1] >= 0.5 * np.median(np.diff(blocks.cuts)):
+        return blocks
+    held = np.searchsorted(blocks.cuts, act_at, side="right") - 1
+    if len(unique(held[held >= 0])) != blocks.count - 1:
+        return blocks
+    return _blocks_at(blocks.cuts[:-1], blocks.backers, positions, length, gemm, gemm_at)
 
 
 def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
@@ -383,7 +412,10 @@ def _finer(best: _Blocks, candidates: list[_Blocks], ids: np.ndarray, positions:
     finer = [b for b in candidates if b.count > best.count and b.count % best.count == 0]
     for fine in sorted(finer, key=lambda b: (b.count, b.common), reverse=True):
         common = fine.common + _taking_turns(fine, positions, gemm)
-        if (fine.explained < NEAR_EXPLAINED * best.explained or common < FINER_COMMON * fine.beside_gemm
+        # Layers of several kinds (a dense first layer, NoPE full-attention layers among sliding ones) share less;
+        # a finer count that explains clearly more of the forward stands for them all the same.
+        more = fine.explained * NEAR_EXPLAINED > best.explained
+        if (fine.explained < NEAR_EXPLAINED * best.explained or (common < FINER_COMMON * fine.beside_gemm and not more)
                 or not _whole(best, fine, ids, positions, gemm, act_at)):
             continue
         if _own_work_share(fine, positions, gemm) >= FINER_COMMON:
