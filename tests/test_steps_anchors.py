@@ -452,6 +452,20 @@ def test_a_decode_the_launches_tell_from_the_prefill_is_a_decode():
     assert d["layers"] == truth["layers"] == 8
 
 
+@pytest.mark.parametrize("name", ["seed_oss_reduce_overhead_cut_prefill_decode",
+                                  "seed_oss_reduce_overhead_cut_mid_replay"])
+def test_an_eager_prefill_before_decodes_replayed_from_cuda_graphs_is_a_forward_of_its_own(name):
+    """Real captures (an H100, the generator's truth) of a hand loop over torch.compile(mode="reduce-overhead"): the
+    prefill runs eagerly, each decode replays a CUDA graph tree. Cut after two forwards, or inside the fourth: with
+    few replays, the eager prefill was taken with the first replay as one forward (1 prefill of 2 layers and no
+    decode; P1 for P1 D2). Eager work before the first replay as long as half a replay's is a forward of its own."""
+    base = Path(__file__).parent / "fixtures" / "traces" / "cuts" / name
+    truth = json.loads(base.with_suffix(".truth.json").read_text())
+    d = _d(base.with_suffix(".json.gz"))
+    assert _counts(d) == truth["steps"]
+    assert d["layers"] == truth["layers"] == 6
+
+
 def test_a_capture_of_a_prefill_and_one_decode_of_an_eager_moe_keeps_both():
     """A whole capture of two forwards of an eager DeepSeek-V2 stack (real H100 kernels; the generator's truth: a
     prefill and a decode, 6 layers). Its prefill's expert loop reads as 25 layers, its decode 6, and no forward

@@ -548,6 +548,12 @@ def _one_forward_per_replay(tokens, gaps, row_seq, unit_start, graph_of) -> _Cut
     if not (_holds_layers(inner, block) or _one_graph_between_alike(tokens, replay_units)):
         return None
     cuts = []
+    first = int(replay_units[0])
+    if first > 0 and unit_start[first] >= 0.5 * (ends[first] - unit_start[first]):
+        # Eager work before the first replay as long as half a replay's or longer is a forward of its own (a prefill
+        # run eagerly before decodes replayed from CUDA graphs), not the glue before a forward
+        between = np.arange(1, first + 1)
+        cuts.append(int(between[np.argmax(gaps[between])]))
     for a, b in zip(replay_units[:-1], replay_units[1:], strict=True):
         between = np.arange(a + 1, b + 1)  # the eager units after replay a, and replay b itself
         cuts.append(int(between[np.argmax(gaps[between])]))
