@@ -37,11 +37,8 @@ def runs_once_per_layer(seq: np.ndarray, found: Layers) -> bool:
     kind, in a hybrid's mixer split): every one it runs, and at least half of them (a forward of another phase may
     run a kernel of its own in place of one). The same model's forwards run the same layers, so a forward that reads
     another count on its own (an eager MoE prefill, routing its tokens to every expert) still runs them so."""
-    if found.count is None or not found.backers:
-        return False
-    runs = Counter(seq.tolist())
-    ran = [runs[n] for n in found.backers if runs[n]]
-    return 2 * len(ran) >= len(found.backers) and all(r == (found.backer_runs or found.count) for r in ran)
+    ran = _backers_run(seq, found)
+    return ran is not None and all(r == (found.backer_runs or found.count) for r in ran)
 
 
 def runs_otherwise(seq: np.ndarray, found: Layers) -> bool:
@@ -49,11 +46,18 @@ def runs_otherwise(seq: np.ndarray, found: Layers) -> bool:
     per layer: another forward of the model that contradicts the count (an eager MoE's expert loop, read as layers,
     runs as often as experts got tokens). One that runs fewer of them (a compiled prefill, its kernels fused
     otherwise than a decode's) tells nothing of it."""
+    ran = _backers_run(seq, found)
+    return ran is not None and any(r != (found.backer_runs or found.count) for r in ran)
+
+
+def _backers_run(seq: np.ndarray, found: Layers) -> list[int] | None:
+    """How often a forward runs each of the names that counted `found`'s layers that it runs; None where it runs
+    fewer than half of them (or `found` has none), which tells nothing of the count."""
     if found.count is None or not found.backers:
-        return False
+        return None
     runs = Counter(seq.tolist())
     ran = [runs[n] for n in found.backers if runs[n]]
-    return 2 * len(ran) >= len(found.backers) and any(r != (found.backer_runs or found.count) for r in ran)
+    return ran if 2 * len(ran) >= len(found.backers) else None
 
 
 def layers_beside_other_phases(seq: np.ndarray, others: list[np.ndarray], names: list[str] | None,
@@ -76,18 +80,20 @@ def layers_beside_other_phases(seq: np.ndarray, others: list[np.ndarray], names:
         if apart.count is not None and (found.count is None or apart.count <= found.count) and any(
                 runs_once_per_layer(o, apart) for o in others):
             found, left_out = apart, varying
-    untelling = kinds_agreed(found, seq, others, names)
+    untelling = kinds_agreed(found, seq, others, names, varying)
     return count_layers(seq, names, varying=left_out, untelling=untelling) if untelling else found
 
 
-def kinds_agreed(found: Layers, seq: np.ndarray, others: list[np.ndarray], names: list[str] | None) -> frozenset[int]:
+def kinds_agreed(found: Layers, seq: np.ndarray, others: list[np.ndarray], names: list[str] | None,
+                 varying: set[int] | None = None) -> frozenset[int]:
     """Names that run in other layers in another forward of the model than in `found`'s (of `seq`), where that
     forward reads as many layers: they tell no kind. With one forward of a phase nothing tells a name an eager MoE
     layer's expert loop ran by chance (another index kernel where an expert got one token) from one a kind of layer
-    runs; a kind's own names (a router in the MoE layers, a shared block) run in the same layers in every forward."""
+    runs; a kind's own names (a router in the MoE layers, a shared block) run in the same layers in every forward.
+    `varying`: data_dependent over `seq` and `others`, where already known."""
     if found.count is None or len(found.kinds) < 2:
         return frozenset()
-    varying = data_dependent([seq, *others])
+    varying = data_dependent([seq, *others]) if varying is None else varying
     mine = _held_by(seq, found)
     untelling: set[int] = set()
     for other in others:
@@ -102,9 +108,9 @@ def kinds_agreed(found: Layers, seq: np.ndarray, others: list[np.ndarray], names
 def _held_by(seq: np.ndarray, found: Layers) -> dict[int, frozenset[int]]:
     """Per name, the layers of `found` that run it."""
     bounds = np.append(np.array(found.starts, dtype=np.int64), found.end)
-    inside = (np.arange(len(seq)) >= bounds[0]) & (np.arange(len(seq)) < bounds[-1])
-    layer = np.searchsorted(bounds, np.flatnonzero(inside), side="right") - 1
+    lo, hi = int(bounds[0]), min(int(bounds[-1]), len(seq))
+    layer = np.searchsorted(bounds, np.arange(lo, hi), side="right") - 1
     held: dict[int, set[int]] = {}
-    for n, j in zip(seq[inside].tolist(), layer.tolist(), strict=True):
+    for n, j in zip(seq[lo:hi].tolist(), layer.tolist(), strict=True):
         held.setdefault(n, set()).add(j)
     return {n: frozenset(j) for n, j in held.items()}
