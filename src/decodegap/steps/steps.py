@@ -22,6 +22,7 @@ import numpy as np
 
 from decodegap.steps import anchors as forward_anchors
 from decodegap.steps.anchors import FAMILIES, lost_launches
+from decodegap.steps.drafts import draft_forwards
 from decodegap.steps.phase import (
     GrowingRun,
     growing_runs,
@@ -584,6 +585,8 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     if not pieces:
         return Steps([], source, detail, workload, 0, warnings)
     names = normalized_ids(trace.names, trace.gpu.name_id)
+    if not training and not any(p.mark for p in pieces):
+        pieces, detail = _without_drafts(pieces, names, trace, detail)
     from_sequence = source in ("kernel_repetition", "graph_launch")  # cut by counts: fragments to mend
     if from_sequence:
         pieces = _split_overlong(pieces, names, trace)
@@ -647,6 +650,16 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     rows = np.concatenate([s.rows for s in steps]) if steps else np.empty(0, np.int64)
     graphs = len(np.unique(links.replay[rows][links.replay[rows] >= 0]))
     return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
+
+
+def _without_drafts(pieces: list[_Piece], names: np.ndarray, trace: Trace, detail: str) -> tuple[list[_Piece], str]:
+    """The forwards with the draft model's left out (steps.drafts), and the evidence saying so."""
+    drafts = draft_forwards([names[p.rows] for p in pieces], name_classes(trace.names)[1])
+    if drafts is None:
+        return pieces, detail
+    said = (f"{len(drafts.forwards)} forwards of a {drafts.layers}-layer draft model between the steps left out "
+            f"(assisted / speculative decoding; a step runs {drafts.of} layers)")
+    return [p for i, p in enumerate(pieces) if i not in drafts.forwards], f"{detail}; {said}" if detail else said
 
 
 def _recomputed(trace: Trace, links: Links, pieces: list[_Piece], tokens: list, evidence: list, names: np.ndarray,
