@@ -119,6 +119,22 @@ def phase_from_tokens(t: StepTokens, decode_rows: int | None) -> str | None:
     return None
 
 
+def packed_mixed(t: StepTokens) -> bool:
+    """Sequences packed into one row (continuous batching: batch 1, each sequence's last token sampled), some
+    continuing from a cache and some bringing more tokens: the output head sees two or more rows but fewer than the
+    forward's tokens, and attention reaches keys before the row's own (kv > query). No single-sequence forward looks
+    like that: a prefill or a speculative extend has one sequence in its row, sampled at its last or every token."""
+    return bool(t.batch == 1 and t.head_rows and t.gemm_rows and 2 <= t.head_rows < t.gemm_rows
+                and t.kv_len and t.query_len and t.kv_len > t.query_len)
+
+
+def packed_decode(t: StepTokens) -> bool:
+    """In a trace whose forwards pack sequences (packed_mixed), a row whose every token is sampled is one token of
+    each of as many sequences: a decode step (alone, it may be one sequence's speculative extend)."""
+    return bool(t.batch == 1 and t.head_rows and t.head_rows >= 2 and t.head_rows == t.gemm_rows
+                and t.kv_len and t.query_len and t.kv_len > t.query_len)
+
+
 def rows_alone(t: StepTokens) -> bool:
     """Only the projection rows against the smallest step's can say decode / prefill (no attention shape, no lm_head
     narrower than the projections): a step of 16 rows may be a decode of 16 sequences or a forward over 16 tokens."""

@@ -27,6 +27,8 @@ from decodegap.steps.phase import (
     GrowingRun,
     growing_runs,
     is_training,
+    packed_decode,
+    packed_mixed,
     phase_from_tokens,
     phases_from_launches,
     rows_alone,
@@ -605,8 +607,10 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     typical_len = float(np.median(lengths))
     reference = Counter(names[pieces[int(np.argsort(lengths)[len(lengths) // 2])].rows].tolist())
     typical_i = int(np.argsort(lengths)[len(lengths) // 2])
+    packed: set[int] = set()
     if not training:
         evidence = _recomputed(trace, links, pieces, tokens, evidence, names, warnings)
+        evidence, packed = _packed(pieces, tokens, evidence)
     by_launch = (phases_from_launches(trace, [p.rows for p in pieces], names, typical_i) if None in evidence
                  else None) or [None] * len(pieces)
     typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
@@ -636,7 +640,7 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
             phase = "prefill" if other else "decode"
         if training:
             phase = "training"
-        batch = p.mark.batch if p.mark and p.mark.batch else t.batch or (
+        batch = p.mark.batch if p.mark and p.mark.batch else t.head_rows if i in packed else t.batch or (
             t.gemm_rows if phase == "decode" else t.head_rows if t.head_rows and t.head_rows < (t.gemm_rows or 0)
             else None)
         n_tokens = p.mark.tokens if p.mark and p.mark.tokens else t.gemm_rows
@@ -660,6 +664,21 @@ def _without_drafts(pieces: list[_Piece], names: np.ndarray, trace: Trace, detai
     said = (f"{len(drafts.forwards)} forwards of a {drafts.layers}-layer draft model between the steps left out "
             f"(assisted / speculative decoding; a step runs {drafts.of} layers)")
     return [p for i, p in enumerate(pieces) if i not in drafts.forwards], f"{detail}; {said}" if detail else said
+
+
+def _packed(pieces: list[_Piece], tokens: list, evidence: list) -> tuple[list, set[int]]:
+    """Continuous batching packs every sequence's tokens into one row: where forwards show it (steps.phase.
+    packed_mixed: decodes beside prompt tokens), those are mixed, and rows whose every token is sampled are decodes
+    of as many sequences, not extends (the shapes say no more than `query` tokens a row). Also which forwards are
+    so read: their batch is the sequences the output head samples, not the one row."""
+    free = [not (p.mark and p.mark.phase) for p in pieces]
+    if not any(f and packed_mixed(t) for f, t in zip(free, tokens, strict=True)):
+        return evidence, set()
+    read = ["mixed" if f and packed_mixed(t) else "decode" if f and packed_decode(t) else None
+            for f, t in zip(free, tokens, strict=True)]
+    rows = {i for i, (f, t) in enumerate(zip(free, tokens, strict=True))
+            if f and t.batch == 1 and t.head_rows and t.head_rows >= 2}  # a prefill of several prompts too
+    return [r or e for r, e in zip(read, evidence, strict=True)], rows
 
 
 def _recomputed(trace: Trace, links: Links, pieces: list[_Piece], tokens: list, evidence: list, names: np.ndarray,
