@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from decodegap.steps.drafts import draft_forwards
+from decodegap.steps import steps as steps_module
 from decodegap.steps.steps import find_steps
 from decodegap.trace.link import link
 from decodegap.trace.load import load_trace
@@ -66,3 +67,21 @@ def test_assisted_generation_steps_are_the_served_models_forwards():
         start = step.start_ns + on_trace_clock
         assert max(d for d in draft_ends if d < forward["cpu_start_ns"]) <= start < forward["cpu_end_ns"]
     assert "3 forwards of a 2-layer draft model" in steps.detail
+
+
+def test_forwards_that_run_no_output_head_have_no_drafts(monkeypatch):
+    """An encoder's forward runs no output head, and is longer than the decoder's forwards after it, which run the
+    same kernels in fewer layers. The assisted trace read with its served model's output-head rows taken out of the
+    widest-GEMM rows (as an encoder's forwards would show) keeps every forward as a step: six, not three."""
+    trace = load_trace(FIXTURES / "traces" / "ernie4_5_assisted_generate_3rounds.json.gz")
+    links = link(trace)
+    served = np.concatenate([s.rows for s in find_steps(trace, links).steps])
+    real = steps_module.widest_gemm_rows
+
+    def without_served_heads(trace, links):
+        head = real(trace, links).copy()
+        head[served] = False
+        return head
+
+    monkeypatch.setattr(steps_module, "widest_gemm_rows", without_served_heads)
+    assert len(find_steps(trace, links).steps) == 6

@@ -588,7 +588,7 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
         return Steps([], source, detail, workload, 0, warnings)
     names = normalized_ids(trace.names, trace.gpu.name_id)
     if not training and not any(p.mark for p in pieces):
-        pieces, detail = _without_drafts(pieces, names, trace, detail)
+        pieces, detail = _without_drafts(pieces, names, trace, links, detail)
     from_sequence = source in ("kernel_repetition", "graph_launch")  # cut by counts: fragments to mend
     if from_sequence:
         pieces = _split_overlong(pieces, names, trace)
@@ -656,10 +656,16 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
 
 
-def _without_drafts(pieces: list[_Piece], names: np.ndarray, trace: Trace, detail: str) -> tuple[list[_Piece], str]:
+def _without_drafts(pieces: list[_Piece], names: np.ndarray, trace: Trace, links: Links,
+                    detail: str) -> tuple[list[_Piece], str]:
     """The forwards with the draft model's left out (steps.drafts), and the evidence saying so."""
     drafts = draft_forwards([names[p.rows] for p in pieces], name_classes(trace.names)[1])
     if drafts is None:
+        return pieces, detail
+    # Drafts and the forwards that check them all run the output head (they propose or check tokens), where op
+    # shapes tell: an encoder's forward, longer than the decoder's after it, runs none
+    head = widest_gemm_rows(trace, links)
+    if head is not None and not all(head[p.rows].any() for p in pieces[1:-1]):
         return pieces, detail
     said = (f"{len(drafts.forwards)} forwards of a {drafts.layers}-layer draft model between the steps left out "
             f"(assisted / speculative decoding; a step runs {drafts.of} layers)")
