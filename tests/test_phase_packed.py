@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from decodegap.steps.phase import StepTokens
+from decodegap.steps.phase import StepTokens, packed_decode, packed_mixed
 from decodegap.steps.steps import _packed, _Piece, find_steps
 from decodegap.trace.link import link
 from decodegap.trace.load import load_trace
@@ -46,3 +46,13 @@ def test_speculative_extends_are_not_packed_decodes():
     read, rows = _packed(_pieces(5), tokens + [mixed], evidence + ["prefill"])
     assert read == ["prefill", "decode", "decode", "decode", "mixed"]
     assert rows == {0, 2, 3, 4}
+
+
+def test_a_cross_attention_projection_is_no_packed_row():
+    """A Whisper-style decoder's first forward: 4 forced tokens sampled at every position, its widest projection the
+    cross-attention's keys and values over the encoder's 1,500 states (30 s of audio), attention reaching those
+    states. The projections' rows are not the row's tokens (the attention's 4 queries): no packed sequences."""
+    whisper = StepTokens(gemm_rows=1500, query_len=4, kv_len=1500, batch=1, head_rows=4)
+    assert not packed_mixed(whisper) and not packed_decode(whisper)
+    packed = StepTokens(gemm_rows=18, query_len=18, kv_len=50, batch=1, head_rows=3)
+    assert packed_mixed(packed) and not packed_decode(packed)

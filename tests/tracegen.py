@@ -423,7 +423,8 @@ def kineto_order(doc: dict) -> dict:
 def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: int = 1, kv_cache: bool = True,
                   record_shapes: bool = False, attention: str = "eager", logits: str = "all",
                   first: int = 0, generations: int = 1, experts: int = 0, top_k: int = 2, routing: str = "causal",
-                  seed: int = 0, extend: int | list[int] = 0) -> dict:
+                  seed: int = 0, extend: int | list[int] = 0, vision_blocks: int = 0, patches: int = 256,
+                  drafts: int = 0, draft_layers: int = 2) -> dict:
     """A greedy generate loop as an eager HF model runs it (modelled on an MPT block: layer norm, fused QKV, attention,
     output projection, residual add, layer norm, GELU MLP, residual add), one forward per new token, no annotations.
     Launch grids follow the tensors they cover (a layer norm launches one block per row, an elementwise kernel one per
@@ -445,9 +446,13 @@ def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: 
     forward (any routing: numerical noise flipping ties, a model that is not causal). `extend`: with a cache, the
     second forward processes that many new tokens at once (a chunked prefill's second chunk: an extend); a list: the
     new tokens of each forward after the prompt's (prompt-lookup decoding verifies a few at once: extends among the
-    decodes). Each event's args carry
-    `tracegen_forward` (its index in the trace); the truth per forward is `generate_loop_truth(...)` with the same
-    arguments."""
+    decodes). `vision_blocks`: each generation's first forward runs that many blocks of the same layer kernels over
+    `patches` rows after its embedding lookup (a VLM's vision tower, whose blocks use the LLM's norm, attention and
+    MLP kernels, as Qwen2.5-VL's do). `drafts`: before each forward after a generation's first, a draft model of
+    `draft_layers` layers (same kernels) runs that many forwards over the same tokens, each sampling (assisted
+    generation); its events carry `tracegen_draft` (the forward they precede) instead of `tracegen_forward`. Each
+    event's args carry `tracegen_forward` (its index in the trace); the truth per forward is
+    `generate_loop_truth(...)` with the same arguments."""
     hidden, heads, head_dim, inter, vocab = 2048, 16, 128, 8192, 50432
     events: list[dict] = []
     state = {"t_gpu": 1000.0, "t_cpu": 500.0, "corr": 10}
@@ -538,35 +543,50 @@ def generate_loop(forwards: int = 10, layers: int = 4, prompt: int = 16, batch: 
             launch("void at::native::indexFuncLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>",
                    [cdiv(n * hidden, 512), 1, 1], "aten::index_add_", [[rows, hidden], [n], [n, hidden]])
 
-    def forward(f: int, forward_i: int) -> None:
+    def block(q: int, kv: int, forward_i: int) -> None:
+        rows = batch * q
+        layer_norm(rows)
+        gemm(rows, hidden, 3 * hidden)
+        attend(q, kv)
+        gemm(rows, hidden, hidden)
+        elementwise("CUDAFunctor_add", rows * hidden, "aten::add", [[batch, q, hidden], [batch, q, hidden]])
+        layer_norm(rows)
+        if experts:
+            moe(rows, range(kv - q, kv), forward_i)
+        else:
+            gemm(rows, hidden, inter)
+            elementwise("GeluCUDAKernelImpl", rows * inter, "aten::gelu", [[batch, q, inter]])
+            gemm(rows, inter, hidden)
+        elementwise("CUDAFunctor_add", rows * hidden, "aten::add", [[batch, q, hidden], [batch, q, hidden]])
+
+    def forward(f: int, forward_i: int, n_layers: int = layers) -> None:
         news = _new_tokens(extend, f)
         q = (prompt + f) if not kv_cache else (prompt if f == 0 else news[-1])
         kv = (prompt + f) if not kv_cache else prompt + sum(news)
         rows = batch * q
         launch("void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int>",
                [cdiv(rows * hidden, 8192), 1, 1], "aten::embedding", [[vocab, hidden], [batch, q]])
-        for _ in range(layers):
-            layer_norm(rows)
-            gemm(rows, hidden, 3 * hidden)
-            attend(q, kv)
-            gemm(rows, hidden, hidden)
-            elementwise("CUDAFunctor_add", rows * hidden, "aten::add", [[batch, q, hidden], [batch, q, hidden]])
-            layer_norm(rows)
-            if experts:
-                moe(rows, range(kv - q, kv), forward_i)
-            else:
-                gemm(rows, hidden, inter)
-                elementwise("GeluCUDAKernelImpl", rows * inter, "aten::gelu", [[batch, q, inter]])
-                gemm(rows, inter, hidden)
-            elementwise("CUDAFunctor_add", rows * hidden, "aten::add", [[batch, q, hidden], [batch, q, hidden]])
+        if f == 0 and vision_blocks:
+            for _ in range(vision_blocks):
+                block(patches // batch, patches // batch, forward_i)
+        for _ in range(n_layers):
+            block(q, kv, forward_i)
         layer_norm(rows)
         gemm(rows if logits == "all" else batch, hidden, vocab)
         launch("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
                [batch, 1, 1], "aten::argmax", [[batch, vocab]])
 
     for i in range(forwards * generations):
+        f = first + i % forwards
+        for _ in range(drafts if f else 0):
+            start = len(events)
+            forward(f, i, draft_layers)
+            for e in events[start:]:
+                e["args"]["tracegen_draft"] = i
+            state["t_cpu"] += 100.0
+            state["t_gpu"] = max(state["t_gpu"], state["t_cpu"])
         start = len(events)
-        forward(first + i % forwards, i)
+        forward(f, i)
         for e in events[start:]:
             e["args"]["tracegen_forward"] = i
         state["t_cpu"] += 300.0  # the host appends the token and prepares the next forward

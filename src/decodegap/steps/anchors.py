@@ -26,11 +26,12 @@ import numpy as np
 
 from decodegap.steps.across_forwards import data_dependent, runs_once_per_layer
 from decodegap.steps.layers import count_layers
-from decodegap.steps.phase import widest_gemm_rows
+from decodegap.steps.drafts import draft_forwards
+from decodegap.steps.phase import grid_blocks, widest_gemm_rows
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace, isin
 
-GROUP_GAP = 0.25  # occurrences closer than this share of the widest spacing (in launches) are one anchor (wte + wpe)
+GROUP_GAP = 0.25  # occurrences closer than this share of most spacings (in launches) are one anchor (wte + wpe)
 MAX_CHECKED = 12  # interior forwards whose layer count is checked (evenly spread): a 3,000-step trace stays fast
 
 NEVER_BEFORE, NEVER_AFTER = np.iinfo(np.int64).min, np.iinfo(np.int64).max
@@ -203,9 +204,13 @@ def _launches_of(trace: Trace, links: Links, rows: np.ndarray) -> np.ndarray:
     return np.sort(trace.runtime.ts_ns[rt]) if len(rt) else np.empty(0, np.int64)
 
 
-def group(times: np.ndarray, sorted_when: np.ndarray, last: bool = False) -> np.ndarray:
+def group(times: np.ndarray, sorted_when: np.ndarray, last: bool = False,
+          breaks: np.ndarray | None = None) -> np.ndarray:
     """Occurrences with (almost) no launches between them are one anchor (GPT-2's token and position embeddings):
-    the first time of each group, or the last (`last`, for anchors that close a forward)."""
+    the first time of each group, or the last (`last`, for anchors that close a forward). `breaks`: host times of the
+    other role's anchors (the sampling that ends a forward, for one that starts them): occurrences with one and some
+    launches between them are of two forwards however close (a draft model's short forwards, between a served
+    model's); with none between (a file cut short keeps CPU ops whose kernels it lost) they stay one."""
     if len(times) < 2:
         return times
     at = np.searchsorted(sorted_when, times)
@@ -214,9 +219,10 @@ def group(times: np.ndarray, sorted_when: np.ndarray, last: bool = False) -> np.
     if len(times) == 2:  # one spacing says nothing of a forward's size (a step annotation's window): the launches
         # past the last (a start anchor's forward) or before the first (an end anchor's) do
         widest = max(widest, at[0] if last else len(sorted_when) - at[1])
-    if widest == 0:
-        return times[-1:] if last else times[:1]
-    apart = launches >= GROUP_GAP * widest
+    apart = launches >= GROUP_GAP * widest if widest else np.zeros(len(launches), dtype=bool)
+    if breaks is not None and len(breaks):
+        apart |= (launches > 0) & (np.searchsorted(breaks, times[1:], "left") >
+                                   np.searchsorted(breaks, times[:-1], "right"))
     keep = np.concatenate((apart, [True])) if last else np.concatenate(([True], apart))
     return times[keep]
 
@@ -231,6 +237,7 @@ class TraceAnchors:
     # partial, and tells nothing of the layers
     unknown: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     waits: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # ends of the host's waits (host_waits)
+    blocks: np.ndarray | None = None  # thread blocks each GPU row launched (phase.grid_blocks)
 
     @classmethod
     def of(cls, trace: Trace, links: Links, training: bool) -> TraceAnchors:
@@ -240,7 +247,7 @@ class TraceAnchors:
         times = {fid: occurrences(trace, links, fid, rows) for fid in order} if when is not None else {}
         unlaunched = unlaunched_ops(trace)
         unknown = np.sort(np.concatenate((lost_launches(trace), [] if unlaunched is None else unlaunched)))
-        return cls(when, {fid: t for fid, t in times.items() if len(t)}, unknown, host_waits(trace))
+        return cls(when, {fid: t for fid, t in times.items() if len(t)}, unknown, host_waits(trace), grid_blocks(trace))
 
     def count_in(self, lo: int, hi: int) -> int:
         """The most occurrences any family has in [lo, hi]: a span with fewer than two holds one forward at most."""
@@ -269,7 +276,7 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
             times = times[(times >= window[0]) & (times <= window[1])]
         if not len(times):
             continue
-        found[fid] = group(times, sorted_when, last=family.role == "end")
+        found[fid] = group(times, sorted_when, last=family.role == "end", breaks=_other_role(anchors_of, family))
     # Where no family's forwards agree on their layers (unlike layers that a forward's kernels do not tell apart the
     # same way each time, as a training iteration's MoE layers between dense ones), two families that fall equally
     # often still mark the same forwards: the most trusted of them cuts, and the layer count is left in doubt.
@@ -294,7 +301,7 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
         accumulates = fid == "optimizer_step" and each  # its first iteration is checked by its forwards, not layers
         result = _pieces(rows, when, anchors, FAMILIES[fid], seq, names, any_layers=doubt,
                          closes=closes if fid != "sampling" else None, unknown=anchors_of.unknown,
-                         waits=anchors_of.waits, edge_check=not accumulates)
+                         waits=anchors_of.waits, edge_check=not accumulates, blocks=anchors_of.blocks)
         if result is not None:
             if accumulates:
                 _first_iteration_holds(result, found["embedding"], each)
@@ -319,6 +326,13 @@ def cut(anchors_of: TraceAnchors, rows: np.ndarray, seq: np.ndarray, names: list
                                        f"different numbers of layers: the layer count is uncertain")
             return result
     return None
+
+
+def _other_role(anchors_of: TraceAnchors, family: Family) -> np.ndarray | None:
+    """The host times of the anchors of the other role than `family`'s that break its groups (group): a forward's
+    sampling for a start anchor, its embedding lookup for an end anchor."""
+    other = anchors_of.times.get("sampling" if family.role == "start" else "embedding")
+    return None if other is None or family.id in ("optimizer_step", "compiled_call") else other
 
 
 def _forwards_each(steps: np.ndarray | None, starts: np.ndarray | None) -> int | None:
@@ -352,7 +366,7 @@ def _with_closing(times: np.ndarray, sorted_when: np.ndarray, role: str) -> np.n
 def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Family, seq: np.ndarray,
             names: list[str], any_layers: bool = False, closes: np.ndarray | None = None,
             unknown: np.ndarray | None = None, waits: np.ndarray | None = None,
-            edge_check: bool = True) -> AnchorCut | None:
+            edge_check: bool = True, blocks: np.ndarray | None = None) -> AnchorCut | None:
     # Each boundary is the first host instant of the forward after it (a launch at t is in that forward iff t is at
     # or after it). A start anchor opens a forward (its own launches belong to it); an end anchor (an op's end, a
     # launch) closes one: a launch at or before it is inside the forward it closes.
@@ -391,6 +405,11 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
             i = 0 if opens else len(body) - 1
             body[i] = (np.sort(np.concatenate([outside, body[i][0]])), body[i][1])
         return AnchorCut([r for r, _ in body], family, "", spans=[span for _, span in body])
+    # A draft model's forwards between the served model's (steps.drafts) run its per-layer kernels fewer times: they
+    # say nothing of its layers, nor of which names vary with the data (the steps stage leaves them out)
+    drafts = (draft_forwards([seq[r] for r, _ in body], names, [blocks[r] for r, _ in body], None)
+              if blocks is not None else None)
+    known = [i for i in known if i not in drafts.forwards] if drafts else known
     picks = [known[k] for k in _spread(len(known))]
     interior = [i for i in picks if 0 < i < len(body) - 1]
     # What depends on the data shows between whole forwards: the one the window may have cut (the last after start

@@ -2,10 +2,13 @@
 forwards propose tokens that one forward of the served model then checks. They are not steps of that model: left
 out, they would read as extra prefills or decodes and mix a 2-layer model's kernels into a 60-layer model's.
 
-A draft forward runs the same per-layer kernels as the served model's (same family, same kernels), only in fewer
-layers: every name that counts the long forward's layers runs fewer times, and equally often, in it. A forward of
-another phase of the same model does not: its attention and norm kernels run in every layer (an eager MoE prefill's
-expert loop reads more layers, but the names that count the decode's still run once per layer there)."""
+A draft runs the served model's per-layer kernels (same family, same kernels) in fewer layers. Read from the
+shortest forward between others: the names that count its layers run there once per layer; in each of the served
+model's forwards they run a common larger number of times, every layer on one launch grid (one stack of layers over
+the same tokens: a vision tower or an encoder folded into a prefill launches its blocks on other grids); every
+forward between the first and last is one or the other, and all end in an output (they propose or check tokens; an
+encoder's forward ends in none); and a forward of the served model reads as many layers itself. Another phase of
+one model is none of this: its prefill runs the decode's attention and norms once per layer too."""
 
 from __future__ import annotations
 
@@ -23,37 +26,43 @@ SHORTER = 0.75  # a forward this much shorter than the longest may be a smaller 
 class Drafts:
     forwards: frozenset[int]  # indices into the forwards given
     layers: int  # the draft model's
-    of: int  # the served model's
+    of: int  # how often its layer-counting names run in each of the served model's forwards
 
 
-def draft_forwards(forwards: list[np.ndarray], names: list[str]) -> Drafts | None:
-    """The forwards (`forwards`: a normalised name id per GPU activity of each) of a smaller model, or None. Read
-    from the longest forward's layers and the shortest interior one's; at least two drafts, one between two
-    forwards of the served model: a forward cut at the capture's edge is none."""
+def draft_forwards(forwards: list[np.ndarray], names: list[str], blocks: list[np.ndarray],
+                   outputs: list[bool] | None) -> Drafts | None:
+    """The draft forwards, or None. `forwards`: a normalised name id per GPU activity of each forward; `blocks`: the
+    thread blocks each launched (0 unknown); `outputs`: whether each runs an output head or samples (None: the trace
+    does not tell). At least two drafts, one between two forwards of the served model."""
     if len(forwards) < 3:
         return None
     lengths = [len(f) for f in forwards]
-    longest = int(np.argmax(lengths))
     shortest = min(range(1, len(forwards) - 1), key=lambda i: lengths[i])
-    if lengths[shortest] >= SHORTER * lengths[longest]:
+    if lengths[shortest] >= SHORTER * max(lengths):
         return None
-    served = count_layers(forwards[longest], names)
-    if served.count is None or not served.backers:
+    draft = count_layers(forwards[shortest], names)
+    if draft.count is None or not draft.backers:
         return None
-    of = served.backer_runs or served.count
-    small = _runs(forwards[shortest], served.backers)
-    if small is None or not 1 <= small < of:
+    runs = [_runs(f, draft.backers) for f in forwards]
+    small = runs[shortest]
+    larger = Counter(r for r in runs if r is not None and r > small)
+    if small is None or not larger:
         return None
-    # The draft reads as many layers itself (one, where it has none to count): the served model's per-layer names
-    # run once in each of its layers, not an eager MoE's expert loop read as a prefill's layers, run a few times
-    # in a decode
-    if count_layers(forwards[shortest], names).count != (small if small > 1 else None):
+    of = larger.most_common(1)[0][0]
+    drafts = frozenset(i for i, r in enumerate(runs) if r == small)
+    served = [i for i, r in enumerate(runs) if r == of]
+    interior = range(1, len(forwards) - 1)
+    if (len(drafts) < 2 or not any(served[0] < i < served[-1] for i in drafts)
+            or any(i not in drafts and runs[i] != of for i in interior)
+            or outputs is not None and not all(outputs[i] for i in interior)
+            or not all(_one_stack(forwards[i], blocks[i], draft.backers) for i in served)):
         return None
-    drafts = frozenset(i for i, f in enumerate(forwards) if _runs(f, served.backers) == small)
-    own = [i for i in range(len(forwards)) if i not in drafts]
-    if len(drafts) < 2 or not own or not any(own[0] < i < own[-1] for i in drafts):
+    # The served model reads its layers itself from one of its forwards, as many as those names say (an eager MoE
+    # decode whose expert loop reads as layers, 15 where another's reads 16, is no draft of it)
+    own = count_layers(forwards[min(served, key=lambda i: lengths[i])], names)
+    if own.count is None or own.count * small != of * draft.count:
         return None
-    return Drafts(drafts, small, served.count)
+    return Drafts(drafts, draft.count, of)
 
 
 def _runs(seq: np.ndarray, backers: tuple[int, ...]) -> int | None:
@@ -62,3 +71,12 @@ def _runs(seq: np.ndarray, backers: tuple[int, ...]) -> int | None:
     counts = Counter(seq.tolist())
     runs = {counts[b] for b in backers if counts[b]}
     return runs.pop() if len(runs) == 1 else None
+
+
+def _one_stack(seq: np.ndarray, blocks: np.ndarray, backers: tuple[int, ...]) -> bool:
+    """Each of `backers` launches all its runs in the forward on one grid (where the trace says)."""
+    for b in backers:
+        grids = set(blocks[seq == b].tolist()) - {0}
+        if len(grids) > 1:
+            return False
+    return True

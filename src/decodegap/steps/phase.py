@@ -123,16 +123,22 @@ def packed_mixed(t: StepTokens) -> bool:
     """Sequences packed into one row (continuous batching: batch 1, each sequence's last token sampled), some
     continuing from a cache and some bringing more tokens: the output head sees two or more rows but fewer than the
     forward's tokens, and attention reaches keys before the row's own (kv > query). No single-sequence forward looks
-    like that: a prefill or a speculative extend has one sequence in its row, sampled at its last or every token."""
-    return bool(t.batch == 1 and t.head_rows and t.gemm_rows and 2 <= t.head_rows < t.gemm_rows
-                and t.kv_len and t.query_len and t.kv_len > t.query_len)
+    like that: a prefill or a speculative extend has one sequence in its row, sampled at its last or every token.
+    The row's tokens are the attention's queries, as many as the projections' rows (an encoder-decoder's cross-
+    attention projects the encoder's states, more rows than its decoder tokens)."""
+    return bool(_one_row(t) and 2 <= t.head_rows < t.gemm_rows)
 
 
 def packed_decode(t: StepTokens) -> bool:
     """In a trace whose forwards pack sequences (packed_mixed), a row whose every token is sampled is one token of
     each of as many sequences: a decode step (alone, it may be one sequence's speculative extend)."""
-    return bool(t.batch == 1 and t.head_rows and t.head_rows >= 2 and t.head_rows == t.gemm_rows
-                and t.kv_len and t.query_len and t.kv_len > t.query_len)
+    return bool(_one_row(t) and 2 <= t.head_rows == t.gemm_rows)
+
+
+def _one_row(t: StepTokens) -> bool:
+    """One attention row whose queries are all the forward's tokens, reaching keys before them, with an output head."""
+    return bool(t.batch == 1 and t.head_rows and t.gemm_rows and t.query_len == t.gemm_rows
+                and t.kv_len and t.kv_len > t.query_len)
 
 
 def rows_alone(t: StepTokens) -> bool:
@@ -182,7 +188,7 @@ def phases_from_launches(trace: Trace, pieces_rows: list[np.ndarray], names: np.
         return None
     key = names.astype(np.int64) * 1_000_003 + gpu.grid_id.astype(np.int64) * 1_009 + gpu.block_id.astype(np.int64)
     launches = [set(key[r].tolist()) for r in pieces_rows]
-    blocks = _grid_blocks(trace)
+    blocks = grid_blocks(trace)
 
     def alike(a: set, b: set) -> bool:
         return len(a & b) / max(len(a | b), 1) >= SAME_LAUNCHES
@@ -218,7 +224,7 @@ def _by_size(launches: list[set], sizes: list[tuple[np.ndarray, np.ndarray]], al
             for k in range(n)]
 
 
-def _grid_blocks(trace: Trace) -> np.ndarray:
+def grid_blocks(trace: Trace) -> np.ndarray:
     """Thread blocks each GPU activity launched (grid x * y * z), 0 where unknown."""
     sizes = np.zeros(len(trace.shapes), dtype=np.int64)
     for i, text in enumerate(trace.shapes):
@@ -299,7 +305,7 @@ def growing_runs(trace: Trace, pieces_rows: list[np.ndarray], names: np.ndarray,
     step are left out. None when the trace has no launch shapes."""
     if not len(trace.shapes) or not any(trace.shapes):
         return None
-    blocks = _grid_blocks(trace)
+    blocks = grid_blocks(trace)
     launches = [_launch_sizes(names, blocks, rows) for rows in pieces_rows]
     looked = [rows[lookup[rows]] if lookup is not None else rows[:0] for rows in pieces_rows]
     sizes = [int(blocks[r].sum()) for r in looked]

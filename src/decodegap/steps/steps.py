@@ -25,6 +25,7 @@ from decodegap.steps.anchors import FAMILIES, lost_launches
 from decodegap.steps.drafts import draft_forwards
 from decodegap.steps.phase import (
     GrowingRun,
+    grid_blocks,
     growing_runs,
     is_training,
     packed_decode,
@@ -659,17 +660,30 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
 def _without_drafts(pieces: list[_Piece], names: np.ndarray, trace: Trace, links: Links,
                     detail: str) -> tuple[list[_Piece], str]:
     """The forwards with the draft model's left out (steps.drafts), and the evidence saying so."""
-    drafts = draft_forwards([names[p.rows] for p in pieces], name_classes(trace.names)[1])
+    if len(pieces) < 3:
+        return pieces, detail
+    blocks = grid_blocks(trace)
+    drafts = draft_forwards([names[p.rows] for p in pieces], name_classes(trace.names)[1],
+                            [blocks[p.rows] for p in pieces], _outputs(pieces, trace, links))
     if drafts is None:
         return pieces, detail
-    # Drafts and the forwards that check them all run the output head (they propose or check tokens), where op
-    # shapes tell: an encoder's forward, longer than the decoder's after it, runs none
-    head = widest_gemm_rows(trace, links)
-    if head is not None and not all(head[p.rows].any() for p in pieces[1:-1]):
-        return pieces, detail
     said = (f"{len(drafts.forwards)} forwards of a {drafts.layers}-layer draft model between the steps left out "
-            f"(assisted / speculative decoding; a step runs {drafts.of} layers)")
+            f"(assisted / speculative decoding; its per-layer kernels run {drafts.of} times in a step)")
     return [p for i, p in enumerate(pieces) if i not in drafts.forwards], f"{detail}; {said}" if detail else said
+
+
+def _outputs(pieces: list[_Piece], trace: Trace, links: Links) -> list[bool] | None:
+    """Whether each forward ends in an output: runs the output head (where op shapes tell), else samples (where the
+    trace's host side holds sampling ops); None where neither tells."""
+    head = widest_gemm_rows(trace, links)
+    if head is not None:
+        return [bool(head[p.rows].any()) for p in pieces]
+    sampled = forward_anchors.occurrences(trace, links, "sampling", np.arange(len(trace.gpu)))
+    when = forward_anchors.launch_times(trace, links)
+    if not len(sampled) or when is None:
+        return None
+    spans = [p.host_span or (int(when[p.rows].min()), int(when[p.rows].max())) for p in pieces]
+    return [bool(np.searchsorted(sampled, hi, "right") > np.searchsorted(sampled, lo, "left")) for lo, hi in spans]
 
 
 def _packed(pieces: list[_Piece], tokens: list, evidence: list) -> tuple[list, set[int]]:
