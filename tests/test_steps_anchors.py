@@ -19,7 +19,7 @@ from decodegap.report.json import report_dict
 from decodegap.steps.steps import find_steps
 from decodegap.trace.link import link
 from decodegap.trace.load import load_trace
-from tracegen import engine_forwards, kineto_order, training_loop, write
+from tracegen import engine_forwards, generate_loop, generate_loop_truth, kineto_order, training_loop, write
 
 H200 = Path(__file__).parent / "fixtures" / "traces" / "gpu_h200"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -477,3 +477,23 @@ def test_a_capture_of_a_prefill_and_one_decode_of_an_eager_moe_keeps_both():
     assert _counts(d) == truth["steps"] == {"prefill": 1, "decode": 1}
     assert d["layers"] == truth["layers"] == 6
     assert d["steps"]["dropped_partial"] == 0
+
+
+@pytest.mark.parametrize("record_shapes", [False, True])
+def test_a_vlm_prefill_with_a_vision_tower_on_the_llms_kernels(record_shapes, tmp_path):
+    """Two generate calls of a VLM whose prefill runs 8 vision blocks on the LLM's own kernels (norm, attention, MLP)
+    over 256 image patches before its 4 layers over the prompt: the prefill runs every per-layer name 12 times, the
+    decodes 4. The prefill's extra runs are on other launch grids, as deep as one another: a second stack over other
+    tokens, not more layers. Each forward is a step, by the generator's phase, with its own kernels; 4 layers (a
+    draft-model reading, the decodes as drafts between prefills, is not taken either: the prefill's layers are not
+    one stack)."""
+    doc = generate_loop(forwards=6, layers=4, generations=2, vision_blocks=8, record_shapes=record_shapes)
+    d = _d(write(doc, tmp_path / "vlm.json"))
+    truth = generate_loop_truth(forwards=6, generations=2)
+    assert _counts(d) == {"prefill": truth.count("prefill"), "decode": truth.count("decode")} == {"prefill": 2,
+                                                                                                "decode": 10}
+    assert d["layers"] == 4
+    trace = load_trace(tmp_path / "vlm.json")
+    steps = find_steps(trace, link(trace)).steps
+    assert [s.kind for s in steps] == truth
+    assert [len(s.rows) for s in steps] == _kernels_per_forward(doc)

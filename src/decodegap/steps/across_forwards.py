@@ -41,6 +41,27 @@ def runs_once_per_layer(seq: np.ndarray, found: Layers) -> bool:
     return ran is not None and all(r == (found.backer_runs or found.count) for r in ran)
 
 
+def runs_once_per_layer_beside_another_stack(seq: np.ndarray, blocks: np.ndarray, found: Layers) -> bool:
+    """Whether a forward (`seq`: its name ids, `blocks`: the thread blocks each launched) runs the names that counted
+    `found`'s layers once per layer on one launch grid each, and as many more times as one another on other grids: a
+    second stack of blocks over other tokens, on the model's own kernels (a VLM prefill's vision tower over the
+    image's patches, an encoder folded into a forward), not more layers. The two stacks differ in depth: a piece
+    holding two of the model's forwards (a prefill and a decode, on two grids) runs both as deep, and does not count."""
+    want = found.backer_runs or found.count
+    ran = _backers_run(seq, found)
+    if ran is None or not want:
+        return False
+    extra = set()
+    for name in found.backers:
+        grids = Counter(blocks[seq == name].tolist())
+        if not grids:
+            continue
+        if 0 in grids or want not in grids.values() or len(grids) < 2:
+            return False
+        extra.add(sum(grids.values()) - want)
+    return len(extra) == 1 and extra.pop() not in (0, want)
+
+
 def runs_otherwise(seq: np.ndarray, found: Layers) -> bool:
     """Whether a forward (`seq`) runs at least half of the names that counted `found`'s layers, not all of them once
     per layer: another forward of the model that contradicts the count (an eager MoE's expert loop, read as layers,

@@ -24,7 +24,11 @@ import re
 
 import numpy as np
 
-from decodegap.steps.across_forwards import data_dependent, runs_once_per_layer
+from decodegap.steps.across_forwards import (
+    data_dependent,
+    runs_once_per_layer,
+    runs_once_per_layer_beside_another_stack,
+)
 from decodegap.steps.layers import count_layers
 from decodegap.steps.drafts import draft_forwards
 from decodegap.steps.phase import grid_blocks, widest_gemm_rows
@@ -32,6 +36,7 @@ from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace, isin
 
 GROUP_GAP = 0.25  # occurrences closer than this share of most spacings (in launches) are one anchor (wte + wpe)
+LONGER = 1.5  # a forward this many times the median length is left out of what tells the data-dependent names
 MAX_CHECKED = 12  # interior forwards whose layer count is checked (evenly spread): a 3,000-step trace stays fast
 
 NEVER_BEFORE, NEVER_AFTER = np.iinfo(np.int64).min, np.iinfo(np.int64).max
@@ -415,8 +420,13 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     # What depends on the data shows between whole forwards: the one the window may have cut (the last after start
     # anchors, the first before end anchors) runs fewer of every per-layer kernel, and would hide them all.
     uncut = [i for i in picks if i != (len(body) - 1 if opens else 0)]
-    varying = data_dependent([seq[body[i][0]] for i in (interior if len(interior) >= 2 else
-                                                         uncut if len(uncut) >= 2 else picks)])
+    compared = interior if len(interior) >= 2 else uncut if len(uncut) >= 2 else picks
+    # So does a forward far longer than most: a prefill that also runs a second stack of blocks on the layers' kernels
+    # (a VLM's vision tower) runs every per-layer name more often, and would hide them all; forwards of the usual
+    # length still show an eager MoE's expert loop
+    usual = float(np.median([len(body[i][0]) for i in compared]))
+    alike = [i for i in compared if len(body[i][0]) <= LONGER * usual]
+    varying = data_dependent([seq[body[i][0]] for i in (alike if len(alike) >= 2 else compared)])
     checked = {i: count_layers(seq[body[i][0]], names, varying=varying) for i in picks}
     edge = len(body) - 1 if opens else 0  # the forward the window may have cut
     readings: dict = {}  # a reading per count, a whole forward's before the edge one's (its names may be cut short)
@@ -430,7 +440,11 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     if unlike:
         # A forward that reads another count may still run the names that counted it once per layer (an eager MoE
         # prefill, routing to every expert, misreads on its expert loop): the count every interior forward runs so.
-        agree = {c: {i for i, f in checked.items() if f.count == c or runs_once_per_layer(seq[body[i][0]], r)}
+        # So may one that runs a second stack of blocks on the model's kernels over other tokens (a VLM prefill's
+        # vision tower), on other launch grids.
+        agree = {c: {i for i, f in checked.items() if f.count == c or runs_once_per_layer(seq[body[i][0]], r)
+                     or blocks is not None and runs_once_per_layer_beside_another_stack(seq[body[i][0]],
+                                                                                      blocks[body[i][0]], r)}
                  for c, r in readings.items()}
         held = [c for c in readings if all(i in agree[c] for i in interior)]
         if not held:
