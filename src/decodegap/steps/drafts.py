@@ -20,6 +20,7 @@ import numpy as np
 from decodegap.steps.layers import count_layers
 
 SHORTER = 0.75  # a forward this much shorter than the longest may be a smaller model's
+SAME_LAYERS = 0.3  # share of its repeated names a shorter forward runs as often as the longest: one model's layers
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ def draft_forwards(forwards: list[np.ndarray], names: list[str], blocks: list[np
         return None
     lengths = [len(f) for f in forwards]
     shortest = min(range(1, len(forwards) - 1), key=lambda i: lengths[i])
-    if lengths[shortest] >= SHORTER * max(lengths):
+    longest = int(np.argmax(lengths))
+    if lengths[shortest] >= SHORTER * lengths[longest] or _same_layers(forwards[shortest], forwards[longest]):
         return None
     draft = count_layers(forwards[shortest], names)
     if draft.count is None or not draft.backers:
@@ -63,6 +65,15 @@ def draft_forwards(forwards: list[np.ndarray], names: list[str], blocks: list[np
     if own.count is None or own.count * small != of * draft.count:
         return None
     return Drafts(drafts, draft.count, of)
+
+
+def _same_layers(short: np.ndarray, long: np.ndarray) -> bool:
+    """Whether many names the shorter forward runs more than once run as often in the longer: the same layers (an
+    eager MoE decode beside its prefill, which only runs its expert loop more: 47-61% of them in the corpus), no
+    smaller model (17% in a real assisted generation). A cheap look before reading any layers."""
+    a, b = Counter(short.tolist()), Counter(long.tolist())
+    repeated = [n for n, c in a.items() if c > 1]
+    return len(repeated) > 0 and sum(a[n] == b[n] for n in repeated) >= SAME_LAYERS * len(repeated)
 
 
 def _runs(seq: np.ndarray, backers: tuple[int, ...]) -> int | None:
