@@ -497,3 +497,16 @@ def test_a_vlm_prefill_with_a_vision_tower_on_the_llms_kernels(record_shapes, tm
     steps = find_steps(trace, link(trace)).steps
     assert [s.kind for s in steps] == truth
     assert [len(s.rows) for s in steps] == _kernels_per_forward(doc)
+
+
+def test_a_vlm_whose_vision_tower_launches_like_its_layers_keeps_its_decodes(tmp_path):
+    """The VLM again, its 16 image patches as many rows as its 16-token prompt: the vision blocks launch on the
+    layers' grids, so the prefill looks like one 10-layer stack and the 6-layer decodes like a draft model's forwards
+    between prefills. The attention's shapes say the prefills each start afresh (keys no more than queries): no
+    served model continuing its sequence past drafts. Every forward is a step, by the generator's phase."""
+    doc = generate_loop(forwards=6, layers=6, generations=2, vision_blocks=4, patches=16, record_shapes=True,
+                        attention="sdpa")
+    trace = load_trace(write(doc, tmp_path / "vlm_equal_grids.json"))
+    steps = find_steps(trace, link(trace)).steps
+    assert [s.kind for s in steps] == generate_loop_truth(forwards=6, generations=2)
+    assert [len(s.rows) for s in steps] == _kernels_per_forward(doc)

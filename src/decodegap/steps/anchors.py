@@ -414,7 +414,7 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     # say nothing of its layers, nor of which names vary with the data (the steps stage leaves them out)
     drafts = (draft_forwards([seq[r] for r, _ in body], names, [blocks[r] for r, _ in body], None)
               if blocks is not None else None)
-    known = [i for i in known if i not in drafts.forwards] if drafts else known
+    known = [i for i in known if i not in drafts.forwards] or known if drafts else known
     picks = [known[k] for k in _spread(len(known))]
     interior = [i for i in picks if 0 < i < len(body) - 1]
     # What depends on the data shows between whole forwards: the one the window may have cut (the last after start

@@ -85,9 +85,12 @@ def _runs(seq: np.ndarray, backers: tuple[int, ...]) -> int | None:
 
 
 def _one_stack(seq: np.ndarray, blocks: np.ndarray, backers: tuple[int, ...]) -> bool:
-    """Each of `backers` launches all its runs in the forward on one grid (where the trace says)."""
+    """Each of `backers` launches all its runs in the forward on one grid, and the trace says so (a trace without
+    launch grids, as ROCm's often are, cannot tell a served model's layers from a prefill's two stacks)."""
+    shown = False
     for b in backers:
-        grids = set(blocks[seq == b].tolist()) - {0}
-        if len(grids) > 1:
+        grids = set(blocks[seq == b].tolist())
+        if len(grids - {0}) > 1 or 0 in grids:
             return False
-    return True
+        shown = shown or bool(grids)
+    return shown

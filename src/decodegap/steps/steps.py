@@ -667,6 +667,13 @@ def _without_drafts(pieces: list[_Piece], names: np.ndarray, trace: Trace, links
                             [blocks[p.rows] for p in pieces], _outputs(pieces, trace, links))
     if drafts is None:
         return pieces, detail
+    # The served model checks the drafts' tokens, continuing its sequence from its cache: where op shapes tell, one of
+    # its forwards after the first attends to keys before its own. Forwards that each start afresh (a VLM's prefills,
+    # vision tower and layers on the same grids) with shorter forwards over their cache after them are generations.
+    served = [p for i, p in enumerate(pieces) if i not in drafts.forwards][1:]
+    said_by = [t for t in (step_tokens(trace, links, p.rows) for p in served) if t.query_len and t.kv_len]
+    if said_by and not any(t.kv_len > t.query_len for t in said_by):
+        return pieces, detail
     said = (f"{len(drafts.forwards)} forwards of a {drafts.layers}-layer draft model between the steps left out "
             f"(assisted / speculative decoding; its per-layer kernels run {drafts.of} times in a step)")
     return [p for i, p in enumerate(pieces) if i not in drafts.forwards], f"{detail}; {said}" if detail else said
