@@ -35,7 +35,7 @@ from decodegap.steps.phase import grid_blocks, widest_gemm_rows
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace, isin
 
-GROUP_GAP = 0.25  # occurrences closer than this share of most spacings (in launches) are one anchor (wte + wpe)
+GROUP_GAP = 0.25  # occurrences closer than this share of the widest spacing (in launches) are one anchor (wte + wpe)
 LONGER = 1.5  # a forward this many times the median length is left out of what tells the data-dependent names
 MAX_CHECKED = 12  # interior forwards whose layer count is checked (evenly spread): a 3,000-step trace stays fast
 
@@ -414,7 +414,8 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     # say nothing of its layers, nor of which names vary with the data (the steps stage leaves them out)
     drafts = (draft_forwards([seq[r] for r, _ in body], names, [blocks[r] for r, _ in body], None)
               if blocks is not None else None)
-    known = [i for i in known if i not in drafts.forwards] or known if drafts else known
+    if drafts:  # (every whole forward a draft's: keep them all to check)
+        known = [i for i in known if i not in drafts.forwards] or known
     picks = [known[k] for k in _spread(len(known))]
     interior = [i for i in picks if 0 < i < len(body) - 1]
     # What depends on the data shows between whole forwards: the one the window may have cut (the last after start

@@ -90,7 +90,7 @@ def _one_stack(seq: np.ndarray, blocks: np.ndarray, backers: tuple[int, ...]) ->
     shown = False
     for b in backers:
         grids = set(blocks[seq == b].tolist())
-        if len(grids - {0}) > 1 or 0 in grids:
+        if len(grids) > 1 or 0 in grids:
             return False
         shown = shown or bool(grids)
     return shown
