@@ -452,6 +452,21 @@ def test_a_decode_the_launches_tell_from_the_prefill_is_a_decode():
     assert d["layers"] == truth["layers"] == 8
 
 
+def test_a_cut_files_lost_forwards_tell_which_kernels_an_expert_loop_runs():
+    """A real capture (an H100, the generator's truth) of ZAYA1 (convolutional attention, an eager top-1 MoE) with a
+    ProfilerStep a decode, cut after two of its five decodes. The two kept decodes routed their tokens alike, so
+    their expert loops ran as often and nothing in their kernels told them from per-layer work: a gather of the
+    expert loop, in 5 of the 6 layers, read as a second kind of mixer (11 layers). The file still holds every host
+    op of the three decodes whose kernels it lost, and there the expert loop's ops run more often: their kernels
+    count no layers."""
+    base = Path(__file__).parent / "fixtures" / "traces" / "cuts" / "zaya_cut_two_decodes"
+    truth = json.loads(base.with_suffix(".truth.json").read_text())
+    d = _d(base.with_suffix(".json.gz"))
+    assert _counts(d) == truth["steps"] == {"decode": 2}
+    assert d["layers"] == truth["layers"] == 6
+    assert _kinds(d) == truth["layer_kinds"] == [6]
+
+
 @pytest.mark.parametrize("name", ["seed_oss_reduce_overhead_cut_prefill_decode",
                                   "seed_oss_reduce_overhead_cut_mid_replay"])
 def test_an_eager_prefill_before_decodes_replayed_from_cuda_graphs_is_a_forward_of_its_own(name):

@@ -38,6 +38,7 @@ ANALYSIS_MODULES = (
     "html", "difflib", "numpy.ma", "decodegap.ops", "decodegap.ops.shapes", "decodegap.ops.categories",
     "decodegap.ops.kernel_names", "decodegap.steps", "decodegap.steps.layer_kinds", "decodegap.steps.repetition",
     "decodegap.steps.layers", "decodegap.steps.across_forwards", "decodegap.steps.drafts",
+    "decodegap.steps.lost_forwards",
     "decodegap.trace.link", "decodegap.steps.phase", "decodegap.steps.marks", "decodegap.steps.anchors",
     "decodegap.steps.steps", "decodegap.breakdown", "decodegap.breakdown.breakdown", "decodegap.findings.base",
     "decodegap.findings.records", "decodegap.findings", "decodegap.rounding", "decodegap.samples",

@@ -13,6 +13,7 @@ from decodegap.ops.categories import is_backward, CATEGORIES, categorize
 from decodegap.steps.layer_kinds import LayerKind
 from decodegap.steps.across_forwards import data_dependent, data_independent, layers_beside_other_phases
 from decodegap.steps.layers import Layers, count_layers
+from decodegap.steps.lost_forwards import varying_past_cut
 from decodegap.steps.repetition import name_classes
 from decodegap.steps.steps import PHASES, Steps, idle_gaps_ns
 from decodegap.trace.link import Links
@@ -125,11 +126,14 @@ def _forward_part(trace: Trace, rows: np.ndarray) -> np.ndarray:
 
 
 def infer_layers(trace: Trace, rows: np.ndarray, alike: list[np.ndarray] | None = None,
-                 training: bool = False, others: list[np.ndarray] | None = None) -> Layers:
+                 training: bool = False, others: list[np.ndarray] | None = None,
+                 varying_on_host: set[int] = frozenset()) -> Layers:
     """The layers of one step, over kernel names normalised where compilers number them; `alike`: the rows of other
     steps of its phase, whose kernel counts tell the per-layer work from launches that depend on the data; `others`:
     steps of other phases, which tell it where the phase has one step (an eager MoE prefill routes its tokens to
-    more experts, its per-layer work runs as often; a kind's names run in the same layers in every step)."""
+    more experts, its per-layer work runs as often; a kind's names run in the same layers in every step);
+    `varying_on_host`: kernel names (trace.names ids) that forwards a cut lost show to depend on the data
+    (steps.lost_forwards)."""
     mapping, canonical = name_classes(trace.names)
 
     def seq(r: np.ndarray) -> np.ndarray:
@@ -139,6 +143,8 @@ def infer_layers(trace: Trace, rows: np.ndarray, alike: list[np.ndarray] | None 
         rows, alike = _forward_part(trace, rows), [_forward_part(trace, r) for r in alike or []]
         others = [_forward_part(trace, r) for r in others or []]
     stable = data_independent([seq(r) for r in alike]) if alike and len(alike) > 1 else None
+    if stable is not None and varying_on_host:
+        stable -= {int(mapping[n]) for n in varying_on_host}
     found = count_layers(seq(rows), canonical, stable)
     other = [seq(r) for r in others or []]
     if stable is None and other:
@@ -176,7 +182,9 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     typical = decode[len(decode) // 2] if decode else None
     spread = [decode[i].rows for i in np.linspace(0, len(decode) - 1, min(SAME_PHASE_STEPS, len(decode))).astype(int)]
     others = [s.rows for s in steps.steps if s.kind != phase][:SAME_PHASE_STEPS] if len(decode) == 1 else None
-    found = (infer_layers(trace, typical.rows, spread, training=steps.workload == "training", others=others)
+    lost = varying_past_cut(trace, links, [s.rows for s in decode]) if decode else set()
+    found = (infer_layers(trace, typical.rows, spread, training=steps.workload == "training", others=others,
+                          varying_on_host=lost)
              if typical is not None else Layers(None, "no step"))
     return Breakdown(
         decode_count=len(steps.decode), prefill_count=len(steps.prefill), step_ms=step_ms, step_ms_each=wall,
