@@ -25,7 +25,11 @@ over a static cache run eagerly; prompt-lookup speculative decoding (forwards of
 extends, between decodes); assisted generation (a small draft model's forwards between the target's verifying ones);
 torch.compile(mode="reduce-overhead") over a static cache (an eager prefill, then decodes replayed by Inductor's CUDA
 graph trees); transformers' continuous batching (the requests of a forward packed into one row, joining and leaving:
-prefill, decode and mixed forwards); and cut files (a whole trace's JSON text truncated at a byte offset).
+prefill, decode and mixed forwards); plain PyTorch without transformers (a gpt-fast-style model decoded eagerly or
+with decode_one_token under torch.compile(mode="reduce-overhead"), and nanoGPT-style compiled training under bf16
+autocast); encoder-decoder generate (the encoder's forward folded into the first decoder forward, the prefill);
+sampling with num_return_sequences; generate over an offloaded cache; and cut files (a whole trace's JSON text
+truncated at a byte offset).
 
 Every trace is rewritten by scripts/trim_trace.py (every event kept except flow arrows and python_function; the args
 Concrete Inputs, Input Strides, Ev Idx, Record function id dropped) and gzipped; one over the size limit is captured
@@ -39,6 +43,7 @@ Run on a CUDA machine (torch + transformers 5.x; decodegap importable for the re
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout6 --jobs 8  # 13 more on new ground, and 2 cuts of them
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout7 --jobs 8  # 12 more in loops never read before
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout8 --jobs 8  # 13 more: new loops and families
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout9 --jobs 8  # 14 more: plain PyTorch, encoder-decoders, ..
     python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR   # every trace there cut short, two ways
     python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR --cut-keep 2,5   # after 2 and 5 forwards
     python3 scripts/make_accuracy_corpus.py --table tests/fixtures/traces/corpus   # the README's table rows
@@ -349,12 +354,72 @@ FAMILIES.update({
                                                "flex-attention kernel and a block mask built every forward instead of "
                                                "SDPA"),
 })
+# The ninth holdout's families (`--holdout9`): programs without transformers (a gpt-fast-style dense transformer and
+# the same with a hand-written MoE block, in plain PyTorch), encoder-decoders (BART; a distil-whisper-shaped speech
+# model), and decoder-only families no set had.
+PLAIN_DENSE = dict(dim=256, n_head=4, n_local_heads=2, intermediate_size=512, vocab_size=VOCAB, rope_base=10000.0,
+                   norm_eps=1e-5)
+FAMILIES.update({
+    "gptfast": (None, dict(PLAIN_DENSE),
+                "plain PyTorch, no transformers: a gpt-fast-style dense transformer (fused wqkv, its own RMSNorm, "
+                "rotary as real pairs, SwiGLU, GQA expanded by repeat_interleave) over a preallocated KV-cache tensor "
+                "per layer (index_put_ at input_pos; attention over the whole cache length, masked by a causal-mask "
+                "row per position)"),
+    "gptfast_moe": (None, dict(PLAIN_DENSE, intermediate_size=256, experts=8, top_k=2),
+                    "plain PyTorch: the gpt-fast-style transformer with a hand-written MoE MLP: a softmax router, "
+                    "top-2 of 8 renormalised, then an eager loop over all 8 experts, each taking its tokens by "
+                    "torch.where (a host sync per expert; an expert with no token is skipped) and adding its output "
+                    "by index_add_"),
+    "bart": ("BartConfig", dict(vocab_size=VOCAB, d_model=256, encoder_layers=4, encoder_attention_heads=4,
+                                decoder_attention_heads=4, encoder_ffn_dim=512, decoder_ffn_dim=512,
+                                max_position_embeddings=512),
+             "encoder-decoder (BART): a 4-layer bidirectional text encoder run once, decoder layers with self- and "
+             "cross-attention (learned positions, LayerNorm, GELU)"),
+    "whisper": ("WhisperConfig", dict(vocab_size=VOCAB, num_mel_bins=80, d_model=256, encoder_layers=6,
+                                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=512,
+                                      decoder_ffn_dim=512, max_source_positions=1500, max_target_positions=448,
+                                      decoder_start_token_id=1, pad_token_id=0, eos_token_id=2, bos_token_id=1,
+                                      suppress_tokens=None, begin_suppress_tokens=None),
+                "speech encoder-decoder shaped as distil-whisper: two conv layers and 6 encoder layers over 1500 "
+                "audio frames (30 s of 80-bin log-mel features) run once, then a shallow decoder with cross-attention "
+                "(Whisper)"),
+    "hunyuan_dense": ("HunYuanDenseV1Config", dict(DENSE, head_dim=64),
+                      "dense GQA with q/k norms after the rotary embedding (Hunyuan dense v1)"),
+    "arcee": ("ArceeConfig", dict(DENSE, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+              "dense GQA with a ReLU² MLP and no gate projection (Arcee AFM)"),
+    "minimax_m2": ("MiniMaxM2Config", dict(SMALL, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
+                                           bos_token_id=1, eos_token_id=2),
+                   "eager MoE in every layer, q/k RMSNorms over all heads' width (MiniMax-M2)"),
+    "granitemoeshared": ("GraniteMoeSharedConfig", dict(SMALL, num_local_experts=8, num_experts_per_tok=2,
+                                                        shared_intermediate_size=256),
+                         "grouped-GEMM MoE beside a shared MLP in every layer, Granite multipliers (GraniteMoE "
+                         "shared)"),
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
+                                                num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                                                n_shared_experts=1, num_experts_per_tok=2, kv_lora_rank=64,
+                                                q_lora_rank=96, qk_rope_head_dim=16, qk_nope_head_dim=32,
+                                                v_head_dim=32, vocab_size=VOCAB, max_position_embeddings=512,
+                                                pad_token_id=0),
+                      "MLA attention; a dense first layer, then eager MoE with a shared expert (GLM-4.7-Flash)"),
+    "doge": ("DogeConfig", dict(DENSE), "dynamic mask attention: a per-head mask made from the values (dt_proj, A) "
+                                         "added to the attention scores, learned residual scales, dense MLP (Doge; "
+                                         "its cross-domain MoE, is_moe, fails in transformers 5.17's decoder layer)"),
+    "bitnet": ("BitNetConfig", dict(DENSE), "BitNet b1.58's layout with unquantized weights: sub-norms before o_proj "
+                                            "and down_proj, a gated ReLU² MLP (BitNet)"),
+    "exaone_moe": ("ExaoneMoeConfig", dict(SMALL, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=64, sliding_window=8, sliding_window_pattern=4),
+                   "3 sliding (window 8) : 1 full attention; a dense first layer, then eager MoE with a shared expert "
+                   "(EXAONE MoE)"),
+})
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "qwen3_next", "jamba", "glm4_moe",
        "phimoe", "granitemoe", "granitemoehybrid", "deepseek_v2", "ernie4_5_moe", "minimax", "jetmoe", "qwen3_5_moe",
        "dots1", "hunyuan_moe", "lfm2_moe", "afmoe", "kimi_linear", "glm_moe_dsa", "longcat_flash", "mimo_v2_flash",
        "zaya", "laguna", "cohere2_moe", "flex_olmo"}
 # MoE families that run their experts on grouped GEMMs unless a spec says otherwise (the others: the eager loop)
 GROUPED_EXPERTS = {"granitemoe", "granitemoehybrid", "qwen3_5_moe", "dots1", "lfm2_moe"}
+MOE |= {"minimax_m2", "granitemoeshared", "glm4_moe_lite", "exaone_moe"}  # the ninth holdout's
+GROUPED_EXPERTS |= {"granitemoeshared"}
+PLAIN = {"gptfast", "gptfast_moe"}  # plain PyTorch: no config, no transformers model (build_plain)
 NO_ATTENTION = {"mamba2", "falcon_mamba", "xlstm"}  # no attention implementation to choose
 # no SDPA path in transformers 5.17
 EAGER_ATTENTION = {"gpt_oss", "bloom", "gptj", "mpt", "codegen", "xglm", "mimo_v2_flash"}
@@ -1749,6 +1814,555 @@ def check_one_step_per_forward(out_dir: str, name: str) -> None:
     assert per == want, f"{name}: ProfilerStep starts per forward {per}, want {want}"
 
 
+# the ninth holdout's loops: plain PyTorch (gpt-fast style), encoder-decoders, generate variants -------------------
+class PlainRMSNorm(torch.nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def plain_rope(seq_len: int, n_elem: int, base: float) -> torch.Tensor:
+    """gpt-fast's precompute_freqs_cis: cos/sin pairs per position, [seq_len, n_elem / 2, 2]."""
+    freqs = 1.0 / (base ** (torch.arange(0, n_elem, 2)[: (n_elem // 2)].float() / n_elem))
+    freqs = torch.outer(torch.arange(seq_len, device=freqs.device), freqs)
+    cis = torch.polar(torch.ones_like(freqs), freqs)
+    return torch.stack([cis.real, cis.imag], dim=-1)
+
+
+def plain_apply_rope(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    cis = cis.view(1, xs.size(1), 1, xs.size(3), 2)
+    out = torch.stack([xs[..., 0] * cis[..., 0] - xs[..., 1] * cis[..., 1],
+                       xs[..., 1] * cis[..., 0] + xs[..., 0] * cis[..., 1]], -1)
+    return out.flatten(3).type_as(x)
+
+
+class PlainKVCache(torch.nn.Module):
+    """gpt-fast's KVCache: two preallocated buffers [batch, kv heads, max_seq, head_dim], written at input_pos."""
+
+    def __init__(self, batch: int, max_seq: int, heads: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (batch, heads, max_seq, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device))
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device))
+
+    def update(self, input_pos, k, v):
+        self.k_cache[:, :, input_pos] = k
+        self.v_cache[:, :, input_pos] = v
+        return self.k_cache, self.v_cache
+
+
+class PlainAttention(torch.nn.Module):
+    def __init__(self, c: dict):
+        super().__init__()
+        self.dim, self.n_head, self.n_local = c["dim"], c["n_head"], c["n_local_heads"]
+        self.head_dim = self.dim // self.n_head
+        self.wqkv = torch.nn.Linear(self.dim, (self.n_head + 2 * self.n_local) * self.head_dim, bias=False)
+        self.wo = torch.nn.Linear(self.dim, self.dim, bias=False)
+        self.kv_cache = None
+
+    def forward(self, x, cis, mask, input_pos):
+        bsz, seqlen, _ = x.shape
+        kv = self.n_local * self.head_dim
+        q, k, v = self.wqkv(x).split([self.dim, kv, kv], dim=-1)
+        q = plain_apply_rope(q.view(bsz, seqlen, self.n_head, self.head_dim), cis)
+        k = plain_apply_rope(k.view(bsz, seqlen, self.n_local, self.head_dim), cis)
+        v = v.view(bsz, seqlen, self.n_local, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self.kv_cache is not None and input_pos is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)
+        k = k.repeat_interleave(self.n_head // self.n_local, dim=1)
+        v = v.repeat_interleave(self.n_head // self.n_local, dim=1)
+        if mask is None:
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
+        return self.wo(y.transpose(1, 2).contiguous().view(bsz, seqlen, self.dim))
+
+
+class PlainFFN(torch.nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = torch.nn.Linear(dim, hidden, bias=False)
+        self.w3 = torch.nn.Linear(dim, hidden, bias=False)
+        self.w2 = torch.nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class PlainMoE(torch.nn.Module):
+    """Router top-k of E, then a loop over every expert: torch.where picks its (token, slot) pairs (a host sync), an
+    expert with none is skipped, the others run on their tokens and index_add_ their weighted output."""
+
+    def __init__(self, dim: int, hidden: int, experts: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.gate = torch.nn.Linear(dim, experts, bias=False)
+        self.experts = torch.nn.ModuleList(PlainFFN(dim, hidden) for _ in range(experts))
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        scores = torch.nn.functional.softmax(self.gate(x), dim=-1, dtype=torch.float)
+        weights, chosen = torch.topk(scores, self.top_k, dim=-1)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == e)
+            if token.numel() == 0:
+                continue
+            out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
+        return out.view(shape)
+
+
+class PlainBlock(torch.nn.Module):
+    def __init__(self, c: dict):
+        super().__init__()
+        self.attention_norm = PlainRMSNorm(c["dim"], c["norm_eps"])
+        self.attention = PlainAttention(c)
+        self.ffn_norm = PlainRMSNorm(c["dim"], c["norm_eps"])
+        self.feed_forward = (PlainMoE(c["dim"], c["intermediate_size"], c["experts"], c["top_k"]) if c.get("experts")
+                             else PlainFFN(c["dim"], c["intermediate_size"]))
+
+    def forward(self, x, cis, mask, input_pos):
+        h = x + self.attention(self.attention_norm(x), cis, mask, input_pos)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class PlainTransformer(torch.nn.Module):
+    """gpt-fast's Transformer: forward(idx, input_pos) over the caches of setup_caches (the causal-mask rows and rotary
+    pairs of input_pos); forward(idx, targets=...) without caches: causal SDPA and the cross-entropy (nanoGPT)."""
+
+    def __init__(self, c: dict, layers: int):
+        super().__init__()
+        self.c = c
+        self.tok_embeddings = torch.nn.Embedding(c["vocab_size"], c["dim"])
+        self.layers = torch.nn.ModuleList(PlainBlock(c) for _ in range(layers))
+        self.norm = PlainRMSNorm(c["dim"], c["norm_eps"])
+        self.output = torch.nn.Linear(c["dim"], c["vocab_size"], bias=False)
+        self.freqs_cis = plain_rope(512, c["dim"] // c["n_head"], c["rope_base"])
+        self.causal_mask = None
+
+    def _apply(self, fn, *args, **kwargs):  # .to() moves the rotary table too (a plain attribute, as gpt-fast's)
+        out = super()._apply(fn, *args, **kwargs)
+        self.freqs_cis = fn(self.freqs_cis)
+        return out
+
+    def setup_caches(self, batch: int, max_seq: int) -> None:
+        w = self.output.weight
+        for b in self.layers:
+            b.attention.kv_cache = PlainKVCache(batch, max_seq, self.c["n_local_heads"],
+                                                self.c["dim"] // self.c["n_head"], w.dtype, w.device)
+        self.causal_mask = torch.tril(torch.ones(max_seq, max_seq, dtype=torch.bool, device=w.device))
+
+    def forward(self, idx, input_pos=None, targets=None):
+        if input_pos is None:
+            cis, mask = self.freqs_cis[: idx.shape[1]], None
+        else:
+            cis, mask = self.freqs_cis[input_pos], self.causal_mask[None, None, input_pos]
+        x = self.tok_embeddings(idx)
+        for layer in self.layers:
+            x = layer(x, cis, mask, input_pos)
+        logits = self.output(self.norm(x))
+        if targets is None:
+            return logits
+        return logits, torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                                         targets.reshape(-1))
+
+
+def build_plain(family: str, layers: int, device: str, dtype=None) -> PlainTransformer:
+    torch.manual_seed(0)
+    model = PlainTransformer(dict(FAMILIES[family][1]), layers)
+    if dtype is None:
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def block_layer_info(blocks: list, forward, extra: dict | None = None) -> dict:
+    """layer_info for stacks outside transformers' decoder-only models: hooks on `blocks` count the calls in one
+    forward (`forward()`), and the blocks are grouped by the (submodule name, class) pairs inside them."""
+    calls = []
+    handles = [m.register_forward_hook(lambda *a: calls.append(1)) for m in blocks]
+    with torch.no_grad():
+        forward()
+    for h in handles:
+        h.remove()
+    sigs = [tuple(sorted((n, type(s).__name__) for n, s in m.named_modules() if n)) for m in blocks]
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(sigs):
+        groups.setdefault(s, []).append(i)
+    common = set.intersection(*(set(s) for s in groups)) if groups else set()
+    detail = [{"count": len(idx), "layers": idx, "class": type(blocks[idx[0]]).__name__,
+               "own_submodules": sorted({f"{n}:{c}" for n, c in sig} - {f"{n}:{c}" for n, c in common})[:12]}
+              for sig, idx in groups.items()]
+    info = {"layers": len(calls), "layer_kinds": sorted(len(v) for v in groups.values()), "layer_kind_detail": detail,
+            "config_info": {}, "decoder_layer_modules": len(blocks)}
+    info.update(extra or {})
+    return info
+
+
+def plain_layer_info(model: PlainTransformer, device: str) -> dict:
+    c = model.c
+    info = {k: c[k] for k in ("experts", "top_k") if k in c}
+    return block_layer_info(list(model.layers), lambda: model(torch.randint(0, VOCAB, (1, 4), device=device)),
+                            {"model_class": type(model).__name__, "config_info": info})
+
+
+def plain_pick(logits: torch.Tensor, sample: bool, temperature: float = 0.8, top_k: int = 200) -> torch.Tensor:
+    """gpt-fast's sample(): greedy argmax, or top-k sampling by the exponential trick (no host sync)."""
+    logits = logits[:, -1]
+    if not sample:
+        return torch.argmax(logits, dim=-1, keepdim=True).to(torch.int)
+    logits = logits / max(temperature, 1e-5)
+    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+    logits = torch.where(logits < v.select(-1, -1).unsqueeze(-1), -float("Inf"), logits)
+    probs = torch.nn.functional.softmax(logits, dim=-1)
+    q = torch.empty_like(probs).exponential_(1)
+    return torch.argmax(probs / q, dim=-1, keepdim=True).to(torch.int)
+
+
+def plain_decode_one(model, x, input_pos, sample: bool):
+    return plain_pick(model(x, input_pos), sample)
+
+
+def loop_plain_hand(ctx: Ctx, spec: Spec) -> None:
+    """gpt-fast's generate() in eager mode on a plain-PyTorch model: setup_caches(batch, max_seq), a prefill of the
+    prompt at input_pos = arange(16), then decodes of one token at a device-side input_pos (+= 1 in place), each
+    under sdpa_kernel(MATH) as gpt-fast's decode_n_tokens; greedy argmax or gpt-fast's top-k sampling (opts sample);
+    no host sync but the MoE's torch.where. The KV length is counted on the host (the caches are plain buffers)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = build_plain(spec.family, spec.layers, ctx.device)
+    info = plain_layer_info(model, ctx.device)
+    sample = spec.opts.get("sample", False)
+    max_seq = PROMPT + spec.steps[0] + 8
+    model.setup_caches(spec.batch, max_seq)
+    log = ForwardLog(model)
+    kv = [0]
+    log.cached_override = lambda: kv[0]
+    ids0 = prompt(spec.batch, ctx.device)
+
+    def run(n):
+        kv[0] = 0
+        with torch.no_grad():
+            tok = plain_pick(model(ids0, torch.arange(0, PROMPT, device=ctx.device)), sample)
+            kv[0] = PROMPT
+            input_pos = torch.tensor([PROMPT], device=ctx.device, dtype=torch.int)
+            for _ in range(n - 1):
+                with sdpa_kernel([SDPBackend.MATH]):
+                    tok = plain_decode_one(model, tok.view(spec.batch, -1), input_pos, sample).clone()
+                kv[0] += 1
+                input_pos += 1
+
+    torch.manual_seed(3)
+    run(4)  # warm-up
+    sync(ctx.device)
+
+    def capture(n):
+        prof = recorded(ctx, spec, log, lambda: run(n))
+        t = base_truth(spec, info, f"plain PyTorch (no transformers), gpt-fast's generate in eager mode at batch "
+                                   f"{spec.batch}: a prefill of {PROMPT} tokens, then {n - 1} decodes, every forward "
+                                   f"over the preallocated {max_seq}-position KV-cache tensors (masked); "
+                                   + ("gpt-fast's top-k sampling (exponential trick, on the device)" if sample
+                                      else "greedy argmax on the device") + "; no markers",
+                       "profile() around one generation; a warm-up generation ran before; hooks on the model and its "
+                       "blocks; KV length counted on the host")
+        t["max_seq_length"] = max_seq
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+
+
+def loop_plain_reduce_overhead(ctx: Ctx, spec: Spec) -> None:
+    """gpt-fast's --compile: decode_one_token = torch.compile(decode_one_token, mode="reduce-overhead",
+    fullgraph=True) (forward + sampling, replayed by Inductor's CUDA graph trees), the prefill eager; the decode's
+    input_pos a device tensor advanced in place. No module hooks (they would be traced): the loop logs each call's
+    span, the prefill's and every compiled decode's (forward + sampling). Compilation and graph recording ran in two
+    warm-up generations outside the trace."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = build_plain(spec.family, spec.layers, ctx.device)
+    info = plain_layer_info(model, ctx.device)  # eager, before compiling
+    sample = spec.opts.get("sample", False)
+    max_seq = PROMPT + spec.steps[0] + 8
+    model.setup_caches(spec.batch, max_seq)
+    log = ForwardLog()
+    torch._dynamo.config.cache_size_limit = 64
+    decode_one = torch.compile(plain_decode_one, mode="reduce-overhead", fullgraph=True)
+    ids0 = prompt(spec.batch, ctx.device)
+
+    def run(n):
+        with torch.no_grad():
+            t0, r0, e0 = time.time_ns(), log.rec, log.epoch
+            tok = plain_pick(model(ids0, torch.arange(0, PROMPT, device=ctx.device)), sample)
+            log.add(spec.batch, PROMPT, 0, "prefill", t0, time.time_ns(), r0, e0, compiled=False)
+            input_pos = torch.tensor([PROMPT], device=ctx.device, dtype=torch.int)
+            for i in range(n - 1):
+                t0, r0, e0 = time.time_ns(), log.rec, log.epoch
+                with sdpa_kernel([SDPBackend.MATH]):
+                    torch.compiler.cudagraph_mark_step_begin()
+                    tok = decode_one(model, tok.view(spec.batch, -1), input_pos, sample).clone()
+                log.add(spec.batch, 1, PROMPT + i, "decode", t0, time.time_ns(), r0, e0, compiled=True)
+                input_pos += 1
+
+    torch.manual_seed(3)
+    t0 = time.time()
+    for _ in range(2):
+        run(spec.steps[0])
+    sync(ctx.device)
+    print(f"{spec.name}: warm-up generations (compilation, graph recording) {time.time() - t0:.1f} s", flush=True)
+
+    def capture(n):
+        log.clear()
+        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
+            log.set_rec(True)
+            run(n)
+            sync(ctx.device)
+            log.set_rec(False)
+        t = base_truth(spec, info, f"plain PyTorch, gpt-fast's generate with --compile at batch {spec.batch}: an "
+                                   f"eager prefill of {PROMPT} tokens, then {n - 1} decodes through decode_one_token "
+                                   "compiled with mode='reduce-overhead', fullgraph=True (forward + "
+                                   + ("top-k sampling" if sample else "argmax") + " in one CUDA graph tree replay "
+                                   f"a decode), over {max_seq}-position KV-cache buffers; no markers",
+                       "two warm-up generations compiled and recorded the graphs first (not in the trace); profile() "
+                       "around one generation; each_forward spans are the loop's calls (the prefill forward + "
+                       "sampling; one compiled decode_one_token), logged by the loop, not by hooks")
+        t["cuda_graph_replays_expected"] = n - 1 if ctx.device == "cuda" else 0
+        t["max_seq_length"] = max_seq
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+    truth = json.load(open(os.path.join(ctx.out_dir, f"{spec.name}.truth.json")))
+    got = truth["in_trace"]["cuda_graph_launches"]
+    if got < truth["cuda_graph_replays_expected"]:
+        print(f"{spec.name}: WARNING {got} graph launches in the trace for "
+              f"{truth['cuda_graph_replays_expected']} decodes (CUDA graphs skipped?)", flush=True)
+
+
+def loop_plain_train(ctx: Ctx, spec: Spec) -> None:
+    """nanoGPT-style training of the plain-PyTorch model: fp32 weights, torch.compile(model) (Inductor, default mode;
+    the loss inside the compiled forward), forward under torch.autocast(bfloat16), loss.backward(),
+    clip_grad_norm_(1.0), AdamW (fused on CUDA), zero_grad; schedule(wait=1, warmup=1, active=n) and prof.step() per
+    iteration. The iterations are logged by the loop (no hooks in compiled code)."""
+    batch, seq = 4, 128
+    model = build_plain(spec.family, spec.layers, ctx.device, dtype=torch.float32).train()
+    info = plain_layer_info(model, ctx.device)  # eager, before compiling
+    torch._dynamo.config.cache_size_limit = 64
+    compiled = torch.compile(model)
+    cuda = ctx.device == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=cuda)
+    log = ForwardLog(training=True)
+    data = torch.randint(1, VOCAB, (batch, seq + 1), device=ctx.device)
+    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+    def iteration(it):
+        t0, r0, e0 = time.time_ns(), log.rec, log.epoch
+        with torch.autocast(device_type=ctx.device, dtype=torch.bfloat16):
+            _, loss = compiled(x, targets=y)
+        fwd_end = time.time_ns()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        log.add(batch, seq, 0, "training", t0, time.time_ns(), r0, e0, iteration=it, forward_end_ns_abs=fwd_end,
+                micro_batches=1)
+
+    t0 = time.time()
+    for i in range(2):
+        iteration(-2 + i)  # compilation (forward and backward graphs), optimizer state
+    sync(ctx.device)
+    print(f"{spec.name}: warm-up iterations (compilation) {time.time() - t0:.1f} s", flush=True)
+
+    def capture(n):
+        log.clear()
+        wait, warmup = 1, 1
+        with profile(activities=activities(ctx.device), record_shapes=spec.rs,
+                     schedule=schedule(wait=wait, warmup=warmup, active=n, repeat=1)) as prof:
+            log.set_rec(prof.current_action in RECORDING)
+            for it in range(wait + warmup + n):
+                iteration(it)
+                prof.step()
+                log.set_rec(prof.current_action in RECORDING)
+            sync(ctx.device)
+        t = base_truth(spec, info, f"plain PyTorch training, nanoGPT style: torch.compile(model) (forward + "
+                                   f"cross-entropy in the compiled graph; its backward compiled too), bf16 autocast "
+                                   f"over fp32 weights, clip_grad_norm_, AdamW{' (fused)' if cuda else ''}; batch "
+                                   f"{batch} x {seq} tokens; {n} iterations in the window",
+                       f"schedule(wait=1, warmup=1, active={n}) + prof.step() per iteration: one ProfilerStep an "
+                       "iteration; two unprofiled iterations compiled first", workload="training")
+        t["iterations_note"] = "steps.training counts whole iterations (one optimizer step each); each_forward spans " \
+                               "whole iterations"
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+
+
+class Seq2SeqLog(ForwardLog):
+    """Forwards of an encoder-decoder in generate(): the model's hooks see the decoder forwards (generate runs the
+    encoder once, through get_encoder(), before the first); hooks on the encoder time it. The encoder's run is folded
+    into the next decoder forward: that step (the prefill) spans from the encoder's start to the decoder's end."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.pending = None
+        self.encoder_runs = 0
+        enc = model.get_encoder()
+        enc.register_forward_pre_hook(self.enc_pre, prepend=True)
+        enc.register_forward_hook(self.enc_post, always_call=True)
+
+    def enc_pre(self, module, args):
+        self.pending = [time.time_ns(), self.rec, self.epoch, 0]
+
+    def enc_post(self, module, args, output):
+        self.pending[3] = time.time_ns()
+        self.encoder_runs += 1
+
+    def pre(self, module, args, kwargs):
+        t0 = time.time_ns()
+        ids = kwargs["decoder_input_ids"]
+        past = kwargs.get("past_key_values")
+        cached = 0 if past is None else int(past.get_seq_length())
+        tokens = int(ids.shape[1])
+        phase = "prefill" if cached == 0 else ("decode" if tokens == 1 else "extend")
+        extra = {"decoder_cpu_start_ns_abs": t0, "encoder_folded_in": self.pending is not None}
+        rec0, ep0 = self.rec, self.epoch
+        if self.pending is not None:
+            e0, erec, eep, e1 = self.pending
+            extra.update(encoder_cpu_start_ns_abs=e0, encoder_cpu_end_ns_abs=e1)
+            t0, rec0, ep0 = e0, erec, eep
+            self.pending = None
+        self.forwards.append(Fwd(int(ids.shape[0]), tokens, cached, phase, t0, rec0, ep0, extra=extra))
+
+
+def build_seq2seq(family: str, layers: int, device: str):
+    import transformers
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+
+    cname, kw, _ = FAMILIES[family]
+    config = getattr(transformers, cname)(**dict(kw, decoder_layers=layers))
+    torch.manual_seed(0)
+    auto = AutoModelForSpeechSeq2Seq if family == "whisper" else AutoModelForSeq2SeqLM
+    model = auto.from_config(config, attn_implementation="sdpa")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def loop_seq2seq_generate(ctx: Ctx, spec: Spec) -> None:
+    """Greedy generate() of an encoder-decoder (BART on a 16-token prompt; Whisper on 30 s of random log-mel
+    features): generate runs the encoder once, then one decoder forward per new token, the first on the decoder's
+    start token with an empty self-attention cache (it also fills the cross-attention cache from the encoder's
+    states), the others one token each. A step is a decoder forward; the encoder's forward is folded into the first
+    one: the prefill step spans the encoder and that decoder forward (the truth's `encoder` says when each ran)."""
+    model = build_seq2seq(spec.family, spec.layers, ctx.device)
+    dec, enc = model.get_decoder(), model.get_encoder()
+    dtype = next(model.parameters()).dtype
+    if spec.family == "whisper":
+        feats = torch.randn(spec.batch, model.config.num_mel_bins, 2 * model.config.max_source_positions,
+                            device=ctx.device, dtype=dtype)
+        inputs = {"input_features": feats}
+        source = f"{feats.shape[-1]} log-mel frames ({model.config.max_source_positions} encoder positions)"
+    else:
+        ids = prompt(spec.batch, ctx.device)
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        source = f"a {PROMPT}-token prompt"
+    start = model.config.decoder_start_token_id
+    enc_calls = []
+    handles = [m.register_forward_hook(lambda *a: enc_calls.append(1)) for m in enc.layers]
+    info = block_layer_info(list(dec.layers), lambda: model(**inputs, decoder_input_ids=torch.full(
+        (spec.batch, 1), start, device=ctx.device)), {"model_class": type(model).__name__})
+    for h in handles:
+        h.remove()
+    info["encoder_layers"] = len(enc_calls)
+    info["config_info"] = {"encoder_layers": model.config.encoder_layers, "decoder_layers": model.config.decoder_layers}
+    log = Seq2SeqLog(model)
+    kw = dict(do_sample=False, pad_token_id=model.config.pad_token_id)
+    with torch.no_grad():
+        model.generate(**inputs, **dict(kw, max_new_tokens=3, min_new_tokens=3))  # warm-up
+    sync(ctx.device)
+
+    def capture(n):
+        log.encoder_runs = 0
+        prof = recorded(ctx, spec, log, lambda: model.generate(**inputs, **dict(kw, max_new_tokens=n,
+                                                                                min_new_tokens=n)))
+        assert log.encoder_runs == 1, log.encoder_runs
+        t = base_truth(spec, info, f"encoder-decoder greedy generate(max_new_tokens={n}) at batch {spec.batch} on "
+                                   f"{source}: the encoder ({info['encoder_layers']} layers) once, then {n} decoder "
+                                   f"forwards ({info['layers']} layers each, self-attention on an "
+                                   "EncoderDecoderCache, cross-attention over the encoder's states); no step markers",
+                       "profile() around one generate(); a warm-up generate ran before; hooks on the model (decoder "
+                       "forwards), on its encoder, and on the decoder layers")
+        t["step_rule"] = ("a step is one decoder forward (the model's forward in generate's loop). The encoder runs "
+                          "once, before the first decoder forward, and is folded into it: the prefill step (the "
+                          "start token on an empty self-attention cache, the cross-attention K/V of the encoder's "
+                          "states computed and cached) spans from the encoder's start to that decoder forward's end; "
+                          "each_forward[0] has encoder_cpu_start_ns / encoder_cpu_end_ns and decoder_cpu_start_ns. "
+                          "layers and layer_kinds are the decoder's; the encoder's layer count is encoder_layers")
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+
+
+def loop_sample_multi(ctx: Ctx, spec: Spec) -> None:
+    """generate(do_sample, num_return_sequences=opts returns, default 3) at batch b: generate expands the prompt rows
+    to b x returns before the prefill, so every forward runs that many sequences."""
+    k = spec.opts.get("returns", 3)
+    model = build(spec.family, spec.layers, ctx.device)
+    info = layer_info(model, ctx.device)
+    log = ForwardLog(model)
+    ids = prompt(spec.batch, ctx.device)
+    torch.manual_seed(1)
+
+    def run(n):
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_return_sequences=k,
+                              **gen_kwargs(n, sample=True))
+
+    with torch.no_grad():
+        run(3)
+    sync(ctx.device)
+
+    def capture(n):
+        prof = recorded(ctx, spec, log, lambda: run(n))
+        t = base_truth(spec, info, f"sampling model.generate(do_sample, top_k=50, top_p=0.9, temperature=0.8, "
+                                   f"num_return_sequences={k}, max_new_tokens={n}) at batch {spec.batch}: the "
+                                   f"{spec.batch} prompts expanded to {spec.batch * k} rows before the prefill; "
+                                   "no step markers", "profile() around one generate(); a warm-up generate ran before")
+        t["num_return_sequences"] = k
+        return prof, log, t, None
+
+    fit(ctx, spec, capture)
+
+
+def memcpy_counts(path: str) -> dict:
+    doc = load_doc(path)
+    c = Counter(e.get("name") for e in doc["traceEvents"] if e.get("cat") == "gpu_memcpy")
+    return dict(c)
+
+
+def loop_offloaded_generate(ctx: Ctx, spec: Spec) -> None:
+    """generate(cache_implementation="offloaded"): a DynamicCache(offloading=True) keeps each layer's keys and values
+    on the CPU; every layer's update waits for the prefetch stream, prefetches the next layer's KV to the GPU on it,
+    appends, and copies the layer back to the CPU (non_blocking). CPU smoke: no CUDA, a plain DynamicCache."""
+    offload = ctx.device == "cuda"
+    extra = {"cache_implementation": "offloaded"} if offload else {}
+    _one_generate(ctx, spec, extra,
+                  lambda n: f"greedy model.generate(max_new_tokens={n}, cache_implementation='offloaded') at batch "
+                            f"{spec.batch}, prompt {PROMPT} tokens: DynamicCache(offloading=True), every layer's KV "
+                            "copied to the CPU after its update and prefetched back on a side stream before the next "
+                            "layer's; no step markers" + ("" if offload else " (CPU smoke: no offloading)"))
+    path = os.path.join(ctx.out_dir, f"{spec.name}.truth.json")
+    truth = json.load(open(path))
+    truth["offloading"] = offload
+    truth["gpu_memcpy_in_trace"] = memcpy_counts(os.path.join(ctx.out_dir, f"{spec.name}.json.gz"))
+    write_truth(ctx.out_dir, spec.name, truth)
+    print(f"{spec.name}: memcpy {truth['gpu_memcpy_in_trace']}", flush=True)
+
+
 LOOPS = {"eager_generate": loop_eager_generate, "sample_padded": loop_sample_padded,
          "compiled_generate": loop_compiled_generate, "compiled_hand": loop_compiled_hand,
          "cudagraph": loop_cudagraph, "hand": loop_hand, "deep_nomarkers": loop_deep,
@@ -1760,6 +2374,9 @@ LOOPS = {"eager_generate": loop_eager_generate, "sample_padded": loop_sample_pad
          "static_generate": loop_static_generate, "prompt_lookup_generate": loop_prompt_lookup_generate,
          "assisted_generate": loop_assisted_generate, "reduce_overhead_hand": loop_reduce_overhead_hand,
          "continuous_batching": loop_continuous_batching}
+LOOPS.update({"plain_hand": loop_plain_hand, "plain_reduce_overhead": loop_plain_reduce_overhead,
+              "plain_train": loop_plain_train, "seq2seq_generate": loop_seq2seq_generate,
+              "sample_multi": loop_sample_multi, "offloaded_generate": loop_offloaded_generate})
 
 
 def S(name, family, loop, **kw) -> Spec:
@@ -2037,6 +2654,42 @@ HOLDOUT8 = [
     S("cohere2_moe8_midstep", "cohere2_moe", "midstep", layers=8, batch=2, steps=[5, 4], cost=6),
     S("diffllama6_cudagraph", "diffllama", "cudagraph", layers=6, batch=2, rs=False, steps=[10, 8]),
 ]
+# A ninth holdout (`--holdout9`): kinds of program no set had. Plain PyTorch without transformers: a gpt-fast-style
+# dense transformer (its own attention over preallocated KV-cache tensors, RMSNorm, rotary, SwiGLU) decoded by
+# gpt-fast's eager loop, the same with decode_one_token under torch.compile(mode="reduce-overhead", fullgraph=True)
+# (forward + sampling in one CUDA graph tree replay), a hand-written MoE block (router top-2 of 8, an eager loop over
+# the experts' torch.where selections) with gpt-fast's sampling, and nanoGPT-style compiled training under bf16 autocast
+# (Inductor's forward and backward graphs, fused AdamW). Encoder-decoders in generate: BART and a distil-whisper-shaped
+# speech model (an encoder run once, folded into the first decoder forward, the prefill; then decoder forwards with
+# cross-attention). Two generate variants: sampling with num_return_sequences=3 (rows expanded before the prefill) and
+# cache_implementation="offloaded" (each layer's KV copied to the CPU and prefetched back). And families no set had, in
+# loops they were never paired with: MiniMax-M2 in prompt lookup, GraniteMoE-shared with a ProfilerStep per forward,
+# GLM-4.7-Flash's MLA + MoE over a static cache, Doge's dynamic-mask attention in beam search, BitNet with the window
+# opening and closing mid-forward, and EXAONE MoE (sliding/full, dense/MoE) with a host sync per step. Dropped: Doge's
+# cross-domain MoE (is_moe: its decoder layer takes the MoE's tuple for a tensor in transformers 5.17); DoLa,
+# contrastive search and group beam search (moved out of transformers 5's core to Hub repositories: generate would
+# download code); gradient accumulation (HOLDOUT2 and HOLDOUT6 have it); T5 with a decoder deeper than its encoder (its
+# cache is sized by the encoder's depth: an IndexError in transformers 5.17). Every family / loop pair is new.
+HOLDOUT9 = [
+    S("gptfast6_plain_hand", "gptfast", "plain_hand", layers=6, batch=2, steps=[12, 10, 8]),
+    S("gptfast8_plain_reduce_overhead", "gptfast", "plain_reduce_overhead", layers=8, steps=[12, 10],
+      opts={"sample": True}, cost=COMPILE_COST),
+    S("gptfast_moe4_plain_hand", "gptfast_moe", "plain_hand", layers=4, batch=2, rs=False, steps=[10, 8, 6],
+      opts={"sample": True}),
+    S("gptfast4_plain_train_compiled", "gptfast", "plain_train", layers=4, steps=[3, 2], cost=COMPILE_COST + 20),
+    S("bart6_seq2seq_generate", "bart", "seq2seq_generate", layers=6, batch=2, steps=[10, 8]),
+    S("whisper2_seq2seq_generate", "whisper", "seq2seq_generate", layers=2, batch=2, rs=False, steps=[12, 10]),
+    S("hunyuan_dense6_sample_multi", "hunyuan_dense", "sample_multi", layers=6, batch=2, steps=[10, 8]),
+    S("arcee6_offloaded_generate", "arcee", "offloaded_generate", layers=6, steps=[10, 8]),
+    S("minimax_m2_4_prompt_lookup", "minimax_m2", "prompt_lookup_generate", layers=4, rs=False, steps=[16, 12, 8]),
+    S("granitemoeshared6_profstep_generate_hook", "granitemoeshared", "profstep_generate_hook", layers=6, batch=2,
+      steps=[6, 5]),
+    S("glm4_moe_lite6_static_generate", "glm4_moe_lite", "static_generate", layers=6, batch=2, rs=False,
+      steps=[8, 6]),
+    S("doge6_beam", "doge", "beam_generate", layers=6, steps=[8, 6]),
+    S("bitnet6_midstep", "bitnet", "midstep", layers=6, batch=2, steps=[5, 4]),
+    S("exaone_moe8_hand_item", "exaone_moe", "hand", layers=8, rs=False, steps=[8, 6], opts={"item": True}),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
@@ -2167,7 +2820,7 @@ def cut_all(src_dir: str, out_dir: str, keeps: tuple[int, ...] = (3, 0)) -> int:
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7 + HOLDOUT8}
+               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -2199,7 +2852,7 @@ def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7 + HOLDOUT8}
+               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -2276,7 +2929,7 @@ def table_rows(folder: str) -> str:
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7 + HOLDOUT8}
+               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -2305,6 +2958,7 @@ def main() -> None:
                         help="make the HOLDOUT6 traces instead (and HOLDOUT6_CUTS unless --no-cuts)")
     parser.add_argument("--holdout7", action="store_true", help="make the HOLDOUT7 traces instead (no cuts)")
     parser.add_argument("--holdout8", action="store_true", help="make the HOLDOUT8 traces instead (no cuts)")
+    parser.add_argument("--holdout9", action="store_true", help="make the HOLDOUT9 traces instead (no cuts)")
     parser.add_argument("--cuts-of", metavar="DIR", help="instead, cut every trace of DIR (with its truth) two ways "
                         "into OUT_DIR: after 3 whole forwards (where it has 5) and with almost no kernels")
     parser.add_argument("--cut-keep", default="3,0", help="with --cuts-of: the whole forwards each cut keeps, comma "
@@ -2325,12 +2979,13 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     if args.cuts_of:
         sys.exit(cut_all(args.cuts_of, args.out_dir, tuple(int(k) for k in args.cut_keep.split(","))))
-    chosen = (HOLDOUT8 if args.holdout8 else HOLDOUT7 if args.holdout7 else HOLDOUT6 if args.holdout6
-              else HOLDOUT5 if args.holdout5 else HOLDOUT4 if args.holdout4 else HOLDOUT3 if args.holdout3
+    chosen = (HOLDOUT9 if args.holdout9 else HOLDOUT8 if args.holdout8 else HOLDOUT7 if args.holdout7
+              else HOLDOUT6 if args.holdout6 else HOLDOUT5 if args.holdout5 else HOLDOUT4 if args.holdout4
+              else HOLDOUT3 if args.holdout3
               else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)
     names = args.only or [s.name for s in chosen]
     unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-                            + HOLDOUT7 + HOLDOUT8}
+                            + HOLDOUT7 + HOLDOUT8 + HOLDOUT9}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
