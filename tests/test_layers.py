@@ -1329,8 +1329,25 @@ def test_names_an_expert_loop_ran_by_chance_tell_no_kind_where_another_phase_run
     assert agreed.starts == alone.starts  # the kinds change, not the layers
 
 
+def test_a_kinds_own_block_read_a_layer_apart_in_another_phase_still_tells_the_kind():
+    # A real Zamba 1 capture cut after its second forward (the generator's truth: 9 layers, the shared attention block
+    # in every third): the decode alone reads 6 + 3, its shared block's kernels in layers 2, 5 and 8. The prefill,
+    # read as as many layers, takes that block as the end of the layer before it (1, 4, 7): a layer apart, the same
+    # kind. Compared a layer apart, those names run in the same layers; the ones that do not (a fill the prefill runs
+    # in every layer) tell no kind.
+    from decodegap.steps.across_forwards import data_dependent, kinds_agreed
+
+    doc, (decode, prefill) = _kernel_sequences("zamba_prefill_one_decode")
+    alone = count_layers(decode, doc["names"])
+    assert alone.count == doc["truth"]["layers"] == 9 and _kinds(alone) == doc["truth"]["layer_kinds"] == [3, 6]
+    untelling = kinds_agreed(alone, decode, [prefill], doc["names"], data_dependent([decode, prefill]))
+    assert not any("fmha" in doc["names"][n] or "CatArray" in doc["names"][n] for n in untelling)
+    assert _kinds(count_layers(decode, doc["names"], untelling=untelling)) == [3, 6]
+
+
 @pytest.mark.parametrize("fixture", ["qwen3_5_compiled_prefill_one_decode", "lfm2_moe_compiled_prefill_one_decode",
-                                     "minimax_prefill_one_decode", "qwen3_moe_prefill_one_decode"])
+                                     "minimax_prefill_one_decode", "qwen3_moe_prefill_one_decode",
+                                     "zamba_prefill_one_decode"])
 def test_one_decode_is_read_beside_its_prefill(fixture):
     # Captures cut after their second forward keep one decode and the prefill (real H100 kernel sequences, with the
     # generator's truth). A torch.compile'd hybrid's prefill, fused otherwise, runs few of the names that counted the
@@ -1339,7 +1356,8 @@ def test_one_decode_is_read_beside_its_prefill(fixture):
     # split's conv layers, once in each of those, as its prefill runs them). An eager MoE's do not stand: MiniMax's
     # decode alone reads its expert loop's index kernel as 30 layers, which its prefill never runs, and the prefill
     # reads 8 on its own, so the count is read again without them. Qwen3-MoE's count stands, its kinds told by the
-    # prefill.
+    # prefill. Zamba's Mamba prefill reads 18 alone; without the names whose counts differ it reads 9, as the decode
+    # does with every name, whose reading (the better bounds: its shared block's kernels in every third layer) stands.
     from decodegap.steps.across_forwards import layers_beside_other_phases
 
     doc, (decode, prefill) = _kernel_sequences(fixture)

@@ -86,10 +86,12 @@ def layers_beside_other_phases(seq: np.ndarray, others: list[np.ndarray], names:
     """The layers of a forward that is the one of its phase (`seq`), told by forwards of other phases (`others`);
     `found`: count_layers(seq, names), where already read. One forward tells nothing varies: every layer of the other
     phases' forwards runs the names that count the layers as often, an expert loop's iterations (read as more layers)
-    do not. Left out where they vary between the phases, they count no more layers, run once per layer in another
-    phase's forward. A forward that runs few of them (a compiled prefill, fused otherwise) contradicts nothing, and
-    where it reads as many layers on its own, it bears the count out. Nor does one forward tell a kind's names from
-    those an expert loop ran by chance: the other phases' forwards do (kinds_agreed)."""
+    do not. Left out where they vary between the phases, they count fewer layers, run once per layer in another
+    phase's forward (where they count as many, the reading with every name stands: more names set its layers' bounds,
+    a hybrid's shared block in the layer it begins). A forward that runs few of them (a compiled prefill, fused
+    otherwise) contradicts nothing, and where it reads as many layers on its own, it bears the count out. Nor does one
+    forward tell a kind's names from those an expert loop ran by chance: the other phases' forwards do
+    (kinds_agreed)."""
     found = found if found is not None else count_layers(seq, names)
     varying = data_dependent([seq, *others])
     borne_out = any(runs_once_per_layer(o, found) for o in others) or (
@@ -98,7 +100,7 @@ def layers_beside_other_phases(seq: np.ndarray, others: list[np.ndarray], names:
     left_out: frozenset[int] | set[int] = frozenset()
     if not borne_out:
         apart = count_layers(seq, names, varying=varying)
-        if apart.count is not None and (found.count is None or apart.count <= found.count) and any(
+        if apart.count is not None and (found.count is None or apart.count < found.count) and any(
                 runs_once_per_layer(o, apart) for o in others):
             found, left_out = apart, varying
     untelling = kinds_agreed(found, seq, others, names, varying)
@@ -111,6 +113,9 @@ def kinds_agreed(found: Layers, seq: np.ndarray, others: list[np.ndarray], names
     forward reads as many layers: they tell no kind. With one forward of a phase nothing tells a name an eager MoE
     layer's expert loop ran by chance (another index kernel where an expert got one token) from one a kind of layer
     runs; a kind's own names (a router in the MoE layers, a shared block) run in the same layers in every forward.
+    The two readings may set the layers' bounds a layer apart at a kind's own block (Zamba's shared attention block,
+    taken as the end of the layer before it in a prefill): the layers of the other forward are compared shifted by
+    the offset (0 or one layer either way) under which the most names run in the same layers.
     `varying`: data_dependent over `seq` and `others`, where already known."""
     if found.count is None or len(found.kinds) < 2:
         return frozenset()
@@ -122,8 +127,17 @@ def kinds_agreed(found: Layers, seq: np.ndarray, others: list[np.ndarray], names
         if theirs_found.count != found.count:
             continue
         theirs = _held_by(other, theirs_found)
-        untelling |= {n for n in mine.keys() & theirs.keys() if mine[n] != theirs[n]}
+        common = mine.keys() & theirs.keys()
+        shifted = max(((_shift(theirs, d, found.count), d) for d in (0, 1, -1)),
+                      key=lambda t: (sum(mine[n] == t[0][n] for n in common), t[1] == 0))[0]
+        untelling |= {n for n in common if mine[n] != shifted[n]}
     return frozenset(untelling)
+
+
+def _shift(held: dict[int, frozenset[int]], by: int, layers: int) -> dict[int, frozenset[int]]:
+    """Each name's layers moved `by` layers, those moved past either end left out, unless it runs in every layer."""
+    every = frozenset(range(layers))
+    return {n: j if j == every else frozenset(i + by for i in j if 0 <= i + by < layers) for n, j in held.items()}
 
 
 def _held_by(seq: np.ndarray, found: Layers) -> dict[int, frozenset[int]]:
