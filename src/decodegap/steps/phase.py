@@ -23,8 +23,10 @@ BACKWARD_KERNEL_SHARE = 0.05  # of GPU activities: more than a stray reduction k
 
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_scaled_mm",
                       "aten::_addmm_activation"})
-# SDPA family: q is [batch, heads, seq, dim]; the *_attention_forward ops take [batch, seq, heads, dim].
-_SDPA = re.compile(r"^aten::(_scaled_dot_product_\w*attention\w*|scaled_dot_product_attention)$")
+# SDPA family: q is [batch, heads, seq, dim] (the entry points, and cuDNN's kernel op under them, the innermost op that
+# launches); the flash / efficient *_attention_forward ops take [batch, seq, heads, dim].
+_SDPA = re.compile(r"^aten::(_scaled_dot_product_\w*attention\w*|scaled_dot_product_attention"
+                   r"|_cudnn_attention_forward)$")
 _ATTENTION_FORWARD = re.compile(r"^aten::_(flash|efficient)_attention_forward$")
 
 

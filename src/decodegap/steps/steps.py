@@ -120,6 +120,7 @@ class _Piece:
     mark: StepMark | None = None
     whole: bool = False  # the evidence says it is a whole forward (its edges were checked against the window)
     host_span: tuple[int, int] | None = None  # the host time it covers, when the evidence says (anchor to anchor)
+    encoder: bool = False  # an encoder's forward joined to the first decoder forward after it: the prefill
 
 
 def find_steps(trace: Trace, links: Links) -> Steps:
@@ -590,14 +591,18 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     names = normalized_ids(trace.names, trace.gpu.name_id)
     if not training and not any(p.mark for p in pieces):
         pieces, detail = _without_drafts(pieces, names, trace, links, detail)
+    if not training and source.startswith("anchor_") and not any(p.mark for p in pieces):
+        pieces = _encoders_joined(pieces, trace, links)
+        if any(p.encoder for p in pieces):
+            detail += "; an encoder's forward taken with the decoder's first as the prefill"
     from_sequence = source in ("kernel_repetition", "graph_launch")  # cut by counts: fragments to mend
     if from_sequence:
         pieces = _split_overlong(pieces, names, trace)
     tokens = [step_tokens(trace, links, p.rows) for p in pieces]
     gemm_rows = sorted({t.gemm_rows for t in tokens if t.gemm_rows})
     decode_rows = gemm_rows[0] if len(gemm_rows) > 1 else None
-    evidence = [p.mark.phase if p.mark and p.mark.phase else phase_from_tokens(t, decode_rows)
-                for p, t in zip(pieces, tokens, strict=True)]
+    evidence = ["prefill" if p.encoder else p.mark.phase if p.mark and p.mark.phase else
+                phase_from_tokens(t, decode_rows) for p, t in zip(pieces, tokens, strict=True)]
     if from_sequence:
         pieces, tokens, evidence = _merge_fragments(pieces, tokens, evidence, trace)
     pieces, tokens, evidence, incomplete = _drop_incomplete(trace, links, pieces, tokens, evidence)
@@ -614,6 +619,7 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
         evidence, packed = _packed(pieces, tokens, evidence)
     by_launch = (phases_from_launches(trace, [p.rows for p in pieces], names, typical_i) if None in evidence
                  else None) or [None] * len(pieces)
+    by_launch = _oriented(by_launch, evidence)
     typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
     # Launches that tell some steps from others say which are decodes too; all alike, they tell no phase (a run of
     # recomputing forwards launches alike as well)
@@ -655,6 +661,49 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     rows = np.concatenate([s.rows for s in steps]) if steps else np.empty(0, np.int64)
     graphs = len(np.unique(links.replay[rows][links.replay[rows] >= 0]))
     return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
+
+
+def _encoders_joined(pieces: list[_Piece], trace: Trace, links: Links) -> list[_Piece]:
+    """An encoder-decoder's encoder runs as a forward of its own (an embedding lookup begins it) that ends in no
+    output head or sampling, right before the decoder's first forward, which does: the two are the prefill (the
+    prompt's processing, up to the first token), as one step. Op shapes must say so: the encoder attends over its
+    own tokens, no cache, and the decoder's forward is one token a sequence (a chunked prefill's first chunk, with
+    no output either, is followed by a chunk of many)."""
+    outputs = _outputs(pieces, trace, links)
+    if outputs is None or not any(outputs):
+        return pieces
+
+    def encoder_then_decoder(a: _Piece, b: _Piece) -> bool:
+        t, u = step_tokens(trace, links, a.rows), step_tokens(trace, links, b.rows)
+        return bool(t.query_len and t.query_len > 1 and t.kv_len == t.query_len and u.query_len == 1)
+
+    joined: list[_Piece] = []
+    i = 0
+    while i < len(pieces):
+        p = pieces[i]
+        if (i + 1 < len(pieces) and not outputs[i] and outputs[i + 1]
+                and encoder_then_decoder(p, pieces[i + 1])):
+            q = pieces[i + 1]
+            span = (p.host_span[0], q.host_span[1]) if p.host_span and q.host_span else None
+            joined.append(_Piece(p.start_ns, max(p.end_ns, q.end_ns), np.concatenate((p.rows, q.rows)),
+                                 whole=p.whole and q.whole, host_span=span, encoder=True))
+            i += 2
+            continue
+        joined.append(p)
+        i += 1
+    return joined
+
+
+def _oriented(by_launch: list[str | None], evidence: list[str | None]) -> list[str | None]:
+    """The launches tell unlike steps from alike ones, and which are the prefills by their thread blocks; where op
+    shapes say the phase of some steps and every one of them reads the other way by launches, the blocks misled (an
+    eager prefill beside decodes a compiler fused into fewer, larger kernels, replayed from CUDA graphs): the
+    launches' two groups are the other way round."""
+    said = [(e, launched) for e, launched in zip(evidence, by_launch, strict=True)
+            if e in ("prefill", "decode") and launched]
+    if not said or any(e == launched for e, launched in said) or len(set(by_launch) - {None}) < 2:
+        return by_launch  # agreeing, or all launched alike: no two groups to turn round
+    return [{"prefill": "decode", "decode": "prefill"}.get(launched) if launched else None for launched in by_launch]
 
 
 def _without_drafts(pieces: list[_Piece], names: np.ndarray, trace: Trace, links: Links,
