@@ -981,6 +981,17 @@ def loop_assisted_generate(ctx: Ctx, spec: Spec) -> None:
     print(f"{spec.name}: draft forwards {truth['assistant']['steps']}", flush=True)
 
 
+def fit_replayed(ctx: Ctx, spec: Spec, capture) -> None:
+    """fit(), then a warning where the trace holds fewer CUDA graph launches than the decodes the loop replayed (the
+    compiler skipped its graphs)."""
+    fit(ctx, spec, capture)
+    truth = json.load(open(os.path.join(ctx.out_dir, f"{spec.name}.truth.json")))
+    got = truth["in_trace"]["cuda_graph_launches"]
+    if got < truth["cuda_graph_replays_expected"]:
+        print(f"{spec.name}: WARNING {got} graph launches in the trace for "
+              f"{truth['cuda_graph_replays_expected']} decodes (CUDA graphs skipped?)", flush=True)
+
+
 def loop_reduce_overhead_hand(ctx: Ctx, spec: Spec) -> None:
     """torch.compile(model.forward, mode="reduce-overhead") over a StaticCache in a hand loop, as generate() runs a
     static cache when it compiles: the prefill eager (not compiled), then every decode through the compiled forward,
@@ -1043,12 +1054,7 @@ def loop_reduce_overhead_hand(ctx: Ctx, spec: Spec) -> None:
         t["cuda_graph_replays_expected"] = n - 1 if ctx.device == "cuda" else 0
         return prof, log, t, None
 
-    fit(ctx, spec, capture)
-    truth = json.load(open(os.path.join(ctx.out_dir, f"{spec.name}.truth.json")))
-    got = truth["in_trace"]["cuda_graph_launches"]
-    if got < truth["cuda_graph_replays_expected"]:
-        print(f"{spec.name}: WARNING {got} graph launches in the trace for "
-              f"{truth['cuda_graph_replays_expected']} decodes (CUDA graphs skipped?)", flush=True)
+    fit_replayed(ctx, spec, capture)
 
 
 def loop_continuous_batching(ctx: Ctx, spec: Spec) -> None:
@@ -2137,12 +2143,7 @@ def loop_plain_reduce_overhead(ctx: Ctx, spec: Spec) -> None:
         t["max_seq_length"] = max_seq
         return prof, log, t, None
 
-    fit(ctx, spec, capture)
-    truth = json.load(open(os.path.join(ctx.out_dir, f"{spec.name}.truth.json")))
-    got = truth["in_trace"]["cuda_graph_launches"]
-    if got < truth["cuda_graph_replays_expected"]:
-        print(f"{spec.name}: WARNING {got} graph launches in the trace for "
-              f"{truth['cuda_graph_replays_expected']} decodes (CUDA graphs skipped?)", flush=True)
+    fit_replayed(ctx, spec, capture)
 
 
 def loop_plain_train(ctx: Ctx, spec: Spec) -> None:
