@@ -491,31 +491,16 @@ def decoder_layers(model) -> list:
 
 def layer_info(model, device: str) -> dict:
     """Decoder-layer calls in one eager forward (hooks on the decoder-layer modules) and the layers grouped by the
-    (submodule name, class) pairs inside them."""
-    layers = decoder_layers(model)
-    calls = []
-    handles = [m.register_forward_hook(lambda *a: calls.append(1)) for m in layers]
-    with torch.no_grad():
-        model(input_ids=torch.randint(0, VOCAB, (1, 4), device=device))
-    for h in handles:
-        h.remove()
-    sigs = [tuple(sorted((n, type(s).__name__) for n, s in m.named_modules() if n)) for m in layers]
-    groups: dict[tuple, list[int]] = {}
-    for i, s in enumerate(sigs):
-        groups.setdefault(s, []).append(i)
-    common = set.intersection(*(set(s) for s in groups)) if groups else set()
-    detail = [{"count": len(idx), "layers": idx, "class": type(layers[idx[0]]).__name__,
-               "own_submodules": sorted({f"{n}:{c}" for n, c in sig} - {f"{n}:{c}" for n, c in common})[:12]}
-              for sig, idx in groups.items()]
+    (submodule name, class) pairs inside them (block_layer_info), with the config's layer layout."""
     cfg = model.config
     info = {k: getattr(cfg, k) for k in ("layer_types", "first_k_dense_replace", "sliding_window", "num_experts",
                                          "n_routed_experts", "num_local_experts", "num_experts_per_tok",
                                          "decoder_sparse_step", "mlp_only_layers", "no_rope_layers",
                                          "mlp_layer_types", "indexer_types", "zero_expert_num")
             if getattr(cfg, k, None) is not None}
-    return {"layers": len(calls), "layer_kinds": sorted(len(v) for v in groups.values()),
-            "layer_kind_detail": detail, "config_info": info, "model_class": type(model).__name__,
-            "decoder_layer_modules": len(layers)}
+    return block_layer_info(decoder_layers(model),
+                            lambda: model(input_ids=torch.randint(0, VOCAB, (1, 4), device=device)),
+                            {"config_info": info, "model_class": type(model).__name__})
 
 
 def prompt(batch: int, device: str, length: int = PROMPT) -> torch.Tensor:
