@@ -966,6 +966,15 @@ def loop_assisted_generate(ctx: Ctx, spec: Spec) -> None:
     print(f"{spec.name}: draft forwards {truth['assistant']['steps']}", flush=True)
 
 
+def warm_up(ctx: Ctx, spec: Spec, run, what: str) -> None:
+    """Two runs before the capture: the compiler compiles and records its CUDA graphs there, not in the trace."""
+    t0 = time.time()
+    for _ in range(2):
+        run(spec.steps[0])
+    sync(ctx.device)
+    print(f"{spec.name}: warm-up {what} (compilation, graph recording) {time.time() - t0:.1f} s", flush=True)
+
+
 def fit_replayed(ctx: Ctx, spec: Spec, capture) -> None:
     """fit(), then a warning where the trace holds fewer CUDA graph launches than the decodes the loop replayed (the
     compiler skipped its graphs)."""
@@ -1017,19 +1026,10 @@ def loop_reduce_overhead_hand(ctx: Ctx, spec: Spec) -> None:
         model.forward = eager_forward
         assert int(cache.get_seq_length()) == kv[0], (int(cache.get_seq_length()), kv[0])  # after the window
 
-    t0 = time.time()
-    for _ in range(2):
-        run(spec.steps[0])
-    sync(ctx.device)
-    print(f"{spec.name}: warm-up loops (compilation, graph recording) {time.time() - t0:.1f} s", flush=True)
+    warm_up(ctx, spec, run, "loops")
 
     def capture(n):
-        log.clear()
-        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
-            log.set_rec(True)
-            run(n)  # its last check reads the device-side length: a sync after the last forward
-            sync(ctx.device)
-            log.set_rec(False)
+        prof = recorded(ctx, spec, log, lambda: run(n))  # run's last check reads the device-side length
         t = base_truth(spec, info, f"torch.compile(model.forward, mode='reduce-overhead') on a StaticCache of "
                                    f"{cache_len}: a hand loop at batch {spec.batch}, the prefill eager, then {n - 1} "
                                    "decodes through the compiled forward, each a CUDA graph tree replay "
@@ -2103,19 +2103,10 @@ def loop_plain_reduce_overhead(ctx: Ctx, spec: Spec) -> None:
                 input_pos += 1
 
     torch.manual_seed(3)
-    t0 = time.time()
-    for _ in range(2):
-        run(spec.steps[0])
-    sync(ctx.device)
-    print(f"{spec.name}: warm-up generations (compilation, graph recording) {time.time() - t0:.1f} s", flush=True)
+    warm_up(ctx, spec, run, "generations")
 
     def capture(n):
-        log.clear()
-        with torch.no_grad(), profile(activities=activities(ctx.device), record_shapes=spec.rs) as prof:
-            log.set_rec(True)
-            run(n)
-            sync(ctx.device)
-            log.set_rec(False)
+        prof = recorded(ctx, spec, log, lambda: run(n))
         t = base_truth(spec, info, f"plain PyTorch, gpt-fast's generate with --compile at batch {spec.batch}: an "
                                    f"eager prefill of {PROMPT} tokens, then {n - 1} decodes through decode_one_token "
                                    "compiled with mode='reduce-overhead', fullgraph=True (forward + "
