@@ -24,11 +24,7 @@ TRUTHS = sorted(CORPUS.glob("*.truth.json"))
 
 # Read wrong today (issue 20 stays open for them): each is a strict xfail, so a fix that makes one right fails here
 # until it is taken off this list. Steps are right in all of them; the layer count or its kinds are not.
-KNOWN_WRONG: dict[str, str] = {  # name -> why, for a trace still read wrong (a strict xfail)
-    "whisper2_seq2seq_generate": "an encoder-decoder traced without op shapes: nothing tells its encoder's forward "
-                                 "(read as the prefill) from a chunked prefill's first chunk, so the decoder's first "
-                                 "forward is read as a decode (P1 D12 for P1 D11)",
-}
+KNOWN_WRONG: dict[str, str] = {}  # name -> why, for a trace still read wrong (a strict xfail)
 # The five ways step detection used to fail silently (issue 20), each on a trace the project made itself.
 FAILURE_CLASSES = {
     "eager MoE launches a different number of kernels every step": ["mixtral_eager_generate", "qwen3_moe_sample_padded",

@@ -592,7 +592,7 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     if not training and not any(p.mark for p in pieces):
         pieces, detail = _without_drafts(pieces, names, trace, links, detail)
     if not training and source.startswith("anchor_") and not any(p.mark for p in pieces):
-        pieces = _encoders_joined(pieces, trace, links)
+        pieces = _encoders_joined(pieces, trace, links, names)
         if any(p.encoder for p in pieces):
             detail += "; an encoder's forward taken with the decoder's first as the prefill"
     from_sequence = source in ("kernel_repetition", "graph_launch")  # cut by counts: fragments to mend
@@ -663,26 +663,34 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
 
 
-def _encoders_joined(pieces: list[_Piece], trace: Trace, links: Links) -> list[_Piece]:
+def _encoders_joined(pieces: list[_Piece], trace: Trace, links: Links, names: np.ndarray) -> list[_Piece]:
     """An encoder-decoder's encoder runs as a forward of its own (an embedding lookup begins it) that ends in no
     output head or sampling, right before the decoder's first forward, which does: the two are the prefill (the
-    prompt's processing, up to the first token), as one step. Op shapes must say so: the encoder attends over its
-    own tokens, no cache, and the decoder's forward is one token a sequence (a chunked prefill's first chunk, with
-    no output either, is followed by a chunk of many)."""
+    prompt's processing, up to the first token), as one step. Op shapes must say so (the encoder attends over its
+    own tokens, no cache, and the decoder's forward is one token a sequence), else the launches (the first launched
+    as a prefill, the second as the decodes are): a chunked prefill's first chunk, with no output either, is
+    followed by a chunk of many tokens."""
     outputs = _outputs(pieces, trace, links)
     if outputs is None or not any(outputs):
         return pieces
+    launched: list | None = None
 
-    def encoder_then_decoder(a: _Piece, b: _Piece) -> bool:
-        t, u = step_tokens(trace, links, a.rows), step_tokens(trace, links, b.rows)
-        return bool(t.query_len and t.query_len > 1 and t.kv_len == t.query_len and u.query_len == 1)
+    def encoder_then_decoder(i: int) -> bool:
+        nonlocal launched
+        t, u = step_tokens(trace, links, pieces[i].rows), step_tokens(trace, links, pieces[i + 1].rows)
+        if t.query_len and u.query_len:
+            return bool(t.query_len > 1 and t.kv_len == t.query_len and u.query_len == 1)
+        if launched is None:
+            lengths = [len(p.rows) for p in pieces]
+            launched = phases_from_launches(trace, [p.rows for p in pieces], names,
+                                            int(np.argsort(lengths)[len(lengths) // 2])) or []
+        return bool(launched) and launched[i] == "prefill" and launched[i + 1] == "decode"
 
     joined: list[_Piece] = []
     i = 0
     while i < len(pieces):
         p = pieces[i]
-        if (i + 1 < len(pieces) and not outputs[i] and outputs[i + 1]
-                and encoder_then_decoder(p, pieces[i + 1])):
+        if i + 1 < len(pieces) and not outputs[i] and outputs[i + 1] and encoder_then_decoder(i):
             q = pieces[i + 1]
             span = (p.host_span[0], q.host_span[1]) if p.host_span and q.host_span else None
             joined.append(_Piece(p.start_ns, max(p.end_ns, q.end_ns), np.concatenate((p.rows, q.rows)),
