@@ -525,3 +525,63 @@ def test_a_vlm_whose_vision_tower_launches_like_its_layers_keeps_its_decodes(tmp
     steps = find_steps(trace, link(trace)).steps
     assert [s.kind for s in steps] == generate_loop_truth(forwards=6, generations=2)
     assert [len(s.rows) for s in steps] == _kernels_per_forward(doc)
+
+
+def _shapes_only_in(doc: dict, forward: int) -> dict:
+    """The trace with op shapes kept only on one forward's ops (record_shapes switched on for one step)."""
+    events = [e | {"args": {k: v for k, v in e["args"].items() if k not in ("Input Dims", "Input type")}}
+              if e.get("cat") == "cpu_op" and e["args"].get("tracegen_forward") != forward else e
+              for e in doc["traceEvents"]]
+    return doc | {"traceEvents": events}
+
+
+@pytest.mark.parametrize("shapes,attention", [(True, "sdpa"), (True, "eager"), (False, "sdpa")])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_prefill_run_without_its_output_head_is_no_encoder(tmp_path, shapes, attention, batch):
+    """A decoder-only hand loop whose prefill runs the model without its output head (no lm_head, no sampling),
+    then decodes: a forward with no output right before one with an output, as an encoder before a decoder's first
+    forward. The first decode continues the prefill's cache (op shapes), and both read as many layers (launches
+    alone): no encoder, every forward a step (the generator's truth)."""
+    doc = generate_loop(forwards=8, layers=4, record_shapes=shapes, attention=attention, batch=batch)
+    first = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op" and e["args"].get("tracegen_forward") == 0]
+    head = {e["args"]["External id"] for e in first[-2:]}  # forward 0's output head GEMM and its argmax
+    assert [e["name"] for e in first[-2:]][-1] == "aten::argmax"
+    doc = doc | {"traceEvents": [e for e in doc["traceEvents"] if e.get("args", {}).get("External id") not in head]}
+    truth = generate_loop_truth(forwards=8)
+    d = _d(write(doc, tmp_path / "no_head.json"))
+    assert _counts(d) == {"prefill": truth.count("prefill"), "decode": truth.count("decode")} == {"prefill": 1,
+                                                                                                   "decode": 7}
+    assert "encoder" not in d["steps"]["source_detail"]
+
+
+def test_op_shapes_on_one_forward_leave_the_others_outputs_to_their_sampling(tmp_path):
+    """Op shapes recorded for one forward only: the output head is seen by its shapes there, and the other forwards'
+    outputs by their sampling ops; none passes for an encoder (the generator's truth: a prefill, two decodes)."""
+    from decodegap.steps.anchors import launch_times
+    from decodegap.steps.steps import _outputs, _Piece
+
+    doc = _shapes_only_in(generate_loop(forwards=3, layers=4, record_shapes=True), forward=1)
+    truth = generate_loop_truth(forwards=3)
+    path = write(doc, tmp_path / "shapes_once.json")
+    trace = load_trace(path)
+    links = link(trace)
+    steps = find_steps(trace, links).steps
+    when = launch_times(trace, links)
+    starts = [int(when[s.rows].min()) for s in steps] + [2**62]  # each forward's host time, up to the next one's
+    pieces = [_Piece(s.start_ns, s.end_ns, s.rows, host_span=(starts[i], starts[i + 1]))
+              for i, s in enumerate(steps)]
+    assert _outputs(pieces, trace, links) == [True, True, True]
+    d = _d(path)
+    assert _counts(d) == {"prefill": truth.count("prefill"), "decode": truth.count("decode")} == {"prefill": 1,
+                                                                                                   "decode": 2}
+
+
+@pytest.mark.parametrize("batch,prompt", [(1, 16), (4, 4)])
+def test_an_extend_before_the_only_shaped_forward_keeps_every_phase(tmp_path, batch, prompt):
+    """A prefill, an extend of 4 tokens, a decode, op shapes on the decode only: each forward a step of its phase
+    (the generator's truth), the launches left as they read (no step joined, nothing to turn round)."""
+    kw = dict(forwards=3, layers=4, prompt=prompt, batch=batch, record_shapes=True, extend=[4])
+    d = _d(write(_shapes_only_in(generate_loop(**kw), forward=2), tmp_path / "extend.json"))
+    truth = generate_loop_truth(**kw)
+    assert truth == ["prefill", "prefill", "decode"]
+    assert _counts(d) == {"prefill": 2, "decode": 1} and d["layers"] == 4

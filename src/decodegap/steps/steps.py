@@ -23,6 +23,7 @@ import numpy as np
 from decodegap.steps import anchors as forward_anchors
 from decodegap.steps.anchors import FAMILIES, lost_launches
 from decodegap.steps.drafts import draft_forwards
+from decodegap.steps.layers import count_layers
 from decodegap.steps.phase import (
     GrowingRun,
     grid_blocks,
@@ -619,7 +620,7 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
         evidence, packed = _packed(pieces, tokens, evidence)
     by_launch = (phases_from_launches(trace, [p.rows for p in pieces], names, typical_i) if None in evidence
                  else None) or [None] * len(pieces)
-    by_launch = _oriented(by_launch, evidence)
+    by_launch = _oriented(by_launch, evidence, pieces)
     typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
     # Launches that tell some steps from others say which are decodes too; all alike, they tell no phase (a run of
     # recomputing forwards launches alike as well)
@@ -666,10 +667,12 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
 def _encoders_joined(pieces: list[_Piece], trace: Trace, links: Links, names: np.ndarray) -> list[_Piece]:
     """An encoder-decoder's encoder runs as a forward of its own (an embedding lookup begins it) that ends in no
     output head or sampling, right before the decoder's first forward, which does: the two are the prefill (the
-    prompt's processing, up to the first token), as one step. Op shapes must say so (the encoder attends over its
-    own tokens, no cache, and the decoder's forward is one token a sequence), else the launches (the first launched
-    as a prefill, the second as the decodes are): a chunked prefill's first chunk, with no output either, is
-    followed by a chunk of many tokens."""
+    prompt's processing, up to the first token), as one step. Op shapes must say so: the encoder attends over its
+    own tokens, no cache, and the decoder's forward is one token a sequence that does not continue the first's cache
+    (a decoder-only prefill run without its output head is followed by its first decode, over the prompt's keys; a
+    chunked prefill's first chunk, with no output either, by a chunk of many tokens). Without shapes, the launches
+    must read the first as a prefill and the second as the decodes are launched, and the two must be stacks of
+    different depths (a model's prefill and its decode read as many layers)."""
     outputs = _outputs(pieces, trace, links)
     if outputs is None or not any(outputs):
         return pieces
@@ -679,12 +682,17 @@ def _encoders_joined(pieces: list[_Piece], trace: Trace, links: Links, names: np
         nonlocal launched
         t, u = step_tokens(trace, links, pieces[i].rows), step_tokens(trace, links, pieces[i + 1].rows)
         if t.query_len and u.query_len:
-            return bool(t.query_len > 1 and t.kv_len == t.query_len and u.query_len == 1)
+            return bool(t.query_len > 1 and t.kv_len == t.query_len and u.query_len == 1
+                        and u.kv_len != t.query_len + u.query_len)
         if launched is None:
             lengths = [len(p.rows) for p in pieces]
             launched = phases_from_launches(trace, [p.rows for p in pieces], names,
                                             int(np.argsort(lengths)[len(lengths) // 2])) or []
-        return bool(launched) and launched[i] == "prefill" and launched[i + 1] == "decode"
+        if not launched or launched[i] != "prefill" or launched[i + 1] != "decode":
+            return False
+        canonical = name_classes(trace.names)[1]
+        depths = [count_layers(names[pieces[k].rows], canonical).count for k in (i, i + 1)]
+        return None not in depths and depths[0] != depths[1]
 
     joined: list[_Piece] = []
     i = 0
@@ -702,13 +710,13 @@ def _encoders_joined(pieces: list[_Piece], trace: Trace, links: Links, names: np
     return joined
 
 
-def _oriented(by_launch: list[str | None], evidence: list[str | None]) -> list[str | None]:
+def _oriented(by_launch: list[str | None], evidence: list[str | None], pieces: list[_Piece]) -> list[str | None]:
     """The launches tell unlike steps from alike ones, and which are the prefills by their thread blocks; where op
     shapes say the phase of some steps and every one of them reads the other way by launches, the blocks misled (an
     eager prefill beside decodes a compiler fused into fewer, larger kernels, replayed from CUDA graphs): the
     launches' two groups are the other way round."""
-    said = [(e, launched) for e, launched in zip(evidence, by_launch, strict=True)
-            if e in ("prefill", "decode") and launched]
+    said = [(e, launched) for e, launched, p in zip(evidence, by_launch, pieces, strict=True)
+            if e in ("prefill", "decode") and launched and not p.encoder]  # the shapes', not the join's
     if not said or any(e == launched for e, launched in said) or len(set(by_launch) - {None}) < 2:
         return by_launch  # agreeing, or all launched alike: no two groups to turn round
     return [{"prefill": "decode", "decode": "prefill"}.get(launched) if launched else None for launched in by_launch]
@@ -737,17 +745,19 @@ def _without_drafts(pieces: list[_Piece], names: np.ndarray, trace: Trace, links
 
 
 def _outputs(pieces: list[_Piece], trace: Trace, links: Links) -> list[bool] | None:
-    """Whether each forward ends in an output: runs the output head (where op shapes tell), else samples (where the
-    trace's host side holds sampling ops); None where neither tells."""
+    """Whether each forward ends in an output: runs the output head (where op shapes tell) or samples (where the
+    trace's host side holds sampling ops); None where neither tells. Either says so: shapes may be recorded for some
+    forwards only."""
     head = widest_gemm_rows(trace, links)
-    if head is not None:
-        return [bool(head[p.rows].any()) for p in pieces]
+    by_head = [bool(head[p.rows].any()) for p in pieces] if head is not None else None
     sampled = forward_anchors.occurrences(trace, links, "sampling", np.arange(len(trace.gpu)))
     when = forward_anchors.launch_times(trace, links)
     if not len(sampled) or when is None:
-        return None
+        return by_head
     spans = [p.host_span or (int(when[p.rows].min()), int(when[p.rows].max())) for p in pieces]
-    return [bool(np.searchsorted(sampled, hi, "right") > np.searchsorted(sampled, lo, "left")) for lo, hi in spans]
+    by_sampling = [bool(np.searchsorted(sampled, hi, "right") > np.searchsorted(sampled, lo, "left"))
+                   for lo, hi in spans]
+    return by_sampling if by_head is None else [a or b for a, b in zip(by_head, by_sampling, strict=True)]
 
 
 def _packed(pieces: list[_Piece], tokens: list, evidence: list) -> tuple[list, set[int]]:
