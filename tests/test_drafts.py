@@ -78,9 +78,10 @@ def test_assisted_generation_steps_are_the_served_models_forwards():
 
 
 def test_forwards_that_run_no_output_head_have_no_drafts(monkeypatch):
-    """An encoder's forward runs no output head, and is longer than the decoder's forwards after it, which run the
-    same kernels in fewer layers. The assisted trace read with its served model's output-head rows taken out of the
-    widest-GEMM rows (as an encoder's forwards would show) keeps every forward as a step: six, not three."""
+    """An encoder's forward runs no output head and samples nothing, and is longer than the decoder's forwards after
+    it, which run the same kernels in fewer layers. The assisted trace read with its served model's output-head rows
+    taken out of the widest-GEMM rows and no sampling ops (as an encoder's forwards would show) keeps every forward as
+    a step: six, not three."""
     trace = load_trace(FIXTURES / "traces" / "ernie4_5_assisted_generate_3rounds.json.gz")
     links = link(trace)
     served = np.concatenate([s.rows for s in find_steps(trace, links).steps])
@@ -91,7 +92,12 @@ def test_forwards_that_run_no_output_head_have_no_drafts(monkeypatch):
         head[served] = False
         return head
 
+    def head_only(pieces, trace, links):  # the outputs by the output head alone: the forwards sample nothing
+        head = without_served_heads(trace, links)
+        return [bool(head[p.rows].any()) for p in pieces]
+
     monkeypatch.setattr(steps_module, "widest_gemm_rows", without_served_heads)
+    monkeypatch.setattr(steps_module, "_outputs", head_only)
     assert len(find_steps(trace, links).steps) == 6
 
 
