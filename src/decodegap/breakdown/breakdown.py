@@ -182,7 +182,7 @@ def compute_breakdown(trace: Trace, links: Links, steps: Steps) -> Breakdown:
     typical = decode[len(decode) // 2] if decode else None
     spread = [decode[i].rows for i in np.linspace(0, len(decode) - 1, min(SAME_PHASE_STEPS, len(decode))).astype(int)]
     others = [s.rows for s in steps.steps if s.kind != phase][:SAME_PHASE_STEPS] if len(decode) == 1 else None
-    lost = varying_past_cut(trace, links, [s.rows for s in decode]) if decode else set()
+    lost = varying_past_cut(trace, links, spread) if decode else set()
     found = (infer_layers(trace, typical.rows, spread, training=steps.workload == "training", others=others,
                           varying_on_host=lost)
              if typical is not None else Layers(None, "no step"))

@@ -591,11 +591,12 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
         return Steps([], source, detail, workload, 0, warnings)
     names = normalized_ids(trace.names, trace.gpu.name_id)
     if not training and not any(p.mark for p in pieces):
-        pieces, detail = _without_drafts(pieces, names, trace, links, detail)
-    if not training and source.startswith("anchor_") and not any(p.mark for p in pieces):
-        pieces = _encoders_joined(pieces, trace, links, names)
-        if any(p.encoder for p in pieces):
-            detail += "; an encoder's forward taken with the decoder's first as the prefill"
+        outputs = _outputs(pieces, trace, links)
+        pieces, outputs, detail = _without_drafts(pieces, outputs, names, trace, links, detail)
+        if source.startswith("anchor_"):
+            pieces = _encoders_joined(pieces, outputs, trace, links, names)
+            if any(p.encoder for p in pieces):
+                detail += "; an encoder's forward taken with the decoder's first as the prefill"
     from_sequence = source in ("kernel_repetition", "graph_launch")  # cut by counts: fragments to mend
     if from_sequence:
         pieces = _split_overlong(pieces, names, trace)
@@ -664,7 +665,8 @@ def _classify(trace: Trace, links: Links, pieces: list[_Piece], source: str, det
     return Steps(steps, source, detail, workload, dropped, warnings, graphs, _runtime(trace))
 
 
-def _encoders_joined(pieces: list[_Piece], trace: Trace, links: Links, names: np.ndarray) -> list[_Piece]:
+def _encoders_joined(pieces: list[_Piece], outputs: list[bool] | None, trace: Trace, links: Links,
+                     names: np.ndarray) -> list[_Piece]:
     """An encoder-decoder's encoder runs as a forward of its own (an embedding lookup begins it) that ends in no
     output head or sampling, right before the decoder's first forward, which does: the two are the prefill (the
     prompt's processing, up to the first token), as one step. Op shapes must say so: the encoder attends over its
@@ -672,8 +674,7 @@ def _encoders_joined(pieces: list[_Piece], trace: Trace, links: Links, names: np
     (a decoder-only prefill run without its output head is followed by its first decode, over the prompt's keys; a
     chunked prefill's first chunk, with no output either, by a chunk of many tokens). Without shapes, the launches
     must read the first as a prefill and the second as the decodes are launched, and the two must be stacks of
-    different depths (a model's prefill and its decode read as many layers)."""
-    outputs = _outputs(pieces, trace, links)
+    different depths (a model's prefill and its decode read as many layers). `outputs`: _outputs of the pieces."""
     if outputs is None or not any(outputs):
         return pieces
     launched: list | None = None
@@ -722,26 +723,29 @@ def _oriented(by_launch: list[str | None], evidence: list[str | None], pieces: l
     return [{"prefill": "decode", "decode": "prefill"}.get(launched) if launched else None for launched in by_launch]
 
 
-def _without_drafts(pieces: list[_Piece], names: np.ndarray, trace: Trace, links: Links,
-                    detail: str) -> tuple[list[_Piece], str]:
-    """The forwards with the draft model's left out (steps.drafts), and the evidence saying so."""
+def _without_drafts(pieces: list[_Piece], outputs: list[bool] | None, names: np.ndarray, trace: Trace,
+                    links: Links, detail: str) -> tuple[list[_Piece], list[bool] | None, str]:
+    """The forwards with the draft model's left out (steps.drafts), their outputs (_outputs), and the evidence
+    saying so."""
     if len(pieces) < 3:
-        return pieces, detail
+        return pieces, outputs, detail
     blocks = grid_blocks(trace)
     drafts = draft_forwards([names[p.rows] for p in pieces], name_classes(trace.names)[1],
-                            [blocks[p.rows] for p in pieces], _outputs(pieces, trace, links))
+                            [blocks[p.rows] for p in pieces], outputs)
     if drafts is None:
-        return pieces, detail
+        return pieces, outputs, detail
     # The served model checks the drafts' tokens, continuing its sequence from its cache: where op shapes tell, one of
     # its forwards after the first attends to keys before its own. Forwards that each start afresh (a VLM's prefills,
     # vision tower and layers on the same grids) with shorter forwards over their cache after them are generations.
     served = [p for i, p in enumerate(pieces) if i not in drafts.forwards][1:]
     said_by = [t for t in (step_tokens(trace, links, p.rows) for p in served) if t.query_len and t.kv_len]
     if said_by and not any(t.kv_len > t.query_len for t in said_by):
-        return pieces, detail
+        return pieces, outputs, detail
     said = (f"{len(drafts.forwards)} forwards of a {drafts.layers}-layer draft model between the steps left out "
             f"(assisted / speculative decoding; its per-layer kernels run {drafts.of} times in a step)")
-    return [p for i, p in enumerate(pieces) if i not in drafts.forwards], f"{detail}; {said}" if detail else said
+    kept = [i for i in range(len(pieces)) if i not in drafts.forwards]
+    return ([pieces[i] for i in kept], None if outputs is None else [outputs[i] for i in kept],
+            f"{detail}; {said}" if detail else said)
 
 
 def _outputs(pieces: list[_Piece], trace: Trace, links: Links) -> list[bool] | None:
