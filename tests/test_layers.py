@@ -1217,6 +1217,22 @@ def test_three_kinds_of_layer_are_counted_where_each_layer_begins():
         assert sorted(groups.values()) == [[0], [1, 2, 4, 5, 6], [3, 7]]  # the generator's layer_kind_detail
 
 
+def test_a_dense_first_layer_before_groups_of_sliding_and_full_attention_moe_layers_is_a_layer():
+    # Three decode forwards of an eager EXAONE-MoE (kernel names of a real H100 trace, with the generator's truth): a
+    # dense first layer, then seven MoE layers, three sliding-window attention layers to one full (the 4th and the
+    # 8th, on another attention kernel). The full-attention kernel counts groups of four layers; aligned by what the
+    # groups run alike, they began at the residual add that ends the layer before, which the first layer lacks, so
+    # the dense layer passed for glue before the layers: 7 were read.
+    doc, forwards = _kernel_sequences("exaone_moe_decode")
+    for found in _each_forwards_layers(doc, forwards):
+        assert found.count == doc["truth"]["layers"] == 8
+        groups = {}
+        for layer, kind in enumerate(found.kind_of):
+            groups.setdefault(kind, []).append(layer)
+        assert sorted(groups.values()) == [[0], [1, 2, 4, 5, 6], [3, 7]]
+        assert doc["truth"]["kind_layers"][0] == [0]  # the generator's dense layer
+
+
 def test_a_forward_cut_inside_that_passes_for_as_many_layers_is_cut():
     # The window of the same capture closed inside a forward (a layer-4 hook stopped the profiler): its layers 0-3
     # and part of 4 read 8 "layers" of other blocks, as many as the whole forwards. It runs only their kernels and

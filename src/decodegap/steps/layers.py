@@ -757,6 +757,7 @@ def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.nda
         return found
     lo, hi = np.searchsorted(at, [starts[0], found.end])
     begins = at[lo + _runs_of(norm, seq[lo:hi])]  # where each block begins
+    begins = np.concatenate((_blocks_before(norm, at, seq, lo, begins, gemm_at), begins))
     if len(begins) <= found.count or not isin(starts, begins).all():
         return found
     bounds = np.append(begins, found.end)
@@ -800,6 +801,28 @@ def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.nda
     return Layers(len(begins), evidence, period, int(begins[0]), found.last, kinds, tuple(int(b) for b in begins),
                   tuple(kind_of) if len(kinds) > 1 else (), found.backers, int(found.end),
                   found.backer_runs or found.count)
+
+
+def _blocks_before(norm: np.ndarray, at: np.ndarray, seq: np.ndarray, lo: int, begins: np.ndarray,
+                   gemm_at: np.ndarray) -> np.ndarray:
+    """Where the blocks of a first layer read as glue begin, before the first layer (`lo`: its index among the
+    per-layer runs `at`, `seq`). Layers aligned by the kernels they run alike may begin with the residual add that
+    ends the layer before (the norm's first kernel), which the first layer, after the embedding, lacks: a first layer
+    of its own kind (dense before a repeating group of MoE layers) is then read as glue. Its blocks begin at the first
+    run of the norm without its first kernel, where that kernel does not run just before it (glue running the whole
+    norm, a vision tower's, is no layer of these), and at the norm's runs after it, where each of them projects in and
+    out up to the first layer; none otherwise."""
+    none = np.empty(0, dtype=np.int64)
+    if lo == 0 or len(norm) < 3 or not len(begins):
+        return none
+    first = _runs_of(norm[1:], seq[:lo])
+    if not len(first) or (first[0] > 0 and seq[first[0] - 1] == norm[0]):
+        return none
+    later = _runs_of(norm, seq[first[0]:lo]) + first[0]
+    extra = at[np.concatenate((first[:1], later[later > first[0]]))]
+    bounds = np.append(extra, begins[0])
+    projections = np.bincount(np.searchsorted(bounds, gemm_at, side="right"), minlength=len(bounds) + 1)
+    return extra if projections[1:len(bounds)].min() >= 2 else none
 
 
 def _two_turns(kind: list[int]) -> dict[int, int] | None:
