@@ -81,7 +81,10 @@ So layers are read from counts, not from a repeating sequence:
   every layer begins with before its first projection) to the next, projecting in and out, the blocks are the layers
   (Nemotron-H: Mamba, MLP, Mamba, attention, MLP, each block one norm, one mixer or MLP, one residual add), or pairs
   of them where their kinds take turns between a mixer's, which runs no MLP activation, and an MLP's
-  (_residual_blocks);
+  (_residual_blocks); blocks before the first layer are a layer's where the norm runs there without its first
+  kernel, the residual add that ends the layer before (layers aligned by what they run alike begin with it, so a first
+  layer of its own kind, after the embedding, passed for glue: a dense layer before groups of MoE layers)
+  (_blocks_before);
 - unlike layers (dense + MoE, sliding + full attention on different kernels) are kinds (steps.layer_kinds).
 The input is a sequence of name ids per forward (normalised kernel names; a graph replay's kernels in replay order)."""
 
