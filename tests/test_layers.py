@@ -1233,6 +1233,19 @@ def test_a_dense_first_layer_before_groups_of_sliding_and_full_attention_moe_lay
         assert doc["truth"]["kind_layers"][0] == [0]  # the generator's dense layer
 
 
+def test_a_layer_ends_after_its_routers_run_as_often_as_in_every_known_tail():
+    # The two decode forwards a cut file kept of an eager JetMoE (kernel names of a real H100 trace, with the
+    # generator's truth): each layer routes its tokens twice on the same kernels, over attention heads as it begins
+    # and over experts after the attention. Two forwards leave some data-dependent launches looking alike, so one
+    # layer's head (its attention experts) ends unlike layer 0's, and its seam was sought by what begins like layer
+    # 0's head: the MoE router of the layer before matched further and began it, leaving that layer without its MLP
+    # (two kinds were read). The layer before runs its router in its tail as often as every known tail does.
+    doc, forwards = _kernel_sequences("jetmoe_cut_two_decodes")
+    for found in _each_forwards_layers(doc, forwards):
+        assert found.count == doc["truth"]["layers"] == 4
+        assert _kinds(found) == doc["truth"]["layer_kinds"] == [4]
+
+
 def test_a_forward_cut_inside_that_passes_for_as_many_layers_is_cut():
     # The window of the same capture closed inside a forward (a layer-4 hook stopped the profiler): its layers 0-3
     # and part of 4 read 8 "layers" of other blocks, as many as the whole forwards. It runs only their kernels and

@@ -913,7 +913,8 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
     from its cut) and the start of the next (its head, up to its cut). Layer 0's head ends the stretch before the
     first cut, after the glue: a later layer whose block ends the same way has that head, and the rest of its block
     is the previous layer's tail; a layer whose head is of another kind (a lone full-attention layer among linear
-    ones) begins where a known tail, from its block's start, ends. Over the per-layer names only, so an expert loop
+    ones) begins where a known tail, from its block's start, ends, or at a seam past what every known tail runs.
+    Over the per-layer names only, so an expert loop
     that ran more or fewer times does not shift anything; `starts` (from the names' counts) where nothing lines up."""
     c = blocks.count
     at, seq = _per_layer_runs(ids, positions)
@@ -939,12 +940,28 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
             split = max((len(t) for t in tails if len(t) < split and np.array_equal(b[:len(t)], t)
                          and len(_runs_of(norm, b[len(t):split]))), default=split)
         else:  # another kind of head: the previous layer ends where a known tail does
-            split = max((len(t) for t in tails if len(t) < len(b) and np.array_equal(b[:len(t)], t)), default=0)
-            split = split or _seam(b, lead[len(lead) - head:], tails)
+            least = _tail_runs(blocks, b, tails)
+            split = max((len(t) for t in tails if least <= len(t) < len(b) and np.array_equal(b[:len(t)], t)),
+                        default=0)
+            split = split or _seam(b, lead[len(lead) - head:], tails, least)
             if not split:
                 continue
         out[j + 1] = at[cut[j] + split]
     return out
+
+
+def _tail_runs(blocks: _Blocks, block: np.ndarray, tails: list[np.ndarray]) -> int:
+    """How far into `block` (a cut's block over the per-layer names) the layer before at least runs: a name run a
+    fixed number of times a layer that runs equally often in every known tail (`tails`) runs that often in this one
+    (an MoE's router after the attention cut, alike to the router over attention heads that begins the next layer)."""
+    least = 1
+    for n, (k, m, _, _) in blocks.periodic.items():
+        ran = {int(np.count_nonzero(t == n)) for t in tails}
+        if k and m == blocks.count and len(ran) == 1 and (times := ran.pop()):
+            runs = np.flatnonzero(block == n)
+            if len(runs) >= times:
+                least = max(least, int(runs[times - 1]) + 1)
+    return least
 
 
 def _begun_alike(lead: np.ndarray, between: list[np.ndarray], at: np.ndarray, cut: np.ndarray,
@@ -972,13 +989,14 @@ def _per_layer_runs(ids: np.ndarray, positions: dict[int, np.ndarray]) -> tuple[
     return at, ids[at]
 
 
-def _seam(block: np.ndarray, head: np.ndarray, tails: list[np.ndarray]) -> int:
+def _seam(block: np.ndarray, head: np.ndarray, tails: list[np.ndarray], least: int = 1) -> int:
     """Where in `block` (a layer's tail, then a head of another kind) the seam between layers lies: the last place
     that begins the most like layer 0's head (its input norm) after what every known tail ends with (the residual
     add); 0 when nothing does. The last, because the layer before runs its own norms (its MLP's) after an add too;
-    by the head alone, because a mixer's output may end like an MLP's."""
+    by the head alone, because a mixer's output may end like an MLP's; from `least` on, what the layer before's tail
+    runs at least (_tail_runs: an MoE's router runs like the next layer's router over attention heads)."""
     best, at = 0, 0
-    for s in range(1, len(block)):
+    for s in range(least, len(block)):
         begins = _common_prefix(block[s:], head)
         if begins and begins >= best and all(_common_suffix(block[:s], t) for t in tails):
             best, at = begins, s
