@@ -28,8 +28,10 @@ graph trees); transformers' continuous batching (the requests of a forward packe
 prefill, decode and mixed forwards); plain PyTorch without transformers (a gpt-fast-style model decoded eagerly or
 with decode_one_token under torch.compile(mode="reduce-overhead"), and nanoGPT-style compiled training under bf16
 autocast); encoder-decoder generate (the encoder's forward folded into the first decoder forward, the prefill);
-sampling with num_return_sequences; generate over an offloaded cache; and cut files (a whole trace's JSON text
-truncated at a byte offset).
+sampling with num_return_sequences; generate over an offloaded cache; vision-language models in generate (greedy,
+sampling, static cache) and in a hand loop (the image's pixel inputs go to the first forward, the prefill, where the
+vision tower runs; the decodes run the text stack only); and cut files (a whole trace's JSON text truncated at a byte
+offset).
 
 Every trace is rewritten by scripts/trim_trace.py (every event kept except flow arrows and python_function; the args
 Concrete Inputs, Input Strides, Ev Idx, Record function id dropped) and gzipped; one over the size limit is captured
@@ -44,6 +46,7 @@ Run on a CUDA machine (torch + transformers 5.x; decodegap importable for the re
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout7 --jobs 8  # 12 more in loops never read before
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout8 --jobs 8  # 13 more: new loops and families
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout9 --jobs 8  # 14 more: plain PyTorch, encoder-decoders, ..
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout10 --jobs 8  # 14 more: vision-language models, T5, ..
     python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR   # every trace there cut short, two ways
     python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR --cut-keep 2,5   # after 2 and 5 forwards
     python3 scripts/make_accuracy_corpus.py --table tests/fixtures/traces/corpus   # the README's table rows
@@ -411,6 +414,93 @@ FAMILIES.update({
                    "3 sliding (window 8) : 1 full attention; a dense first layer, then eager MoE with a shared expert "
                    "(EXAONE MoE)"),
 })
+# The tenth holdout's families (`--holdout10`): vision-language models (a vision tower run in the prefill over an
+# image's patches, then the text stack; the decodes run the text stack only), encoder-decoders of the T5 line, and
+# decoder-only families no set had. A VLM's entry holds its text, vision and top-level config kwargs (vlm_config);
+# the layers set per trace are the text decoder's.
+VLM_TEXT = dict(DENSE, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+IMAGE_IDS = dict(image_token_id=4001, video_token_id=4002, vision_start_token_id=4003, vision_end_token_id=4004)
+FAMILIES.update({
+    "qwen2_5_vl": ("Qwen2_5_VLConfig",
+                   dict(text=dict(VLM_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                             "mrope_section": [8, 12, 12]}),
+                        vision=dict(depth=4, hidden_size=128, intermediate_size=256, num_heads=4, out_hidden_size=256,
+                                    patch_size=14, window_size=56, fullatt_block_indexes=[1, 3]),
+                        top=dict(IMAGE_IDS)),
+                   "vision-language (Qwen2.5-VL): a 4-block ViT over 14-px patches (2D rotary, window attention in "
+                   "blocks 0 and 2, full in 1 and 3, cu_seqlens-split attention), a 2x2 patch merger into the text "
+                   "stack; a dense GQA text decoder with multimodal (3-section) rotary positions"),
+    "qwen3_vl": ("Qwen3VLConfig",
+                 dict(text=dict(VLM_TEXT, head_dim=64, rope_parameters={
+                          "rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12],
+                          "mrope_interleaved": True}),
+                      vision=dict(depth=4, hidden_size=128, intermediate_size=256, num_heads=4, out_hidden_size=256,
+                                  patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[1, 2]),
+                      top=dict(IMAGE_IDS)),
+                 "vision-language (Qwen3-VL): a 4-block ViT over 16-px patches with learned + 2D rotary positions, "
+                 "a patch merger, and DeepStack: features of vision blocks 1 and 2 added to the hidden states of the "
+                 "first text layers at the image positions; a dense text decoder with q/k norms and interleaved "
+                 "multimodal rotary positions"),
+    "gemma3_vlm": ("Gemma3Config",
+                   dict(text=dict(VLM_TEXT, head_dim=64, sliding_window=8),
+                        vision=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+                                    image_size=64, patch_size=8),
+                        top=dict(mm_tokens_per_image=16, boi_token_index=4001, eoi_token_index=4002,
+                                 image_token_index=4003)),
+                   "vision-language (Gemma 3): a 3-layer SigLIP tower over 8-px patches of a 64-px image, average-"
+                   "pooled to 16 soft tokens by the projector; the text stack 5 sliding (window 8) : 1 full attention "
+                   "(bidirectional over the image tokens in the prefill)"),
+    "mllama": ("MllamaConfig",
+               dict(text=dict(VLM_TEXT),
+                    vision=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_global_layers=1,
+                                attention_heads=4, image_size=56, patch_size=14, max_num_tiles=2,
+                                vision_output_dim=384, intermediate_layers_indices=[0, 1],
+                                supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]]),
+                    top=dict(image_token_index=4003)),
+               "vision-language with cross-attention (Llama 3.2 Vision): a tiled vision encoder (2 local + 1 global "
+               "layer, 2 tiles of 56 px) run in the prefill; the text stack has gated cross-attention layers (every "
+               "3rd from layer 1) among self-attention ones: two kinds of text layer; the cross-attention K/V of the "
+               "image are cached in the prefill and read by every decode"),
+    "llava": ("LlavaConfig",
+              dict(text=dict(VLM_TEXT, model_type="llama"),
+                   vision=dict(model_type="clip_vision_model", hidden_size=128, intermediate_size=256,
+                               num_hidden_layers=3, num_attention_heads=4, image_size=56, patch_size=14,
+                               projection_dim=128),
+                   top=dict(image_token_index=4003, vision_feature_layer=-2)),
+              "vision-language (LLaVA): a 3-layer CLIP ViT over 14-px patches of a 56-px image (16 patch features "
+              "from its second-to-last layer, the class token dropped), a 2-layer MLP projector, a Llama text "
+              "decoder"),
+    "apertus": ("ApertusConfig", dict(DENSE, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+                "dense GQA with q/k norms and an ungated MLP (up_proj, xIELU activation, down_proj) (Apertus)"),
+    "nanochat": ("NanoChatConfig", dict(DENSE, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+                 "dense, parameter-free RMSNorms, q/k norms, an ungated ReLU² MLP (fc1, fc2), logit soft-capping "
+                 "(nanochat)"),
+    "vaultgemma": ("VaultGemmaConfig", dict(DENSE, head_dim=64, sliding_window=8),
+                   "Gemma 2's layout without post-norms: alternating sliding (window 8) / full attention, attention "
+                   "and logit soft-capping (VaultGemma)"),
+    "helium": ("HeliumConfig", dict(DENSE, head_dim=64), "dense GQA, Llama layout (Kyutai Helium)"),
+    "mamba": ("MambaConfig", dict(hidden_size=128, state_size=8, vocab_size=VOCAB, use_mambapy=False),
+              "attention-free: Mamba-1 layers only (selective scan, torch path), a conv state and an SSM state in "
+              "MambaCache (Mamba)"),
+    "cwm": ("CwmConfig", dict(DENSE, head_dim=64, sliding_window=8),
+            "1 full : 3 sliding (window 8) attention, the full one first, Llama 3 rotary (Code World Model)"),
+    "ministral3": ("Ministral3Config", dict(DENSE, head_dim=64, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+                   "dense GQA with Llama 4 attention scaling: the queries multiplied by a factor that grows with the "
+                   "position (Ministral 3)"),
+    "switch_transformers": ("SwitchTransformersConfig",
+                            dict(vocab_size=VOCAB, d_model=256, d_ff=512, d_kv=64, num_heads=4, num_experts=8,
+                                 expert_capacity=64, encoder_sparse_step=2, decoder_sparse_step=2,
+                                 decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
+                            "encoder-decoder MoE (Switch Transformers): T5 blocks, every 2nd block's MLP a top-1 "
+                            "switch router over 8 experts (a loop over the experts), relative position buckets, "
+                            "eager attention; the encoder as deep as the decoder"),
+    "t5": ("T5Config", dict(vocab_size=VOCAB, d_model=256, d_ff=512, d_kv=64, num_heads=4,
+                            feed_forward_proj="gated-gelu", decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
+           "encoder-decoder (T5 v1.1): gated-GELU MLPs, RMS-style LayerNorms, a relative position bias computed in the "
+           "first block (its own submodule: a layer kind of its own) and passed on; the encoder as deep as the decoder "
+           "(a deeper decoder fails in transformers 5.17)"),
+})
+VLM = {"qwen2_5_vl", "qwen3_vl", "gemma3_vlm", "mllama", "llava"}
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "qwen3_next", "jamba", "glm4_moe",
        "phimoe", "granitemoe", "granitemoehybrid", "deepseek_v2", "ernie4_5_moe", "minimax", "jetmoe", "qwen3_5_moe",
        "dots1", "hunyuan_moe", "lfm2_moe", "afmoe", "kimi_linear", "glm_moe_dsa", "longcat_flash", "mimo_v2_flash",
@@ -420,9 +510,9 @@ GROUPED_EXPERTS = {"granitemoe", "granitemoehybrid", "qwen3_5_moe", "dots1", "lf
 MOE |= {"minimax_m2", "granitemoeshared", "glm4_moe_lite", "exaone_moe"}  # the ninth holdout's
 GROUPED_EXPERTS |= {"granitemoeshared"}
 PLAIN = {"gptfast", "gptfast_moe"}  # plain PyTorch: no config, no transformers model (build_plain)
-NO_ATTENTION = {"mamba2", "falcon_mamba", "xlstm"}  # no attention implementation to choose
+NO_ATTENTION = {"mamba2", "falcon_mamba", "xlstm", "mamba"}  # no attention implementation to choose
 # no SDPA path in transformers 5.17
-EAGER_ATTENTION = {"gpt_oss", "bloom", "gptj", "mpt", "codegen", "xglm", "mimo_v2_flash"}
+EAGER_ATTENTION = {"gpt_oss", "bloom", "gptj", "mpt", "codegen", "xglm", "mimo_v2_flash", "switch_transformers"}
 OTHER_ATTENTION = {"llama_flex": "flex_attention"}  # family variants on another attention implementation
 
 
@@ -2222,10 +2312,13 @@ def build_seq2seq(family: str, layers: int, device: str):
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
 
     cname, kw, _ = FAMILIES[family]
-    config = getattr(transformers, cname)(**dict(kw, decoder_layers=layers))
+    if family in ("t5", "switch_transformers"):  # the T5 line: the encoder as deep as the decoder (see HOLDOUT9)
+        config = getattr(transformers, cname)(**dict(kw, num_layers=layers, num_decoder_layers=layers))
+    else:
+        config = getattr(transformers, cname)(**dict(kw, decoder_layers=layers))
     torch.manual_seed(0)
     auto = AutoModelForSpeechSeq2Seq if family == "whisper" else AutoModelForSeq2SeqLM
-    model = auto.from_config(config, attn_implementation="sdpa")
+    model = auto.from_config(config, attn_implementation="eager" if family in EAGER_ATTENTION else "sdpa")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     return model.to(device=device, dtype=dtype).eval()
 
@@ -2250,13 +2343,18 @@ def loop_seq2seq_generate(ctx: Ctx, spec: Spec) -> None:
         source = f"a {PROMPT}-token prompt"
     start = model.config.decoder_start_token_id
     enc_calls = []
-    handles = [m.register_forward_hook(lambda *a: enc_calls.append(1)) for m in enc.layers]
-    info = block_layer_info(list(dec.layers), lambda: model(**inputs, decoder_input_ids=torch.full(
+    enc_blocks, dec_blocks = (list(getattr(m, "layers", None) or m.block) for m in (enc, dec))  # T5: `block`
+    handles = [m.register_forward_hook(lambda *a: enc_calls.append(1)) for m in enc_blocks]
+    info = block_layer_info(dec_blocks, lambda: model(**inputs, decoder_input_ids=torch.full(
         (spec.batch, 1), start, device=ctx.device)), {"model_class": type(model).__name__})
     for h in handles:
         h.remove()
     info["encoder_layers"] = len(enc_calls)
-    info["config_info"] = {"encoder_layers": model.config.encoder_layers, "decoder_layers": model.config.decoder_layers}
+    cfg = model.config
+    info["config_info"] = {"encoder_layers": getattr(cfg, "encoder_layers", None) or cfg.num_layers,
+                           "decoder_layers": getattr(cfg, "decoder_layers", None) or cfg.num_decoder_layers}
+    if spec.family == "switch_transformers":
+        info["config_info"].update(num_experts=cfg.num_experts, decoder_sparse_step=cfg.decoder_sparse_step)
     log = Seq2SeqLog(model)
     kw = dict(do_sample=False, pad_token_id=model.config.pad_token_id)
     with torch.no_grad():
@@ -2340,6 +2438,273 @@ def loop_offloaded_generate(ctx: Ctx, spec: Spec) -> None:
     print(f"{spec.name}: memcpy {truth['gpu_memcpy_in_trace']}", flush=True)
 
 
+# vision-language models (the tenth holdout) ----------------------------------------------------------------------
+VLM_CLASSES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration",
+               "gemma3_vlm": "Gemma3ForConditionalGeneration", "mllama": "MllamaForConditionalGeneration",
+               "llava": "LlavaForConditionalGeneration"}
+
+
+def vlm_config(family: str, layers: int):
+    import transformers
+
+    cname, kw, _ = FAMILIES[family]
+    text = dict(kw["text"], num_hidden_layers=layers)
+    if family == "mllama":  # a cross-attention layer every 3rd from layer 1 (the released 11B: 3, 8, 13, ..)
+        text["cross_attention_layers"] = [i for i in range(layers) if i % 3 == 1]
+    return getattr(transformers, cname)(text_config=text, vision_config=dict(kw["vision"]), **kw["top"])
+
+
+def build_vlm(family: str, layers: int, device: str):
+    """A VLM from a tiny config (random weights, no downloads): bf16 on CUDA, SDPA in the text and vision stacks."""
+    import transformers
+
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    config = vlm_config(family, layers)
+    torch.manual_seed(0)
+    model = getattr(transformers, VLM_CLASSES[family])._from_config(config, attn_implementation="sdpa")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def vlm_parts(model) -> tuple[list, list]:
+    """(the text decoder's layers, the vision tower's layers: every ModuleList of blocks inside it, in order)."""
+    inner = model.model
+    text = list(inner.language_model.layers)
+    tower = next(getattr(inner, n) for n in ("visual", "vision_tower", "vision_model") if hasattr(inner, n))
+    vision = []
+    for name, m in tower.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "blocks"):
+            vision += list(m)
+    return text, vision
+
+
+def vlm_inputs(model, family: str, batch: int, device: str) -> tuple[torch.Tensor, dict, dict]:
+    """A prompt of text tokens around one random image per row, as the family's processor would lay it out (the
+    image's placeholder tokens in input_ids, the pixel inputs made with torch): (input_ids, the pixel kwargs for the
+    prefill, a description)."""
+    cfg = model.config
+    dtype = next(model.parameters()).dtype
+    torch.manual_seed(2)
+
+    def text(n):
+        return torch.randint(5, 4000, (batch, n), device=device)  # clear of the image ids (4001..4004)
+
+    def row(*ids):
+        return torch.tensor([list(ids)] * batch, device=device)
+
+    if family in ("qwen2_5_vl", "qwen3_vl"):
+        vc = cfg.vision_config
+        t, h, w = 1, 8, 8  # patches: an image of 8 x patch_size pixels a side, one temporal patch
+        pv = torch.randn(batch * t * h * w, 3 * vc.temporal_patch_size * vc.patch_size ** 2, device=device,
+                         dtype=dtype)
+        grid = torch.tensor([[t, h, w]] * batch, device=device)
+        n_img = t * h * w // vc.spatial_merge_size ** 2
+        image = row(cfg.vision_start_token_id, *[cfg.image_token_id] * n_img, cfg.vision_end_token_id)
+        pixel = {"pixel_values": pv, "image_grid_thw": grid}
+        about = {"image_pixels": [h * vc.patch_size, w * vc.patch_size], "vision_patches": t * h * w,
+                 "image_tokens": n_img}
+    elif family == "gemma3_vlm":
+        size = cfg.vision_config.image_size
+        pixel = {"pixel_values": torch.randn(batch, 3, size, size, device=device, dtype=dtype)}
+        n_img = cfg.mm_tokens_per_image
+        image = row(cfg.boi_token_index, *[cfg.image_token_index] * n_img, cfg.eoi_token_index)
+        about = {"image_pixels": [size, size], "vision_patches": (size // cfg.vision_config.patch_size) ** 2,
+                 "image_tokens": n_img}
+    elif family == "llava":
+        vc = cfg.vision_config
+        n_img = (vc.image_size // vc.patch_size) ** 2
+        pixel = {"pixel_values": torch.randn(batch, 3, vc.image_size, vc.image_size, device=device, dtype=dtype)}
+        image = row(*[cfg.image_token_index] * n_img)
+        about = {"image_pixels": [vc.image_size, vc.image_size], "vision_patches": n_img, "image_tokens": n_img}
+    elif family == "mllama":
+        vc = cfg.vision_config
+        tiles = vc.max_num_tiles  # aspect ratio id 2: [1, 2], two tiles side by side
+        pixel = {"pixel_values": torch.randn(batch, 1, tiles, 3, vc.image_size, vc.image_size, device=device,
+                                             dtype=dtype),
+                 "aspect_ratio_ids": torch.full((batch, 1), 2, device=device),
+                 "aspect_ratio_mask": torch.ones(batch, 1, tiles, dtype=torch.long, device=device)}
+        image = row(cfg.image_token_index)
+        n_img = 1
+        about = {"image_pixels": [vc.image_size, tiles * vc.image_size], "tiles": tiles,
+                 "vision_patches": tiles * (vc.image_size // vc.patch_size) ** 2, "image_tokens": 1,
+                 "note": "one <|image|> token; the text attends to the image through the cross-attention layers"}
+    else:
+        raise ValueError(family)
+    ids = torch.cat([text(4), image, text(PROMPT - 4)], dim=1)
+    if family in ("qwen2_5_vl", "qwen3_vl"):  # as the processor returns it: 1 at the image's tokens (M-RoPE positions)
+        pixel["mm_token_type_ids"] = (ids == cfg.image_token_id).int()
+    if family == "gemma3_vlm":  # as the processor returns it: the image's tokens attend to each other both ways
+        pixel["token_type_ids"] = (ids == cfg.image_token_index).long()
+    if family == "mllama":  # every text position may attend to both tiles of the image
+        pixel["cross_attention_mask"] = torch.ones(batch, ids.shape[1], 1, pixel["pixel_values"].shape[2],
+                                                   dtype=torch.long, device=device)
+    about.update(prompt_tokens=int(ids.shape[1]), text_tokens=int(ids.shape[1]) - n_img,
+                 pixel_inputs={k: list(v.shape) for k, v in pixel.items()})
+    return ids, pixel, about
+
+
+class VlmLog(ForwardLog):
+    """ForwardLog of a VLM, with the calls of the text decoder's layers and of the vision tower's layers counted
+    inside each forward (each_forward's text_layer_calls, vision_layer_calls)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        text, vision = vlm_parts(model)
+        for m in text:
+            m.register_forward_hook(lambda *a: self.bump("text_layer_calls"))
+        for m in vision:
+            m.register_forward_hook(lambda *a: self.bump("vision_layer_calls"))
+
+    def bump(self, key: str) -> None:
+        if self.forwards:
+            x = self.forwards[-1].extra
+            x[key] = x.get(key, 0) + 1
+
+
+def vlm_layer_info(model, family: str, ids: torch.Tensor, pixel: dict) -> dict:
+    """layer_info of a VLM: the text decoder's layers (hooks on the language model's decoder layers only) counted in
+    one eager prefill with the image and grouped by their submodules; the vision tower's layers counted apart."""
+    text, vision = vlm_parts(model)
+    vcalls = []
+    handles = [m.register_forward_hook(lambda *a: vcalls.append(1)) for m in vision]
+    cfg = model.config.get_text_config()
+    info = block_layer_info(text, lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids), **pixel),
+                            {"model_class": type(model).__name__, "config_info": {
+                                k: getattr(cfg, k) for k in ("layer_types", "sliding_window", "cross_attention_layers")
+                                if getattr(cfg, k, None) is not None}})
+    for h in handles:
+        h.remove()
+    info["vision_layers"] = len(vcalls)
+    info["vision_tower"] = {"layers": len(vcalls), "layer_modules": len(vision),
+                            "layer_classes": sorted({type(m).__name__ for m in vision})}
+    return info
+
+
+def vlm_truth(t: dict, log: ForwardLog, info: dict, about: dict) -> dict:
+    """The VLM notes of a truth, and the check that the vision tower ran in the first forward only."""
+    t["image"] = about
+    into = ("its features become the cross-attention layers' keys and values (cached for the decodes)"
+            if t["family"] == "mllama" else "its features go into the image positions")
+    t["step_rule"] = (f"the first forward (the prompt with the image) is the prefill: the vision tower "
+                      f"({info['vision_layers']} layers) runs over the image's patches, {into}, then the text "
+                      f"stack ({info['layers']} layers); the decodes run the text stack "
+                      "only. layers and layer_kinds are the text decoder's; the vision tower's depth is "
+                      "vision_layers (each_forward: text_layer_calls, vision_layer_calls)")
+    got = [f.extra.get("vision_layer_calls", 0) for f in log.forwards]
+    assert got[0] == info["vision_layers"] and not any(got[1:]), got
+    assert all(f.extra.get("text_layer_calls") == info["layers"] for f in log.forwards), \
+        [f.extra.get("text_layer_calls") for f in log.forwards]
+    return t
+
+
+def _vlm_generate(ctx: Ctx, spec: Spec, what: str, sample: bool = False, static: bool = False) -> None:
+    """A warm-up generate, then profile() around one generate() with the image's pixel inputs (generate passes them
+    to the first forward only); `static`: over a StaticCache of opts cache_len (default 128), its KV length counted on
+    the host as loop_static_generate does."""
+    model = build_vlm(spec.family, spec.layers, ctx.device)
+    ids, pixel, about = vlm_inputs(model, spec.family, spec.batch, ctx.device)
+    info = vlm_layer_info(model, spec.family, ids, pixel)
+    log = VlmLog(model)
+    cache_len = spec.opts.get("cache_len", 128)
+    extra = dict(cache_implementation="static", max_cache_len=cache_len) if static else {}
+    start = [0]
+    if static:
+        log.cached_override = lambda: sum(f.tokens for f in log.forwards[start[0]:])
+    got = {}
+
+    def run(n):
+        start[0] = len(log.forwards)
+        got["cache"] = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **pixel, **extra,
+                                      return_dict_in_generate=True, **gen_kwargs(n, sample=sample)).past_key_values
+
+    def check():  # after the window: the cache's own length is a device read
+        kv = got.pop("cache")
+        want = sum(f.tokens for f in log.forwards[start[0]:])
+        assert type(kv).__name__ == "StaticCache" and int(kv.get_seq_length()) == want, (type(kv), want)
+        return {"class": type(kv).__name__, "max_length": cache_len, "kv_length_after": want}
+
+    torch.manual_seed(1)
+    with torch.no_grad():
+        run(3)  # warm-up
+    sync(ctx.device)
+    got.pop("cache")
+
+    def capture(n):
+        prof = recorded(ctx, spec, log, lambda: run(n))
+        t = base_truth(spec, info, what.format(n=n, batch=spec.batch, prompt=about["prompt_tokens"],
+                                               cache_len=cache_len),
+                       "profile() around one generate(); a warm-up generate ran before; hooks on the model, on the "
+                       "text decoder's layers and on the vision tower's layers")
+        if static:
+            t["static_cache"] = check()
+        got.pop("cache", None)
+        return prof, log, vlm_truth(t, log, info, about), None
+
+    fit(ctx, spec, capture)
+
+
+def loop_vlm_generate(ctx: Ctx, spec: Spec) -> None:
+    """Greedy generate() of a VLM on a prompt with one image a row: the prefill runs the vision tower and the text
+    stack, then one text-only decode per new token."""
+    _vlm_generate(ctx, spec, "vision-language greedy model.generate(max_new_tokens={n}) at batch {batch}: a prompt "
+                             "of {prompt} tokens holding one image's placeholder tokens, the pixel inputs passed to "
+                             "generate (the prefill runs the vision tower, then the text stack); DynamicCache; no "
+                             "step markers")
+
+
+def loop_vlm_sample(ctx: Ctx, spec: Spec) -> None:
+    """Sampling generate() of a VLM at batch > 1, a different image in each row."""
+    _vlm_generate(ctx, spec, "vision-language sampling model.generate(do_sample, top_k=50, top_p=0.9, "
+                             "temperature=0.8, max_new_tokens={n}) at batch {batch}, a different random image in each "
+                             "row: prompts of {prompt} tokens with the image's placeholder tokens; the prefill runs "
+                             "the vision tower over both images, then the text stack; no step markers", sample=True)
+
+
+def loop_vlm_static_generate(ctx: Ctx, spec: Spec) -> None:
+    """generate(cache_implementation="static") of a VLM, eager (no compile, no CUDA graph): the prefill with the
+    image, then decodes attending over the whole preallocated cache."""
+    _vlm_generate(ctx, spec, "vision-language greedy model.generate(max_new_tokens={n}, cache_implementation="
+                             "'static', max_cache_len={cache_len}) at batch {batch}, eager (disable_compile): a prompt "
+                             "of {prompt} tokens with one image (the prefill runs the vision tower, then the text "
+                             "stack), then decodes over the whole preallocated {cache_len} positions (masked); no step "
+                             "markers", static=True)
+
+
+def loop_vlm_hand(ctx: Ctx, spec: Spec) -> None:
+    """Hand-written VLM loop: model(input_ids=prompt, pixel inputs, past_key_values=DynamicCache) once (the
+    prefill, with the vision tower), then model(input_ids=next token, past_key_values=cache) per decode; argmax on
+    the device, no host sync. (Not for Mllama: its decodes need the cross-attention mask extended by the loop.)"""
+    from transformers import DynamicCache
+
+    model = build_vlm(spec.family, spec.layers, ctx.device)
+    ids0, pixel, about = vlm_inputs(model, spec.family, spec.batch, ctx.device)
+    info = vlm_layer_info(model, spec.family, ids0, pixel)
+    log = VlmLog(model)
+
+    def run(n):
+        cache = DynamicCache(config=model.config.get_text_config())
+        with torch.no_grad():
+            logits = model(input_ids=ids0, **pixel, past_key_values=cache, use_cache=True).logits
+            for _ in range(n - 1):
+                logits = model(input_ids=logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True).logits
+
+    run(3)  # warm-up
+    sync(ctx.device)
+
+    def capture(n):
+        prof = recorded(ctx, spec, log, lambda: run(n))
+        t = base_truth(spec, info, f"hand-written vision-language loop at batch {spec.batch}: model(input_ids=a "
+                                   f"{about['prompt_tokens']}-token prompt with the image's placeholder tokens, "
+                                   "pixel_values, past_key_values=DynamicCache) once (the prefill: the vision tower, "
+                                   f"then the text stack), then {n - 1} decodes model(input_ids=the argmax token, "
+                                   "past_key_values) on the text stack only; no host sync",
+                       "profile() around the loop; a warm-up loop ran before; no markers; hooks on the model, on the "
+                       "text decoder's layers and on the vision tower's layers")
+        return prof, log, vlm_truth(t, log, info, about), None
+
+    fit(ctx, spec, capture)
+
+
 LOOPS = {"eager_generate": loop_eager_generate, "sample_padded": loop_sample_padded,
          "compiled_generate": loop_compiled_generate, "compiled_hand": loop_compiled_hand,
          "cudagraph": loop_cudagraph, "hand": loop_hand, "deep_nomarkers": loop_deep,
@@ -2354,6 +2719,8 @@ LOOPS = {"eager_generate": loop_eager_generate, "sample_padded": loop_sample_pad
 LOOPS.update({"plain_hand": loop_plain_hand, "plain_reduce_overhead": loop_plain_reduce_overhead,
               "plain_train": loop_plain_train, "seq2seq_generate": loop_seq2seq_generate,
               "sample_multi": loop_sample_multi, "offloaded_generate": loop_offloaded_generate})
+LOOPS.update({"vlm_generate": loop_vlm_generate, "vlm_sample": loop_vlm_sample,
+              "vlm_static_generate": loop_vlm_static_generate, "vlm_hand": loop_vlm_hand})
 
 
 def S(name, family, loop, **kw) -> Spec:
@@ -2667,6 +3034,39 @@ HOLDOUT9 = [
     S("bitnet6_midstep", "bitnet", "midstep", layers=6, batch=2, steps=[5, 4]),
     S("exaone_moe8_hand_item", "exaone_moe", "hand", layers=8, rs=False, steps=[8, 6], opts={"item": True}),
 ]
+# A tenth holdout (`--holdout10`): kinds no set had. Vision-language generation: the prefill runs a vision tower over
+# an image's patches (a windowed ViT with a patch merger, Qwen2.5-VL; a SigLIP tower pooled to 16 soft tokens, Gemma 3;
+# a CLIP ViT with an MLP projector, LLaVA; a tiled encoder whose features the text reads through cross-attention
+# layers, Llama 3.2 Vision; DeepStack features added into the first text layers, Qwen3-VL), then the text stack; the
+# decodes run the text stack only. They come in greedy generate, sampling at batch 2 (an image a row), a hand loop
+# (pixel_values in the prefill's call only) and generate over a static cache; `layers` is the text decoder's depth,
+# `vision_layers` the tower's. Encoder-decoders of the T5 line (T5 v1.1; Switch Transformers, whose every 2nd block
+# is a top-1 MoE), with the encoder as deep as the decoder. And decoder-only families no set had, in loops they were
+# never paired with: Apertus's xIELU MLP in CUDA graph replays, nanochat's ReLU² MLP under torch.compile,
+# VaultGemma with a ProfilerStep per forward, Helium with the window opening and closing mid-forward, Mamba-1 sampling
+# with num_return_sequences, Code World Model's 1 full : 3 sliding layers over a static cache, and Ministral 3's
+# position-scaled queries in beam search. Left out: Youtu (its generate fails with a shape error on a tiny config in
+# transformers 5.17); Chameleon (no AutoModelForCausalLM mapping in 5.17, and its image path needs a VQ-VAE tokenizer
+# and a vocabulary map built by hand), SmolVLM / Idefics3 (image splitting is its processor's work; one more CLIP-like
+# tower adds little to LLaVA's), RWKV and BLT (a custom WKV kernel; a byte patcher model): not tried. Mllama is not
+# in the hand loop (its decodes need the cross-attention mask extended by the loop). Every family / loop pair is new.
+HOLDOUT10 = [
+    S("qwen2_5_vl6_vlm_generate", "qwen2_5_vl", "vlm_generate", layers=6, steps=[10, 8, 6], cost=8),
+    S("gemma3_vlm6_vlm_sample", "gemma3_vlm", "vlm_sample", layers=6, batch=2, rs=False, steps=[10, 8, 6], cost=8),
+    S("llava6_vlm_hand", "llava", "vlm_hand", layers=6, steps=[10, 8], cost=6),
+    S("mllama6_vlm_generate", "mllama", "vlm_generate", layers=6, batch=2, rs=False, steps=[8, 6, 5], cost=8),
+    S("qwen3_vl6_vlm_static_generate", "qwen3_vl", "vlm_static_generate", layers=6, steps=[10, 8, 6], cost=8),
+    S("switch_transformers4_seq2seq_generate", "switch_transformers", "seq2seq_generate", layers=4, batch=2,
+      steps=[10, 8, 6]),
+    S("t5_6_seq2seq_generate", "t5", "seq2seq_generate", layers=6, rs=False, steps=[12, 10, 8]),
+    S("apertus6_cudagraph", "apertus", "cudagraph", layers=6, batch=2, rs=False, steps=[10, 8]),
+    S("nanochat8_compiled_generate", "nanochat", "compiled_generate", layers=8, steps=[10, 8], cost=COMPILE_COST),
+    S("vaultgemma6_profstep_hand", "vaultgemma", "profstep_hand", layers=6, batch=2, steps=[6, 5]),
+    S("helium6_midstep", "helium", "midstep", layers=6, rs=False, steps=[5, 4]),
+    S("mamba6_sample_multi", "mamba", "sample_multi", layers=6, rs=False, steps=[8, 6], cost=8),
+    S("cwm8_static_generate", "cwm", "static_generate", layers=8, steps=[10, 8, 6]),
+    S("ministral3_6_beam", "ministral3", "beam_generate", layers=6, rs=False, steps=[8, 6, 5]),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
@@ -2797,7 +3197,7 @@ def cut_all(src_dir: str, out_dir: str, keeps: tuple[int, ...] = (3, 0)) -> int:
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9}
+               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -2829,7 +3229,7 @@ def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9}
+               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -2906,7 +3306,7 @@ def table_rows(folder: str) -> str:
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9}
+               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -2936,6 +3336,7 @@ def main() -> None:
     parser.add_argument("--holdout7", action="store_true", help="make the HOLDOUT7 traces instead (no cuts)")
     parser.add_argument("--holdout8", action="store_true", help="make the HOLDOUT8 traces instead (no cuts)")
     parser.add_argument("--holdout9", action="store_true", help="make the HOLDOUT9 traces instead (no cuts)")
+    parser.add_argument("--holdout10", action="store_true", help="make the HOLDOUT10 traces instead (no cuts)")
     parser.add_argument("--cuts-of", metavar="DIR", help="instead, cut every trace of DIR (with its truth) two ways "
                         "into OUT_DIR: after 3 whole forwards (where it has 5) and with almost no kernels")
     parser.add_argument("--cut-keep", default="3,0", help="with --cuts-of: the whole forwards each cut keeps, comma "
@@ -2956,13 +3357,14 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     if args.cuts_of:
         sys.exit(cut_all(args.cuts_of, args.out_dir, tuple(int(k) for k in args.cut_keep.split(","))))
-    chosen = (HOLDOUT9 if args.holdout9 else HOLDOUT8 if args.holdout8 else HOLDOUT7 if args.holdout7
+    chosen = (HOLDOUT10 if args.holdout10 else HOLDOUT9 if args.holdout9 else HOLDOUT8 if args.holdout8
+              else HOLDOUT7 if args.holdout7
               else HOLDOUT6 if args.holdout6 else HOLDOUT5 if args.holdout5 else HOLDOUT4 if args.holdout4
               else HOLDOUT3 if args.holdout3
               else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)
     names = args.only or [s.name for s in chosen]
     unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-                            + HOLDOUT7 + HOLDOUT8 + HOLDOUT9}
+                            + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
