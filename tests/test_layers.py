@@ -1187,6 +1187,119 @@ def test_glue_that_runs_once_more_before_the_layers_adds_no_layer():
         assert _kinds(found) == doc["truth"]["layer_kinds"] == [4]
 
 
+# Eager layers as transformers runs them at decode (RMSNorm in float32, one GEMM tile for every projection), to read
+# stacks whose layers differ: a dense first layer before groups of sliding / full-attention MoE layers, and layers that
+# route twice on the same router kernels (over attention heads, then over experts).
+_GEMM = "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"
+_EXPERT_GEMM = "nvjet_sm90_tst_16x64_64x16_4x1_h_bz_TNT"
+_MUL = "void at::native::elementwise_kernel<MulFunctor nocast>"
+_ROPE = ["void at::native::BinaryFunctor<mul>", "void at::native::neg_kernel", "void at::native::CatArrayBatchedCopy",
+         "void at::native::BinaryFunctor<mul>", ADD]
+_EMBED = ["void at::native::indexSelectSmallIndex", "void at::native::arange_kernel", "void at::native::cos_kernel",
+          "void at::native::sin_kernel"]
+
+
+def _fp32_norm() -> list[str]:
+    return ["void at::native::direct_copy_kernel_cuda", "void at::native::pow_tensor_scalar_kernel",
+            "void at::native::mean_kernel_cuda", "void at::native::CUDAFunctorOnSelf_add<float>",
+            "void at::native::rsqrt_kernel_cuda", "void at::native::mul_kernel<float>",
+            "void at::native::bfloat16_copy_kernel_cuda", "void at::native::BinaryFunctor<bf16, MulFunctor>"]
+
+
+def _windowed_attention(full: bool) -> list[str]:
+    kernel = "void pytorch_flash::flash_fwd_kernel" if full else "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"
+    return (_fp32_norm() + [_GEMM] * 3 + _ROPE + _ROPE + ["void at::native::CatArrayBatchedCopy_vectorized"] * 2
+            + [kernel, _GEMM, ADD])
+
+
+def _gated_mlp() -> list[str]:
+    return _fp32_norm() + [_GEMM, SILU, _GEMM, _MUL, _GEMM, ADD]
+
+
+def _fp32_shared_expert_moe(experts: int) -> list[str]:
+    out = _fp32_norm() + [_GEMM, "void at::native::softmax_warp_forward<float>", "void at::native::sbtopk::gatherTopK",
+                          "void at::native::scatter_gather_elementwise_kernel",
+                          "void at::native::index_elementwise_kernel<128, 4>"]
+    for _ in range(experts):
+        out += ["void at::native::nonzero_kernel", "void at::native::index_elementwise_kernel<128, 4>", _EXPERT_GEMM,
+                SILU, _EXPERT_GEMM, _MUL, _EXPERT_GEMM, "void at::native::indexFuncLargeIndex<c10::BFloat16>"]
+    return out + [_GEMM, SILU, _GEMM, _MUL, _GEMM, ADD, ADD]  # the shared expert, the combine
+
+
+def _read_each(forwards: list[list[str]]) -> list:
+    """Each forward's layers, told the names that run alike in every forward."""
+    names = sorted({n for f in forwards for n in f})
+    mapping, canonical = name_classes(names)
+    index = {n: int(mapping[i]) for i, n in enumerate(names)}
+    seqs = [np.array([index[n] for n in f]) for f in forwards]
+    stable = data_independent(seqs)
+    return [count_layers(s, canonical, stable) for s in seqs]
+
+
+def _starts(prologue: list[str], layers: list[list[str]]) -> tuple[int, ...]:
+    return tuple(len(prologue) + sum(len(x) for x in layers[:i]) for i in range(len(layers)))
+
+
+@pytest.mark.parametrize("embedding_norm", [False, True])
+def test_a_dense_first_layer_before_sliding_and_full_moe_groups_begins_at_its_input_norm(embedding_norm):
+    # 8 layers: a dense first layer, then MoE ones; every 4th attends fully on another kernel. The full-attention
+    # kernel counts groups of 4 layers, aligned by the add that ends the layer before, which layer 0 lacks: it began
+    # at layer 1. With an embedding norm on the same kernels before it (BLOOM's), layer 0 still begins at its own norm.
+    prologue = _EMBED + (_fp32_norm() if embedding_norm else [])
+    forwards, truths = [], []
+    for seed in (1, 2, 3):
+        rnd = random.Random(seed)
+        layers = [_windowed_attention(full=i % 4 == 3)
+                  + (_gated_mlp() if i == 0 else _fp32_shared_expert_moe(rnd.randint(2, 6))) for i in range(8)]
+        forwards.append(prologue + [k for layer in layers for k in layer] + _fp32_norm() + TAIL[2:])
+        truths.append(_starts(prologue, layers))
+    for found, starts in zip(_read_each(forwards), truths, strict=True):
+        assert found.count == 8
+        assert found.starts == starts
+        groups = {}
+        for layer, kind in enumerate(found.kind_of):
+            groups.setdefault(kind, []).append(layer)
+        assert sorted(groups.values()) == [[0], [1, 2, 4, 5, 6], [3, 7]]
+
+
+_ROUTER = ["void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x1_tn_align8>",
+           "void at::native::direct_copy_kernel_cuda", "void at::native::sbtopk::gatherTopK<float>",
+           "void at::native::bitonicSortKVInPlace<2, -1, 16, 16, float>", "void at::native::radixSortKVInPlace",
+           "void at::native::FillFunctor<c10::BFloat16>", "void at::native::reduce_kernel<long sum>", "Memcpy DtoH",
+           "void at::native::index_kernel<OpaqueType<2>>", "void at::native::vectorized_gather_kernel<16, long>"]
+_COMBINE = ["void at::native::BinaryFunctor<bf16, MulFunctor>", "void at::native::indexFuncSmallIndex<bf16>", ADD]
+
+
+def _routed(experts: int) -> list[str]:  # one GEMM per expert that got tokens, then their sum
+    return [_GEMM] * experts + ["void at::native::sum_kernel<bf16>"]
+
+
+def _routed_heads_layer(rnd: random.Random, dense: bool) -> list[str]:
+    attention = (_fp32_norm() + _ROUTER + _routed(rnd.randint(1, 2)) + _ROPE
+                 + ["fmha_cutlassF_bf16_aligned_64x64_rf_sm80"] + _routed(rnd.randint(1, 2)) + _COMBINE)
+    if dense:
+        return attention + _gated_mlp()
+    return attention + _fp32_norm() + _ROUTER + _routed(rnd.randint(1, 2)) + [SILU, _MUL] + _routed(
+        rnd.randint(1, 2)) + _COMBINE
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("dense_every_other", [False, True])
+def test_layers_that_route_twice_on_one_router_begin_at_their_own_norm(seed, dense_every_other):
+    # JetMoE's layers route over attention heads as they begin and over experts after the attention, on the same
+    # router kernels; two decodes leave the expert launches' counts looking alike. A layer's start sought where its
+    # head begins like layer 0's must lie past the router the layer before runs in its tail, and a dense layer's tail
+    # (every other layer here) runs none: the next layer's own router is not its.
+    rnd = random.Random(seed)
+    forwards, truths = [], []
+    for _ in range(2):
+        layers = [_routed_heads_layer(rnd, dense_every_other and i % 2 == 1) for i in range(4)]
+        forwards.append(_EMBED + [k for layer in layers for k in layer] + _fp32_norm() + TAIL[2:])
+        truths.append(_starts(_EMBED, layers))
+    for found, starts in zip(_read_each(forwards), truths, strict=True):
+        assert found.count == 4
+        assert found.starts == starts
+
 def _kernel_sequences(name: str) -> tuple[dict, list[np.ndarray]]:
     """A real trace's kernel sequences with their generator's truth (tests/fixtures/kernel_sequences), and its
     forwards as arrays."""

@@ -759,11 +759,20 @@ def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.nda
     if len(norm) < 2:
         return found
     lo, hi = np.searchsorted(at, [starts[0], found.end])
-    begins = at[lo + _runs_of(norm, seq[lo:hi])]  # where each block begins
-    begins = np.concatenate((_blocks_before(norm, at, seq, lo, begins, gemm_at), begins))
-    if len(begins) <= found.count or not isin(starts, begins).all():
+    norm_runs = lo + _runs_of(norm, seq[lo:hi])
+    begins = at[norm_runs]  # where each block begins
+    if not len(begins) or not isin(starts, begins).all():
         return found
-    bounds = np.append(begins, found.end)
+    end = int(found.end)
+    before = _blocks_before(norm, at, seq, lo, begins, gemm_at)
+    if len(before):  # the norm as read began with the residual add that ends the block before: each begins past it
+        begins = at[np.concatenate((before, norm_runs + 1))]
+        final = int(np.searchsorted(at, end))
+        if final + len(norm) <= len(seq) and at[final] == end and np.array_equal(seq[final:final + len(norm)], norm):
+            end = int(at[final + 1])  # the final norm's run too: the last layer's add is its own
+    if len(begins) <= found.count:
+        return found
+    bounds = np.append(begins, end)
     projections = np.bincount(np.searchsorted(bounds, gemm_at, side="right"), minlength=len(bounds) + 1)
     if projections[1:len(bounds)].min() < 2:
         # Each block reads the residual stream through a projection and writes it back through another: a norm
@@ -793,7 +802,7 @@ def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.nda
                 return found
         else:
             return found
-    ends = np.append(begins[1:], found.end)
+    ends = np.append(begins[1:], end)
     kinds, kind_of = layer_kinds(ids, begins, ends, positions, names, whole_last=True, alike=set(untelling))
     evidence = (f"{len(begins)} layers of residual blocks, each begun by the input norm's {len(norm)} kernels and "
                 f"projecting in and out: " + ("a mixer's block, then its MLP's" if colour is not None else
@@ -802,28 +811,30 @@ def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.nda
         evidence += "; " + describe_kinds(kinds)
     period = float(begins[-1] - begins[0]) / (len(begins) - 1)
     return Layers(len(begins), evidence, period, int(begins[0]), found.last, kinds, tuple(int(b) for b in begins),
-                  tuple(kind_of) if len(kinds) > 1 else (), found.backers, int(found.end),
+                  tuple(kind_of) if len(kinds) > 1 else (), found.backers, end,
                   found.backer_runs or found.count)
 
 
 def _blocks_before(norm: np.ndarray, at: np.ndarray, seq: np.ndarray, lo: int, begins: np.ndarray,
                    gemm_at: np.ndarray) -> np.ndarray:
-    """Where the blocks of a first layer read as glue begin, before the first layer (`lo`: its index among the
-    per-layer runs `at`, `seq`). Layers aligned by the kernels they run alike may begin with the residual add that
-    ends the layer before (the norm's first kernel), which the first layer, after the embedding, lacks: a first layer
-    of its own kind (dense before a repeating group of MoE layers) is then read as glue. Its blocks begin at the first
-    run of the norm without its first kernel, where that kernel does not run just before it (glue running the whole
-    norm, a vision tower's, is no layer of these), and at the norm's runs after it, where each of them projects in and
-    out up to the first layer; none otherwise."""
+    """Where the blocks of a first layer read as glue begin (indices among the per-layer runs `at`, `seq`, past the
+    norm's first kernel), before the first layer (`lo`: its index). Layers aligned by the kernels they run alike may
+    begin with the residual add that ends the layer before (the norm's first kernel), which the first layer, after
+    the embedding, lacks: a first layer of its own kind (dense before a repeating group of MoE layers) is then read
+    as glue. Its blocks begin at the last run of the norm without its first kernel where that kernel does not run just
+    before it (an embedding norm on the same kernels runs earlier; glue running the whole norm, a vision tower's, is
+    no layer of these), and at the norm's runs after it, where each of them projects in and out up to the first
+    layer; none otherwise. Every block then begins past the add (_residual_blocks)."""
     none = np.empty(0, dtype=np.int64)
     if lo == 0 or len(norm) < 3 or not len(begins):
         return none
-    first = _runs_of(norm[1:], seq[:lo])
-    if not len(first) or (first[0] > 0 and seq[first[0] - 1] == norm[0]):
+    first = [r for r in _runs_of(norm[1:], seq[:lo]).tolist() if r == 0 or seq[r - 1] != norm[0]]
+    if not first:
         return none
-    later = _runs_of(norm, seq[first[0]:lo]) + first[0]
-    extra = at[np.concatenate((first[:1], later[later > first[0]]))]
-    bounds = np.append(extra, begins[0])
+    begin = first[-1]  # the last: an embedding norm on the same kernels runs before it
+    later = _runs_of(norm, seq[begin:lo]) + begin
+    extra = np.concatenate(([begin], later[later > begin] + 1))  # each past the add before it
+    bounds = np.append(at[extra], begins[0])
     projections = np.bincount(np.searchsorted(bounds, gemm_at, side="right"), minlength=len(bounds) + 1)
     return extra if projections[1:len(bounds)].min() >= 2 else none
 
@@ -940,7 +951,7 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
             split = max((len(t) for t in tails if len(t) < split and np.array_equal(b[:len(t)], t)
                          and len(_runs_of(norm, b[len(t):split]))), default=split)
         else:  # another kind of head: the previous layer ends where a known tail does
-            least = _tail_runs(blocks, b, tails)
+            least = _tail_runs(blocks, b, tails, lead[len(lead) - head:], gemm)
             split = max((len(t) for t in tails if least <= len(t) < len(b) and np.array_equal(b[:len(t)], t)),
                         default=0)
             split = split or _seam(b, lead[len(lead) - head:], tails, least)
@@ -950,16 +961,19 @@ def _aligned(blocks: _Blocks, ids: np.ndarray, positions: dict[int, np.ndarray],
     return out
 
 
-def _tail_runs(blocks: _Blocks, block: np.ndarray, tails: list[np.ndarray]) -> int:
+def _tail_runs(blocks: _Blocks, block: np.ndarray, tails: list[np.ndarray], head: np.ndarray, gemm: set[int]) -> int:
     """How far into `block` (a cut's block over the per-layer names) the layer before at least runs: a name run a
     fixed number of times a layer that runs equally often in every known tail (`tails`) runs that often in this one
-    (an MoE's router after the attention cut, alike to the router over attention heads that begins the next layer)."""
+    (an MoE's router after the attention cut, alike to the router over attention heads that begins the next layer),
+    where the block runs it as often as such a tail and layer 0's `head` together (a dense layer's tail, of another
+    kind, runs no router: the next layer's own router is not its); GEMM tiles aside (a dense MLP's and the experts'
+    may be one)."""
     least = 1
     for n, (k, m, _, _) in blocks.periodic.items():
         ran = {int(np.count_nonzero(t == n)) for t in tails}
-        if k and m == blocks.count and len(ran) == 1 and (times := ran.pop()):
+        if k and m == blocks.count and n not in gemm and len(ran) == 1 and (times := ran.pop()):
             runs = np.flatnonzero(block == n)
-            if len(runs) >= times:
+            if len(runs) >= times + int(np.count_nonzero(head == n)):
                 least = max(least, int(runs[times - 1]) + 1)
     return least
 
