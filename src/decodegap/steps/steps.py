@@ -22,6 +22,7 @@ import numpy as np
 
 from decodegap.steps import anchors as forward_anchors
 from decodegap.steps.anchors import FAMILIES, lost_launches
+from decodegap.steps.across_forwards import data_independent
 from decodegap.steps.drafts import draft_forwards
 from decodegap.steps.layers import count_layers
 from decodegap.steps.phase import (
@@ -49,6 +50,7 @@ from decodegap.steps.repetition import (
     smallest_period,
 )
 from decodegap.errors import UserError
+from decodegap.ops.categories import categorize
 from decodegap.steps.marks import FAMILY_ORDER, StepMark, step_marks
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace, unique
@@ -56,6 +58,7 @@ from decodegap.trace.tables import Trace, unique
 PHASES = ("decode", "prefill", "mixed", "training")
 SAME_MIX = 0.8  # kernel-mix overlap above which a step counts as the same kind as the typical one
 PARTIAL = 0.9  # an edge step with fewer than this share of the typical step's activities is cut off
+DECODER_FORWARDS = 8  # a decoder's first forwards compared for the encoder's cross-attention projections
 
 # Stable ids of the evidence (docs/report-schema.md lists them).
 SOURCES = ("profiler_step", "profiler_step_gpu", "profiler_step_cpu_only", "sglang_step", "vllm_execute",
@@ -672,12 +675,16 @@ def _encoders_joined(pieces: list[_Piece], outputs: list[bool] | None, trace: Tr
     prompt's processing, up to the first token), as one step. Op shapes must say so: the encoder attends over its
     own tokens, no cache, and the decoder's forward is one token a sequence that does not continue the first's cache
     (a decoder-only prefill run without its output head is followed by its first decode, over the prompt's keys; a
-    chunked prefill's first chunk, with no output either, by a chunk of many tokens). Without shapes, the launches
-    must read the first as a prefill and the second as the decodes are launched, and the two must be stacks of
-    different depths (a model's prefill and its decode read as many layers). `outputs`: _outputs of the pieces."""
+    chunked prefill's first chunk, with no output either, by a chunk of many tokens). Without shapes, the decoder's
+    first forward projects the encoder's output to every layer's cross-attention keys and values, once: it runs a
+    multiple of its layers' count more matrix products than its next forward, which runs as many as the one after it
+    (_projects_encoder_once); or the launches read the first as a prefill and the second as the decodes are launched,
+    and the two are stacks of different depths (a model's prefill and its decode read as many layers). `outputs`:
+    _outputs of the pieces."""
     if outputs is None or not any(outputs):
         return pieces
     launched: list | None = None
+    canonical = name_classes(trace.names)[1]
 
     def encoder_then_decoder(i: int) -> bool:
         nonlocal launched
@@ -685,13 +692,14 @@ def _encoders_joined(pieces: list[_Piece], outputs: list[bool] | None, trace: Tr
         if t.query_len and u.query_len:
             return bool(t.query_len > 1 and t.kv_len == t.query_len and u.query_len == 1
                         and u.kv_len != t.query_len + u.query_len)
+        if _projects_encoder_once(pieces[i + 1:i + 1 + DECODER_FORWARDS], names, canonical):
+            return True
         if launched is None:
             lengths = [len(p.rows) for p in pieces]
             launched = phases_from_launches(trace, [p.rows for p in pieces], names,
                                             int(np.argsort(lengths)[len(lengths) // 2])) or []
         if not launched or launched[i] != "prefill" or launched[i + 1] != "decode":
             return False
-        canonical = name_classes(trace.names)[1]
         depths = [count_layers(names[pieces[k].rows], canonical).count for k in (i, i + 1)]
         return None not in depths and depths[0] != depths[1]
 
@@ -709,6 +717,24 @@ def _encoders_joined(pieces: list[_Piece], outputs: list[bool] | None, trace: Tr
         joined.append(p)
         i += 1
     return joined
+
+
+def _projects_encoder_once(decoder: list[_Piece], names: np.ndarray, canonical: list[str]) -> bool:
+    """Whether the first of a decoder's first forwards (`decoder`, three at least; `names`: the name class of each
+    GPU activity) runs more matrix products than the second, a whole number more per layer of the others (the cross-
+    attention keys and values of the encoder's output, projected once and cached), and the third and most of the
+    others as many as the second (no data-dependent launches, an eager MoE's experts, explain the difference; the
+    last may be cut short). The others' layers are read from the names they run alike (two may route their tokens
+    alike by chance)."""
+    if len(decoder) < 3:
+        return False
+    gemms = [sum(categorize(canonical[n]) == "gemm" for n in names[p.rows].tolist()) for p in decoder]
+    extra = gemms[0] - gemms[1]
+    if extra <= 0 or gemms[2] != gemms[1] or 2 * gemms[1:].count(gemms[1]) < len(gemms) - 1:
+        return False
+    alike = [names[p.rows] for p, g in zip(decoder[1:], gemms[1:], strict=True) if g == gemms[1]]
+    depth = count_layers(alike[0], canonical, data_independent(alike)).count
+    return bool(depth) and extra % depth == 0
 
 
 def _oriented(by_launch: list[str | None], evidence: list[str | None], pieces: list[_Piece]) -> list[str | None]:
