@@ -226,16 +226,21 @@ def _before_final_norm(blocks: _Blocks, positions: dict[int, np.ndarray], length
     norm (one norm per layer: parallel attention + MLP, Cohere) run once more at the final norm, so their count is one
     more than the layers and its last block holds the final norm and the output head: what runs from it to the
     forward's end is short (under half a typical block) and runs no MLP activation, where every block before it runs
-    one (every layer has its MLP or experts), and no MLP activation runs before the first cut (cuts late in each
-    layer leave layer 0's MLP before it)."""
+    one (every layer has its MLP or experts) or every other one does (a norm before each mixer and each MLP, 2L + 1
+    runs, cuts halves of layers, which _residual_blocks pairs), and no MLP activation runs before the first cut (cuts
+    late in each layer leave layer 0's MLP before it)."""
     if blocks.count < 3 or not len(act_at) or act_at.max() >= blocks.cuts[-1]:
         return blocks
     if act_at.min() < blocks.cuts[0]:
         return blocks  # the cuts fall late in the layers (layer 0's MLP runs before the first): not at their norm
     if length - blocks.cuts[-1] >= 0.5 * np.median(np.diff(blocks.cuts)):
         return blocks
-    held = np.searchsorted(blocks.cuts, act_at, side="right") - 1
-    if len(unique(held[held >= 0])) != blocks.count - 1:
+    held = unique(np.searchsorted(blocks.cuts, act_at, side="right") - 1)
+    held = held[held >= 0]
+    # Every block before the last runs one, or every other block does (a norm before each mixer and each MLP cuts
+    # halves of layers: _residual_blocks pairs them)
+    halves = blocks.count % 2 == 1 and len(held) == (blocks.count - 1) // 2 and bool(np.all(np.diff(held) == 2))
+    if len(held) != blocks.count - 1 and not halves:
         return blocks
     return _blocks_at(blocks.cuts[:-1], blocks.backers, positions, length, gemm, gemm_at)
 
