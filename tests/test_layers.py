@@ -1262,28 +1262,45 @@ def test_a_dense_first_layer_before_sliding_and_full_moe_groups_begins_at_its_in
         assert sorted(groups.values()) == [[0], [1, 2, 4, 5, 6], [3, 7]]
 
 
+@pytest.mark.parametrize("dense", [1, 2])
 @pytest.mark.parametrize("groups", [2, 3])
-def test_a_dense_first_layer_before_whole_groups_counts_its_layers_not_their_halves(groups):
-    # A dense first layer, then groups of four MoE layers whose last attends fully. The norm's kernels run before
+def test_dense_first_layers_before_whole_groups_count_their_layers_not_their_halves(dense, groups):
+    # Dense first layers, then groups of four MoE layers whose last attends fully. The norm's kernels run before
     # every mixer and every MLP and once more at the final norm (2L + 1 times): the halves of layers that cuts there
-    # make, every other one running an MLP activation, were read as 2L + 1 layers with two groups, where no name
-    # counts every layer. Read before the final norm they are halves, paired into layers.
+    # make, every other one running an MLP activation, were read as 2L + 1 layers with two groups; they stand only
+    # where no other count is a partition (the mixers count the layers here). With two dense layers the MoE layers
+    # were read alone: the blocks before them are layers too, paired like theirs.
     forwards, truths = [], []
     for seed in (1, 2, 3):
         rnd = random.Random(seed)
-        layers = [_windowed_attention(full=False) + _gated_mlp()]
+        layers = [_windowed_attention(full=False) + _gated_mlp() for _ in range(dense)]
         layers += [_windowed_attention(full=i % 4 == 3) + _fp32_shared_expert_moe(rnd.randint(2, 6))
                    for i in range(4 * groups)]
         forwards.append(_EMBED + [k for layer in layers for k in layer] + _fp32_norm() + TAIL[2:])
         truths.append(_starts(_EMBED, layers))
     for found, starts in zip(_read_each(forwards), truths, strict=True):
-        assert found.count == 1 + 4 * groups
+        assert found.count == dense + 4 * groups
         assert found.starts == starts
         groups_read = {}
         for layer, kind in enumerate(found.kind_of):
             groups_read.setdefault(kind, []).append(layer)
-        assert sorted(groups_read.values()) == sorted(
-            [[0], [i for i in range(1, 1 + 4 * groups) if i % 4], list(range(4, 1 + 4 * groups, 4))])
+        moe = range(dense, dense + 4 * groups)
+        assert sorted(groups_read.values()) == sorted([list(range(dense)), [i for i in moe if (i - dense) % 4 != 3],
+                                                       [i for i in moe if (i - dense) % 4 == 3]])
+
+
+def test_halves_of_layers_stand_where_no_other_count_partitions():
+    # A dense first layer that attends fully, then five sliding-window MoE layers: no name but the norm's counts every
+    # layer, so the halves it cuts (2L + 1 runs) are the reading, paired into layers.
+    forwards, truths = [], []
+    for seed in (1, 2, 3):
+        rnd = random.Random(seed)
+        layers = [_windowed_attention(full=True) + _gated_mlp()]
+        layers += [_windowed_attention(full=False) + _fp32_shared_expert_moe(rnd.randint(2, 6)) for _ in range(5)]
+        forwards.append(_EMBED + [k for layer in layers for k in layer] + _fp32_norm() + TAIL[2:])
+        truths.append(_starts(_EMBED, layers))
+    for found, starts in zip(_read_each(forwards), truths, strict=True):
+        assert (found.count, found.starts, _kinds(found)) == (6, starts, [1, 5])
 
 _ROUTER = ["void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x1_tn_align8>",
            "void at::native::direct_copy_kernel_cuda", "void at::native::sbtopk::gatherTopK<float>",

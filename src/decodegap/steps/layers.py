@@ -25,19 +25,19 @@ So layers are read from counts, not from a repeating sequence:
   names that interleaves on a count proposes a partition (a rotary pair, twice in each attention layer of a conv /
   attention stack, cuts none; a mask copied once before the layers and once per MoE layer cuts a poor one): the
   valid one of the largest sets, and of those the one whose blocks run the most work in common, stands for it;
-- the layers are the partition whose blocks run the most non-GEMM work in common (a norm that runs 2L+1 times does
-  not make half-layers, an eager MoE's expert groups do not make layers); a block of k layers of a few kinds (a
-  hybrid stack's group, alternating attention) is k layers when most of the finer blocks' work runs in every one of
-  them (two names that take turns at one place in the blocks, sliding and full attention, count as run in every
-  one; so do two groups of names, the two mixers' kernels, where every block runs one or the other at one place:
-  conv and attention layers, attention every third), most of them run work of their own besides or they are alike
-  but for the coarser count's own kernel (a mask
-  Inductor fuses into every 4th layer: _alike), and each runs an MLP activation (every layer has its MLP or
-  experts, an attention half has none; where the names tell no activation, neighbouring blocks run alike; where
-  the activation is what counts the finer blocks, each runs one for being cut there, and neighbouring blocks run
-  at least partly alike, sharing their norms and MLP (Gemma 4's per-layer input gate runs the MLP's GeLU again: a
-  short part of each layer cut there shares little with the rest); the last block runs to the forward's end, since
-  a last layer of another kind, MoE after dense, runs longer than a typical block);
+- the layers are the partition whose blocks run the most non-GEMM work in common (a norm that runs 2L+1 times does not
+  make half-layers: they stand only where no other count partitions, _halves; an eager MoE's expert groups do not make
+  layers); a block of k layers of a few kinds (a hybrid stack's group, alternating attention) is k layers when most of
+  the finer blocks' work runs in every one of them (two names that take turns at one place in the blocks, sliding and
+  full attention, count as run in every one; so do two groups of names, the two mixers' kernels, where every block
+  runs one or the other at one place: conv and attention layers, attention every third), most of them run work of
+  their own besides or they are alike but for the coarser count's own kernel (a mask Inductor fuses into every 4th
+  layer: _alike), and each runs an MLP activation (every layer has its MLP or experts, an attention half has none;
+  where the names tell no activation, neighbouring blocks run alike; where the activation is what counts the finer
+  blocks, each runs one for being cut there, and neighbouring blocks run at least partly alike, sharing their norms
+  and MLP (Gemma 4's per-layer input gate runs the MLP's GeLU again: a short part of each layer cut there shares
+  little with the rest); the last block runs to the forward's end, since a last layer of another kind, MoE after
+  dense, runs longer than a typical block);
 - a hybrid stack's layers each run one mixer of two kinds (Mamba layers with attention layers among them): the
   names that run in some blocks of a partition and nowhere else split those blocks at each run where each part runs
   an MLP activation and a matrix product, and add a block where they run before the first block or after the last
@@ -179,6 +179,9 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # themselves (they tell where each begins better than the norm's kernels and what runs before the first).
     direct = {b.count for b in candidates if len(positions[b.backers[0]]) == b.count}
     candidates = [b for b in candidates if len(positions[b.backers[0]]) == b.count or b.count not in direct]
+    # Halves of layers (a norm before every mixer and every MLP, and the final norm) stand only where no other count
+    # is a partition (a dense first layer before groups of sliding / full MoE layers: the mixers count them).
+    candidates = [b for b in candidates if not _halves(b, len(ids), act_at)] or candidates
     if not candidates:
         return NO_LAYERS
     # Every valid one, and those that leave a layer out (a lone attention layer after the last Mamba one): a hybrid's
@@ -226,23 +229,30 @@ def _before_final_norm(blocks: _Blocks, positions: dict[int, np.ndarray], length
     norm (one norm per layer: parallel attention + MLP, Cohere) run once more at the final norm, so their count is one
     more than the layers and its last block holds the final norm and the output head: what runs from it to the
     forward's end is short (under half a typical block) and runs no MLP activation, where every block before it runs
-    one (every layer has its MLP or experts) or every other one does (a norm before each mixer and each MLP, 2L + 1
-    runs, cuts halves of layers, which _residual_blocks pairs), and no MLP activation runs before the first cut (cuts
-    late in each layer leave layer 0's MLP before it)."""
+    one (every layer has its MLP or experts), and no MLP activation runs before the first cut (cuts late in each layer
+    leave layer 0's MLP before it)."""
     if blocks.count < 3 or not len(act_at) or act_at.max() >= blocks.cuts[-1]:
         return blocks
     if act_at.min() < blocks.cuts[0]:
         return blocks  # the cuts fall late in the layers (layer 0's MLP runs before the first): not at their norm
     if length - blocks.cuts[-1] >= 0.5 * np.median(np.diff(blocks.cuts)):
         return blocks
-    held = unique(np.searchsorted(blocks.cuts, act_at, side="right") - 1)
-    held = held[held >= 0]
-    # Every block before the last runs one, or every other block does (a norm before each mixer and each MLP cuts
-    # halves of layers: _residual_blocks pairs them)
-    halves = blocks.count % 2 == 1 and len(held) == (blocks.count - 1) // 2 and bool(np.all(np.diff(held) == 2))
-    if len(held) != blocks.count - 1 and not halves:
+    held = np.searchsorted(blocks.cuts, act_at, side="right") - 1
+    if len(unique(held[held >= 0])) != blocks.count - 1:
         return blocks
     return _blocks_at(blocks.cuts[:-1], blocks.backers, positions, length, gemm, gemm_at)
+
+
+def _halves(blocks: _Blocks, length: int, act_at: np.ndarray) -> bool:
+    """Whether a partition's blocks are halves of layers: names that run before every mixer and every MLP run once
+    more at the final norm (2L + 1 times), so every other block runs an MLP activation, and the last holds the final
+    norm and the output head (short, no activation), with none before the first cut."""
+    if blocks.count < 5 or blocks.count % 2 == 0 or not len(act_at) or act_at.max() >= blocks.cuts[-1]:
+        return False
+    if act_at.min() < blocks.cuts[0] or length - blocks.cuts[-1] >= 0.5 * np.median(np.diff(blocks.cuts)):
+        return False
+    held = unique(np.searchsorted(blocks.cuts, act_at, side="right") - 1)
+    return len(held) == (blocks.count - 1) // 2 and bool(np.all(np.diff(held) == 2))
 
 
 def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
@@ -791,7 +801,7 @@ def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.nda
             for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
     layer_of = np.searchsorted(starts, begins, side="right") - 1
     held = [[k for k, j in zip(kind, layer_of.tolist(), strict=True) if j == i] for i in range(found.count)]
-    if all(len(set(h)) == len(h) for h in held):
+    if all(len(set(h)) == len(h) for h in held) and not len(before):  # (blocks before the first: layers it lacks)
         return found
     colour = _two_turns(kind)
     if colour is not None:
