@@ -231,11 +231,7 @@ def _before_final_norm(blocks: _Blocks, positions: dict[int, np.ndarray], length
     forward's end is short (under half a typical block) and runs no MLP activation, where every block before it runs
     one (every layer has its MLP or experts), and no MLP activation runs before the first cut (cuts late in each layer
     leave layer 0's MLP before it)."""
-    if blocks.count < 3 or not len(act_at) or act_at.max() >= blocks.cuts[-1]:
-        return blocks
-    if act_at.min() < blocks.cuts[0]:
-        return blocks  # the cuts fall late in the layers (layer 0's MLP runs before the first): not at their norm
-    if length - blocks.cuts[-1] >= 0.5 * np.median(np.diff(blocks.cuts)):
+    if blocks.count < 3 or not _last_cut_at_final_norm(blocks, length, act_at):
         return blocks
     held = np.searchsorted(blocks.cuts, act_at, side="right") - 1
     if len(unique(held[held >= 0])) != blocks.count - 1:
@@ -247,12 +243,18 @@ def _halves(blocks: _Blocks, length: int, act_at: np.ndarray) -> bool:
     """Whether a partition's blocks are halves of layers: names that run before every mixer and every MLP run once
     more at the final norm (2L + 1 times), so every other block runs an MLP activation, and the last holds the final
     norm and the output head (short, no activation), with none before the first cut."""
-    if blocks.count < 5 or blocks.count % 2 == 0 or not len(act_at) or act_at.max() >= blocks.cuts[-1]:
-        return False
-    if act_at.min() < blocks.cuts[0] or length - blocks.cuts[-1] >= 0.5 * np.median(np.diff(blocks.cuts)):
+    if blocks.count < 5 or blocks.count % 2 == 0 or not _last_cut_at_final_norm(blocks, length, act_at):
         return False
     held = unique(np.searchsorted(blocks.cuts, act_at, side="right") - 1)
     return len(held) == (blocks.count - 1) // 2 and bool(np.all(np.diff(held) == 2))
+
+
+def _last_cut_at_final_norm(blocks: _Blocks, length: int, act_at: np.ndarray) -> bool:
+    """Whether the last cut may be the final norm: no MLP activation (`act_at`) runs from it on, and what does is
+    short (under half a typical block), and none runs before the first cut (cuts late in each layer leave layer 0's
+    MLP before it: not at their norm)."""
+    return bool(len(act_at) and act_at.max() < blocks.cuts[-1] and act_at.min() >= blocks.cuts[0]
+                and length - blocks.cuts[-1] < 0.5 * np.median(np.diff(blocks.cuts)))
 
 
 def _blocks_at(cuts: np.ndarray, backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],
@@ -788,8 +790,7 @@ def _residual_blocks(found: Layers, ids: np.ndarray, positions: dict[int, np.nda
     if len(begins) <= found.count:
         return found
     bounds = np.append(begins, end)
-    projections = np.bincount(np.searchsorted(bounds, gemm_at, side="right"), minlength=len(bounds) + 1)
-    if projections[1:len(bounds)].min() < 2:
+    if _fewest_projections(bounds, gemm_at) < 2:
         # Each block reads the residual stream through a projection and writes it back through another: a norm
         # between two projections (Qwen3's q and k norms) or between two norms (a post-norm and the next pre-norm)
         # begins no block.
@@ -849,9 +850,13 @@ def _blocks_before(norm: np.ndarray, at: np.ndarray, seq: np.ndarray, lo: int, b
     begin = first[-1]  # the last: an embedding norm on the same kernels runs before it
     later = _runs_of(norm, seq[begin:lo]) + begin
     extra = np.concatenate(([begin], later[later > begin] + 1))  # each past the add before it
-    bounds = np.append(at[extra], begins[0])
-    projections = np.bincount(np.searchsorted(bounds, gemm_at, side="right"), minlength=len(bounds) + 1)
-    return extra if projections[1:len(bounds)].min() >= 2 else none
+    return extra if _fewest_projections(np.append(at[extra], begins[0]), gemm_at) >= 2 else none
+
+
+def _fewest_projections(bounds: np.ndarray, gemm_at: np.ndarray) -> int:
+    """The fewest matrix products (`gemm_at`: where they run) any block between `bounds` runs."""
+    per_block = np.bincount(np.searchsorted(bounds, gemm_at, side="right"), minlength=len(bounds) + 1)
+    return int(per_block[1:len(bounds)].min())
 
 
 def _two_turns(kind: list[int]) -> dict[int, int] | None:

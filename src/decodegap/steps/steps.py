@@ -684,7 +684,6 @@ def _encoders_joined(pieces: list[_Piece], outputs: list[bool] | None, trace: Tr
     if outputs is None or not any(outputs):
         return pieces
     launched: list | None = None
-    canonical = name_classes(trace.names)[1]
 
     def encoder_then_decoder(i: int) -> bool:
         nonlocal launched
@@ -692,6 +691,7 @@ def _encoders_joined(pieces: list[_Piece], outputs: list[bool] | None, trace: Tr
         if t.query_len and u.query_len:
             return bool(t.query_len > 1 and t.kv_len == t.query_len and u.query_len == 1
                         and u.kv_len != t.query_len + u.query_len)
+        canonical = name_classes(trace.names)[1]
         if _projects_encoder_once(pieces[i + 1:i + 1 + DECODER_FORWARDS], names, canonical):
             return True
         if launched is None:
@@ -728,7 +728,8 @@ def _projects_encoder_once(decoder: list[_Piece], names: np.ndarray, canonical: 
     alike by chance)."""
     if len(decoder) < 3:
         return False
-    gemms = [sum(categorize(canonical[n]) == "gemm" for n in names[p.rows].tolist()) for p in decoder]
+    is_gemm = np.array([categorize(c) == "gemm" for c in canonical])
+    gemms = [int(is_gemm[names[p.rows]].sum()) for p in decoder]
     extra = gemms[0] - gemms[1]
     if extra <= 0 or gemms[2] != gemms[1] or 2 * gemms[1:].count(gemms[1]) < len(gemms) - 1:
         return False
