@@ -59,6 +59,7 @@ PHASES = ("decode", "prefill", "mixed", "training")
 SAME_MIX = 0.8  # kernel-mix overlap above which a step counts as the same kind as the typical one
 PARTIAL = 0.9  # an edge step with fewer than this share of the typical step's activities is cut off
 DECODER_FORWARDS = 8  # a decoder's first forwards compared for the encoder's cross-attention projections
+CROSS_PROJECTIONS = 4  # most GEMM kernels a decoder layer runs to project the encoder's output to its keys and values
 
 # Stable ids of the evidence (docs/report-schema.md lists them).
 SOURCES = ("profiler_step", "profiler_step_gpu", "profiler_step_cpu_only", "sglang_step", "vllm_execute",
@@ -692,7 +693,8 @@ def _encoders_joined(pieces: list[_Piece], outputs: list[bool] | None, trace: Tr
             return bool(t.query_len > 1 and t.kv_len == t.query_len and u.query_len == 1
                         and u.kv_len != t.query_len + u.query_len)
         canonical = name_classes(trace.names)[1]
-        if _projects_encoder_once(pieces[i + 1:i + 1 + DECODER_FORWARDS], names, canonical):
+        if _projects_encoder_once(pieces[i + 1:i + 1 + DECODER_FORWARDS], names, canonical,
+                                  i + 1 + DECODER_FORWARDS >= len(pieces)):
             return True
         if launched is None:
             lengths = [len(p.rows) for p in pieces]
@@ -719,23 +721,28 @@ def _encoders_joined(pieces: list[_Piece], outputs: list[bool] | None, trace: Tr
     return joined
 
 
-def _projects_encoder_once(decoder: list[_Piece], names: np.ndarray, canonical: list[str]) -> bool:
-    """Whether the first of a decoder's first forwards (`decoder`, three at least; `names`: the name class of each
-    GPU activity) runs more matrix products than the second, a whole number more per layer of the others (the cross-
+def _projects_encoder_once(decoder: list[_Piece], names: np.ndarray, canonical: list[str], ends_trace: bool) -> bool:
+    """Whether the first of a decoder's first forwards (`decoder`, two at least; `names`: the name class of each GPU
+    activity) runs more matrix products than the second, a whole number more per layer of the others (the cross-
     attention keys and values of the encoder's output, projected once and cached), and the third and most of the
-    others as many as the second (no data-dependent launches, an eager MoE's experts, explain the difference; the
-    last may be cut short). The others' layers are read from the names they run alike (two may route their tokens
-    alike by chance)."""
-    if len(decoder) < 3:
-        return False
+    others as many as the second (no data-dependent launches, an eager MoE's experts, explain the difference). The
+    trace's last forward (`ends_trace`: the last of `decoder` is) may be cut short, running fewer. The others' layers
+    are read from the names they run alike (two may route their tokens alike by chance)."""
     is_gemm = np.array([categorize(c) == "gemm" for c in canonical])
     gemms = [int(is_gemm[names[p.rows]].sum()) for p in decoder]
+    if ends_trace and len(gemms) > 2 and gemms[-1] < gemms[1]:
+        decoder, gemms = decoder[:-1], gemms[:-1]
+    if len(decoder) < 2:
+        return False
     extra = gemms[0] - gemms[1]
-    if extra <= 0 or gemms[2] != gemms[1] or 2 * gemms[1:].count(gemms[1]) < len(gemms) - 1:
+    if extra <= 0 or gemms[2:3] not in ([], [gemms[1]]) or 2 * gemms[1:].count(gemms[1]) < len(gemms) - 1:
         return False
     alike = [names[p.rows] for p, g in zip(decoder[1:], gemms[1:], strict=True) if g == gemms[1]]
     depth = count_layers(alike[0], canonical, data_independent(alike)).count
-    return bool(depth) and extra % depth == 0
+    # With one forward after the first (a cut file), nothing shows the launches data-independent: the extra must be
+    # the projections alone, a few per layer (keys and values, each maybe split in two kernels), not an eager MoE's
+    # experts
+    return bool(depth) and extra % depth == 0 and (len(decoder) > 2 or extra <= CROSS_PROJECTIONS * depth)
 
 
 def _oriented(by_launch: list[str | None], evidence: list[str | None], pieces: list[_Piece]) -> list[str | None]:
