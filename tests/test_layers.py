@@ -1399,6 +1399,19 @@ def test_a_layer_ends_after_its_routers_run_as_often_as_in_every_known_tail():
         assert _kinds(found) == doc["truth"]["layer_kinds"] == [4]
 
 
+def test_a_sparse_last_layer_longer_than_a_typical_block_is_a_layer():
+    # The decoder's first forward of Switch Transformers (kernel names of a real H100 trace, with the generator's
+    # truth): dense and top-1 MoE layers in turn, so the last is sparse and runs longer than a typical block. Its
+    # dispatch kernels run once in each sparse layer: in layer 1's block and, past the last block's typical end, in
+    # layer 3's. Counted as run outside the layers, they were no per-layer work of the 4 layers, which then explained
+    # less than pairs of layers did: the forward read 2 layers.
+    doc, forwards = _kernel_sequences("switch_decoder_first_forward")
+    found = count_layers(forwards[0], doc["names"])
+    assert found.count == doc["truth"]["layers"] == 4
+    assert found.kind_of == (0, 1, 2, 1)  # layer 0 with the position bias, 1 and 3 sparse, 2 dense
+    assert sorted(Counter(found.kind_of).values()) == doc["truth"]["layer_kinds"] == [1, 1, 2]
+
+
 def test_a_forward_cut_inside_that_passes_for_as_many_layers_is_cut():
     # The window of the same capture closed inside a forward (a layer-4 hook stopped the profiler): its layers 0-3
     # and part of 4 read 8 "layers" of other blocks, as many as the whole forwards. It runs only their kernels and

@@ -313,7 +313,8 @@ def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray,
     name): name -> (k per layer where fixed else 0, layers that run it, runs before the first cut, runs in layers).
     The blocks between cuts need not start where layers do: a block holds the end of one layer and the start of the
     next, so every block but the last holds one layer's worth, and the stretch before the first cut with the last
-    block (`bounds`: the cuts, then where the last block ends) holds the last."""
+    block (`bounds`: the cuts, then where the last block ends) holds the last; a name run in one layer's block and as
+    often again past the last block ran in the last layer too, longer than a typical block."""
     c = len(bounds) - 1
     out = {}
     for n, p in positions.items():
@@ -329,6 +330,11 @@ def _periodic(positions: dict[int, np.ndarray], bounds: np.ndarray,
             continue
         per_layer = np.append(inner, last)
         present = int((per_layer > 0).sum())
+        if present == 1 and last == 0 and bucket[c + 1] in values:
+            # Run in one layer's block and again past the last block: the last layer ran longer than a typical block
+            # (a sparse layer after a dense one, each kind every other layer), its runs past it
+            last = int(bucket[c + 1])
+            per_layer[-1], present = last, 2
         runs = int(per_layer.sum())
         if present >= 2 and len(p) - runs <= GLUE_RUNS:
             k = int(per_layer.max()) if len(values | ({last} - {0})) == 1 else 0
