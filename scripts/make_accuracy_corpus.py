@@ -47,6 +47,7 @@ Run on a CUDA machine (torch + transformers 5.x; decodegap importable for the re
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout8 --jobs 8  # 13 more: new loops and families
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout9 --jobs 8  # 14 more: plain PyTorch, encoder-decoders, ..
     python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout10 --jobs 8  # 14 more: vision-language models, T5, ..
+    python3 scripts/make_accuracy_corpus.py OUT_DIR --holdout11 --jobs 8  # 14 more: Gemma 3n, NLLB-MoE, 4 VLMs, ..
     python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR   # every trace there cut short, two ways
     python3 scripts/make_accuracy_corpus.py OUT_DIR --cuts-of HOLDOUT_DIR --cut-keep 2,5   # after 2 and 5 forwards
     python3 scripts/make_accuracy_corpus.py --table tests/fixtures/traces/corpus   # the README's table rows
@@ -500,7 +501,88 @@ FAMILIES.update({
            "first block (its own submodule: a layer kind of its own) and passed on; the encoder as deep as the decoder "
            "(a deeper decoder fails in transformers 5.17)"),
 })
+# The eleventh holdout's families (`--holdout11`): Gemma 3n's text stack (AltUp, LAuReL, per-layer inputs, layers that
+# reuse an earlier layer's KV cache), NLLB-MoE and UMT5 encoder-decoders, four more VLMs (Qwen2-VL's M-RoPE, PaliGemma's
+# prefix-LM, LFM2-VL's conv + attention text stack, InternVL's pixel-shuffled InternViT), and decoder-only families
+# no set had.
+FAMILIES.update({
+    "gemma3n": ("Gemma3nTextConfig", dict(DENSE, head_dim=64, sliding_window=8, vocab_size_per_layer_input=VOCAB,
+                                          hidden_size_per_layer_input=32, laurel_rank=16, altup_num_inputs=4,
+                                          pad_token_id=0, bos_token_id=1, eos_token_id=2),
+                "Gemma 3n text: AltUp (4 predicted copies of the hidden state, one run through the layer, then "
+                "corrected), a LAuReL low-rank residual, per-layer input embeddings in every layer, gaussian top-k "
+                "activation sparsity in the first 2 layers' MLPs, sliding (window 8) / full attention with full at "
+                "layer 1 and every 4th after it; the last 3 of 8 layers (1 of 4) read the KV cache of the last earlier "
+                "layer of their attention type and have no K/V projections or norms of their own: two kinds of "
+                "layer"),
+    "solar_open": ("SolarOpenConfig", dict(SMALL, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=64, n_shared_experts=1, pad_token_id=0,
+                                           bos_token_id=1, eos_token_id=2),
+                   "eager MoE with a shared expert in every layer (no dense first layer), sigmoid routing with a "
+                   "correction bias, GQA attention (Solar Open)"),
+    "jais2": ("Jais2Config", dict(DENSE, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+              "dense GQA with LayerNorms, biases, and an ungated ReLU² MLP (up_proj, down_proj) (Jais 2)"),
+    "ministral": ("MinistralConfig", dict(DENSE, head_dim=64, sliding_window=8, pad_token_id=0, bos_token_id=1,
+                                          eos_token_id=2),
+                  "dense GQA, full and sliding (window 8) attention in turn, the full one first (Ministral 8B's "
+                  "interleaved layout)"),
+    "glm": ("GlmConfig", dict(DENSE, head_dim=64, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+            "dense GQA with q/k/v biases, rotary on half of each head (interleaved pairs), a fused gate_up "
+            "projection, no post-norms (GLM-4 9B)"),
+    "biogpt": ("BioGptConfig", dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, vocab_size=VOCAB,
+                                    max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+               "learned positions (offset by 2), scaled embeddings, pre-LayerNorm, GELU MLP with biases (BioGPT)"),
+    "nllb_moe": ("NllbMoeConfig", dict(vocab_size=VOCAB, d_model=256, encoder_layers=4, encoder_ffn_dim=512,
+                                       decoder_ffn_dim=512, encoder_attention_heads=4, decoder_attention_heads=4,
+                                       num_experts=8, expert_capacity=64, encoder_sparse_step=2,
+                                       decoder_sparse_step=2, max_position_embeddings=512, decoder_start_token_id=2,
+                                       pad_token_id=1, bos_token_id=0, eos_token_id=2),
+                 "encoder-decoder MoE (NLLB-MoE): every 2nd layer's MLP a top-2 router over 8 experts (a loop over "
+                 "the experts, capacity-limited), the others dense; sinusoidal positions, pre-LayerNorm, eager "
+                 "attention; a 4-layer encoder run once"),
+    "umt5": ("UMT5Config", dict(vocab_size=VOCAB, d_model=256, d_ff=512, d_kv=64, num_heads=4,
+                                feed_forward_proj="gated-gelu", decoder_start_token_id=0, pad_token_id=0,
+                                eos_token_id=1),
+             "encoder-decoder (UMT5): T5 v1.1's blocks, but every block has its own relative position bias (T5: the "
+             "first block only), so every decoder block has the same submodules; the encoder as deep as the "
+             "decoder"),
+    "qwen2_vl": ("Qwen2VLConfig",
+                 dict(text=dict(VLM_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                           "mrope_section": [8, 12, 12]}),
+                      vision=dict(depth=4, embed_dim=128, hidden_size=256, num_heads=4, mlp_ratio=2, patch_size=14),
+                      top=dict(IMAGE_IDS)),
+                 "vision-language (Qwen2-VL): a 4-block ViT over 14-px patches (2D rotary, full attention in every "
+                 "block, LayerNorm, QuickGELU MLP), a 2x2 patch merger into the text stack; a dense GQA text decoder "
+                 "with q/k/v biases and multimodal (3-section) rotary positions"),
+    "paligemma": ("PaliGemmaConfig",
+                  dict(text=dict(VLM_TEXT, model_type="gemma", head_dim=64),
+                       vision=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+                                   image_size=56, patch_size=14),
+                       top=dict(image_token_index=4003, projection_dim=256, hidden_size=256)),
+                  "vision-language prefix-LM (PaliGemma): a 3-layer SigLIP tower over 14-px patches of a 56-px "
+                  "image (16 soft tokens), a linear projector, a Gemma 1 text decoder; the image and prompt (the "
+                  "prefix, token_type_ids 0) attend to each other both ways in the prefill, the decodes causally"),
+    "lfm2_vl": ("Lfm2VlConfig",
+                dict(text=dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                               vocab_size=VOCAB, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
+                               eos_token_id=2),
+                     vision=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+                                 num_patches=64, patch_size=8),
+                     top=dict(image_token_id=4003, projector_hidden_size=256)),
+                "vision-language (LFM2-VL): a 3-layer SigLIP2 NaFlex tower over 64 patches (8x8, padded patch "
+                "sequence with a mask and spatial shapes), a 2x2 pixel-unshuffle + MLP projector (16 image tokens); "
+                "the text stack LFM2's: short-convolution and attention layers in turn (two kinds of text layer)"),
+    "internvl": ("InternVLConfig",
+                 dict(text=dict(VLM_TEXT, model_type="qwen2"),
+                      vision=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+                                  image_size=[112, 112], patch_size=[14, 14]),
+                      top=dict(image_token_id=4003, image_seq_length=16)),
+                 "vision-language (InternVL 3): a 3-layer InternViT (layer scale, LayerNorm, a class token) over 14-px "
+                 "patches of a 112-px image, a 0.5 pixel shuffle (64 patches to 16 tokens) and an MLP projector, a "
+                 "Qwen2 text decoder"),
+})
 VLM = {"qwen2_5_vl", "qwen3_vl", "gemma3_vlm", "mllama", "llava"}
+VLM |= {"qwen2_vl", "paligemma", "lfm2_vl", "internvl"}  # the eleventh holdout's
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "qwen3_next", "jamba", "glm4_moe",
        "phimoe", "granitemoe", "granitemoehybrid", "deepseek_v2", "ernie4_5_moe", "minimax", "jetmoe", "qwen3_5_moe",
        "dots1", "hunyuan_moe", "lfm2_moe", "afmoe", "kimi_linear", "glm_moe_dsa", "longcat_flash", "mimo_v2_flash",
@@ -509,10 +591,12 @@ MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "
 GROUPED_EXPERTS = {"granitemoe", "granitemoehybrid", "qwen3_5_moe", "dots1", "lfm2_moe"}
 MOE |= {"minimax_m2", "granitemoeshared", "glm4_moe_lite", "exaone_moe"}  # the ninth holdout's
 GROUPED_EXPERTS |= {"granitemoeshared"}
+MOE |= {"solar_open"}  # the eleventh holdout's (NLLB-MoE is built by build_seq2seq)
 PLAIN = {"gptfast", "gptfast_moe"}  # plain PyTorch: no config, no transformers model (build_plain)
 NO_ATTENTION = {"mamba2", "falcon_mamba", "xlstm", "mamba"}  # no attention implementation to choose
 # no SDPA path in transformers 5.17
 EAGER_ATTENTION = {"gpt_oss", "bloom", "gptj", "mpt", "codegen", "xglm", "mimo_v2_flash", "switch_transformers"}
+EAGER_ATTENTION |= {"nllb_moe"}
 OTHER_ATTENTION = {"llama_flex": "flex_attention"}  # family variants on another attention implementation
 
 
@@ -544,6 +628,12 @@ def family_config(family: str, layers: int):
     if family == "laguna":  # full attention at layer 0 and every 3rd, with twice the heads of the sliding layers
         kw["layer_types"] = ["full_attention" if i % 3 == 0 else "sliding_attention" for i in range(layers)]
         kw["num_attention_heads_per_layer"] = [8 if i % 3 == 0 else 4 for i in range(layers)]
+    if family == "gemma3n":  # full attention at layer 1 and every 4th after it; the last 3/8 of the layers share KV
+        kw["layer_types"] = ["full_attention" if i % 4 == 1 else "sliding_attention" for i in range(layers)]
+        kw["num_kv_shared_layers"] = layers * 3 // 8
+        kw["activation_sparsity_pattern"] = [0.95 if i < 2 else 0.0 for i in range(layers)]
+    if family == "ministral":  # full and sliding in turn, the full one first
+        kw["layer_types"] = ["full_attention" if i % 2 == 0 else "sliding_attention" for i in range(layers)]
     return getattr(transformers, cname)(**kw)
 
 
@@ -586,7 +676,7 @@ def layer_info(model, device: str) -> dict:
     info = {k: getattr(cfg, k) for k in ("layer_types", "first_k_dense_replace", "sliding_window", "num_experts",
                                          "n_routed_experts", "num_local_experts", "num_experts_per_tok",
                                          "decoder_sparse_step", "mlp_only_layers", "no_rope_layers",
-                                         "mlp_layer_types", "indexer_types", "zero_expert_num")
+                                         "mlp_layer_types", "indexer_types", "zero_expert_num", "num_kv_shared_layers")
             if getattr(cfg, k, None) is not None}
     return block_layer_info(decoder_layers(model),
                             lambda: model(input_ids=torch.randint(0, VOCAB, (1, 4), device=device)),
@@ -2312,7 +2402,7 @@ def build_seq2seq(family: str, layers: int, device: str):
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
 
     cname, kw, _ = FAMILIES[family]
-    if family in ("t5", "switch_transformers"):  # the T5 line: the encoder as deep as the decoder (see HOLDOUT9)
+    if family in ("t5", "switch_transformers", "umt5"):  # the T5 line: the encoder as deep as the decoder (HOLDOUT9)
         config = getattr(transformers, cname)(**dict(kw, num_layers=layers, num_decoder_layers=layers))
     else:
         config = getattr(transformers, cname)(**dict(kw, decoder_layers=layers))
@@ -2353,7 +2443,7 @@ def loop_seq2seq_generate(ctx: Ctx, spec: Spec) -> None:
     cfg = model.config
     info["config_info"] = {"encoder_layers": getattr(cfg, "encoder_layers", None) or cfg.num_layers,
                            "decoder_layers": getattr(cfg, "decoder_layers", None) or cfg.num_decoder_layers}
-    if spec.family == "switch_transformers":
+    if spec.family in ("switch_transformers", "nllb_moe"):
         info["config_info"].update(num_experts=cfg.num_experts, decoder_sparse_step=cfg.decoder_sparse_step)
     log = Seq2SeqLog(model)
     kw = dict(do_sample=False, pad_token_id=model.config.pad_token_id)
@@ -2442,6 +2532,8 @@ def loop_offloaded_generate(ctx: Ctx, spec: Spec) -> None:
 VLM_CLASSES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration",
                "gemma3_vlm": "Gemma3ForConditionalGeneration", "mllama": "MllamaForConditionalGeneration",
                "llava": "LlavaForConditionalGeneration"}
+VLM_CLASSES.update({"qwen2_vl": "Qwen2VLForConditionalGeneration", "paligemma": "PaliGemmaForConditionalGeneration",
+                    "lfm2_vl": "Lfm2VlForConditionalGeneration", "internvl": "InternVLForConditionalGeneration"})
 
 
 def vlm_config(family: str, layers: int):
@@ -2451,6 +2543,8 @@ def vlm_config(family: str, layers: int):
     text = dict(kw["text"], num_hidden_layers=layers)
     if family == "mllama":  # a cross-attention layer every 3rd from layer 1 (the released 11B: 3, 8, 13, ..)
         text["cross_attention_layers"] = [i for i in range(layers) if i % 3 == 1]
+    if family == "lfm2_vl":  # as the lfm2 family: conv layers and attention layers in turn
+        text["layer_types"] = ["conv" if i % 2 == 0 else "full_attention" for i in range(layers)]
     return getattr(transformers, cname)(text_config=text, vision_config=dict(kw["vision"]), **kw["top"])
 
 
@@ -2467,13 +2561,14 @@ def build_vlm(family: str, layers: int, device: str):
 
 
 def vlm_parts(model) -> tuple[list, list]:
-    """(the text decoder's layers, the vision tower's layers: every ModuleList of blocks inside it, in order)."""
+    """(the text decoder's layers, the vision tower's layers: every ModuleList of blocks inside it, in order;
+    InternViT's is named `layer`)."""
     inner = model.model
     text = list(inner.language_model.layers)
     tower = next(getattr(inner, n) for n in ("visual", "vision_tower", "vision_model") if hasattr(inner, n))
     vision = []
     for name, m in tower.named_modules():
-        if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "blocks"):
+        if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "blocks", "layer"):
             vision += list(m)
     return text, vision
 
@@ -2492,7 +2587,7 @@ def vlm_inputs(model, family: str, batch: int, device: str) -> tuple[torch.Tenso
     def row(*ids):
         return torch.tensor([list(ids)] * batch, device=device)
 
-    if family in ("qwen2_5_vl", "qwen3_vl"):
+    if family in ("qwen2_5_vl", "qwen3_vl", "qwen2_vl"):
         vc = cfg.vision_config
         t, h, w = 1, 8, 8  # patches: an image of 8 x patch_size pixels a side, one temporal patch
         pv = torch.randn(batch * t * h * w, 3 * vc.temporal_patch_size * vc.patch_size ** 2, device=device,
@@ -2528,10 +2623,39 @@ def vlm_inputs(model, family: str, batch: int, device: str) -> tuple[torch.Tenso
         about = {"image_pixels": [vc.image_size, tiles * vc.image_size], "tiles": tiles,
                  "vision_patches": tiles * (vc.image_size // vc.patch_size) ** 2, "image_tokens": 1,
                  "note": "one <|image|> token; the text attends to the image through the cross-attention layers"}
+    elif family == "paligemma":
+        vc = cfg.vision_config
+        n_img = (vc.image_size // vc.patch_size) ** 2
+        pixel = {"pixel_values": torch.randn(batch, 3, vc.image_size, vc.image_size, device=device, dtype=dtype)}
+        image = row(*[cfg.image_token_index] * n_img)
+        about = {"image_pixels": [vc.image_size, vc.image_size], "vision_patches": n_img, "image_tokens": n_img,
+                 "note": "the processor's layout: the image tokens first, then the text prompt; all of it the prefix"}
+    elif family == "lfm2_vl":
+        vc = cfg.vision_config
+        h = w = int(vc.num_patches ** 0.5)  # an image of h x w patches, as many as the tower's positions
+        pixel = {"pixel_values": torch.randn(batch, h * w, 3 * vc.patch_size ** 2, device=device, dtype=dtype),
+                 "pixel_attention_mask": torch.ones(batch, h * w, dtype=torch.bool, device=device),
+                 "spatial_shapes": torch.tensor([[h, w]] * batch, device=device)}
+        n_img = (h // cfg.downsample_factor) * (w // cfg.downsample_factor)
+        image = row(*[cfg.image_token_id] * n_img)
+        about = {"image_pixels": [h * vc.patch_size, w * vc.patch_size], "vision_patches": h * w,
+                 "image_tokens": n_img}
+    elif family == "internvl":
+        vc = cfg.vision_config
+        size = vc.image_size[0]
+        pixel = {"pixel_values": torch.randn(batch, 3, size, size, device=device, dtype=dtype)}
+        n_img = cfg.image_seq_length
+        image = row(*[cfg.image_token_id] * n_img)
+        about = {"image_pixels": [size, size], "vision_patches": (size // vc.patch_size[0]) ** 2,
+                 "image_tokens": n_img}
     else:
         raise ValueError(family)
-    ids = torch.cat([text(4), image, text(PROMPT - 4)], dim=1)
-    if family in ("qwen2_5_vl", "qwen3_vl"):  # as the processor returns it: 1 at the image's tokens (M-RoPE positions)
+    if family == "paligemma":  # image first, then the text: one prefix, every token of it token_type_ids 0
+        ids = torch.cat([image, text(PROMPT)], dim=1)
+        pixel["token_type_ids"] = torch.zeros_like(ids)
+    else:
+        ids = torch.cat([text(4), image, text(PROMPT - 4)], dim=1)
+    if family in ("qwen2_5_vl", "qwen3_vl", "qwen2_vl"):  # as the processor returns it: 1 at the image's tokens
         pixel["mm_token_type_ids"] = (ids == cfg.image_token_id).int()
     if family == "gemma3_vlm":  # as the processor returns it: the image's tokens attend to each other both ways
         pixel["token_type_ids"] = (ids == cfg.image_token_index).long()
@@ -3067,6 +3191,42 @@ HOLDOUT10 = [
     S("cwm8_static_generate", "cwm", "static_generate", layers=8, steps=[10, 8, 6]),
     S("ministral3_6_beam", "ministral3", "beam_generate", layers=6, rs=False, steps=[8, 6, 5]),
 ]
+# An eleventh holdout (`--holdout11`): families no set had, each in a loop its kind of stack was not read in before.
+# Unlike layers of a new sort: Gemma 3n's text stack (AltUp, LAuReL, per-layer inputs, activation sparsity in the first
+# 2 layers), whose last 3 of 8 layers reuse an earlier layer's KV cache and have no K/V projections of their own (two
+# kinds of layer: 5 + 3), in sampling with left padding and with the window opening and closing mid-forward. Eager MoE
+# with a shared expert in every layer (Solar Open) in greedy generate. A dense LayerNorm + ReLU² stack (Jais 2) trained
+# without markers and in CUDA graph replays; Ministral's interleaved full / sliding layers under torch.compile; GLM-4's
+# half rotary in continuous batching; BioGPT's learned positions in beam search. Encoder-decoders of two new layouts:
+# NLLB-MoE (every 2nd layer a top-2 MoE over 8 experts: dense and sparse decoder layers, 2 + 2) and UMT5 (a relative
+# position bias in every block, so one kind of decoder layer where T5 has two). And VLMs in loops their kinds were not
+# paired with: Qwen2-VL (M-RoPE, a full-attention ViT) sampling at batch 2, PaliGemma's prefix-LM (the image and prompt
+# attend both ways in the prefill) over a static cache, LFM2-VL (a SigLIP2 NaFlex tower; the text stack conv and
+# attention layers in turn: 3 + 3) in greedy generate, and InternVL (InternViT, pixel shuffle) in a hand loop at batch
+# 2. Left out: Gemma 3n's full multimodal model (its MobileNetV5 vision tower is a timm model and its audio tower a
+# Conformer: the text stack is what a decode loop runs, so Gemma3nForCausalLM); mBART, Marian and Pegasus (BART's
+# layout with other norms and positions: BART is in HOLDOUT9, and NLLB-MoE and UMT5 add more); Aya Vision (a SigLIP
+# tower + Cohere 2 text, both read before); SmolVLM / Idefics3 (image splitting is its processor's work). None of the
+# new families needs a custom CUDA kernel (LFM2's causal_conv1d falls back to its PyTorch path) or a download. Every
+# family / loop pair is new.
+HOLDOUT11 = [
+    S("gemma3n8_sample_padded", "gemma3n", "sample_padded", layers=8, batch=3, steps=[8, 6, 5], cost=8),
+    S("gemma3n8_midstep", "gemma3n", "midstep", layers=8, rs=False, steps=[5, 4], cost=6),
+    S("solar_open6_eager_generate", "solar_open", "eager_generate", layers=6, batch=2, steps=[8, 6, 5]),
+    S("jais2_4_train_nomarkers", "jais2", "train", layers=4, rs=False, steps=[2, 1], opts={"markers": "none"},
+      cost=8),
+    S("jais2_6_cudagraph", "jais2", "cudagraph", layers=6, batch=2, steps=[10, 8]),
+    S("ministral8_compiled_generate", "ministral", "compiled_generate", layers=8, rs=False, steps=[10, 8],
+      cost=COMPILE_COST),
+    S("glm6_continuous_batching", "glm", "continuous_batching", layers=6, steps=[10, 8], cost=8),
+    S("biogpt6_beam", "biogpt", "beam_generate", layers=6, rs=False, steps=[8, 6, 5]),
+    S("nllb_moe4_seq2seq_generate", "nllb_moe", "seq2seq_generate", layers=4, batch=2, steps=[10, 8, 6], cost=6),
+    S("umt5_6_seq2seq_generate", "umt5", "seq2seq_generate", layers=6, rs=False, steps=[12, 10, 8]),
+    S("qwen2_vl6_vlm_sample", "qwen2_vl", "vlm_sample", layers=6, batch=2, rs=False, steps=[10, 8, 6], cost=8),
+    S("paligemma6_vlm_static_generate", "paligemma", "vlm_static_generate", layers=6, steps=[10, 8, 6], cost=8),
+    S("lfm2_vl6_vlm_generate", "lfm2_vl", "vlm_generate", layers=6, steps=[10, 8, 6], cost=8),
+    S("internvl6_vlm_hand", "internvl", "vlm_hand", layers=6, batch=2, steps=[10, 8], cost=6),
+]
 CUTS = [  # (name, source trace, how many forwards keep all their kernels; None: almost no kernels)
     ("cut_keeps_few_steps", "llama_eager_generate", 3),
     ("cut_almost_no_kernels", "gemma2_eager_generate", None),
@@ -3197,7 +3357,7 @@ def cut_all(src_dir: str, out_dir: str, keeps: tuple[int, ...] = (3, 0)) -> int:
 # driver --------------------------------------------------------------------------------------------------------
 def run_specs(out_dir: str, device: str, names: list[str]) -> list[str]:
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10}
+               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10 + HOLDOUT11}
     failed = []
     ctx = Ctx(out_dir, device)
     deadline = float(os.environ.get("CORPUS_DEADLINE", "inf"))
@@ -3229,7 +3389,7 @@ def shrink_to_budget(out_dir: str, device: str, budget: int) -> list[str]:
     """While the corpus is over `budget`, capture the largest trace again at its next smaller size knob (never the
     compiled or recorded ones: too slow to redo). Returns what failed."""
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10}
+               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10 + HOLDOUT11}
     failed, tried = [], set()
     while corpus_bytes(out_dir) > budget and time.time() < float(os.environ.get("CORPUS_DEADLINE", "inf")):
         sizes = []
@@ -3306,7 +3466,7 @@ def table_rows(folder: str) -> str:
 
 def spread(names: list[str], jobs: int) -> list[list[str]]:
     by_name = {s.name: s for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10}
+               + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10 + HOLDOUT11}
     groups: list[list] = [[0.0, []] for _ in range(jobs)]
     for n in sorted(names, key=lambda n: -by_name[n].cost):
         g = min(groups, key=lambda g: g[0])
@@ -3337,6 +3497,7 @@ def main() -> None:
     parser.add_argument("--holdout8", action="store_true", help="make the HOLDOUT8 traces instead (no cuts)")
     parser.add_argument("--holdout9", action="store_true", help="make the HOLDOUT9 traces instead (no cuts)")
     parser.add_argument("--holdout10", action="store_true", help="make the HOLDOUT10 traces instead (no cuts)")
+    parser.add_argument("--holdout11", action="store_true", help="make the HOLDOUT11 traces instead (no cuts)")
     parser.add_argument("--cuts-of", metavar="DIR", help="instead, cut every trace of DIR (with its truth) two ways "
                         "into OUT_DIR: after 3 whole forwards (where it has 5) and with almost no kernels")
     parser.add_argument("--cut-keep", default="3,0", help="with --cuts-of: the whole forwards each cut keeps, comma "
@@ -3357,14 +3518,14 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     if args.cuts_of:
         sys.exit(cut_all(args.cuts_of, args.out_dir, tuple(int(k) for k in args.cut_keep.split(","))))
-    chosen = (HOLDOUT10 if args.holdout10 else HOLDOUT9 if args.holdout9 else HOLDOUT8 if args.holdout8
-              else HOLDOUT7 if args.holdout7
+    chosen = (HOLDOUT11 if args.holdout11 else HOLDOUT10 if args.holdout10 else HOLDOUT9 if args.holdout9
+              else HOLDOUT8 if args.holdout8 else HOLDOUT7 if args.holdout7
               else HOLDOUT6 if args.holdout6 else HOLDOUT5 if args.holdout5 else HOLDOUT4 if args.holdout4
               else HOLDOUT3 if args.holdout3
               else HOLDOUT2 if args.holdout2 else HOLDOUT if args.holdout else SPECS)
     names = args.only or [s.name for s in chosen]
     unknown = set(names) - {s.name for s in SPECS + HOLDOUT + HOLDOUT2 + HOLDOUT3 + HOLDOUT4 + HOLDOUT5 + HOLDOUT6
-                            + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10}
+                            + HOLDOUT7 + HOLDOUT8 + HOLDOUT9 + HOLDOUT10 + HOLDOUT11}
     if unknown:
         sys.exit(f"unknown: {sorted(unknown)}")
     t0 = time.time()
