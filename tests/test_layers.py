@@ -1481,7 +1481,8 @@ def test_blocks_that_take_turns_as_mixer_and_mlp_pair_into_layers():
     # projecting in and out) read as two layers of two attention and two MLP blocks each. The blocks' kinds take
     # turns, so they pair: four layers, not eight. With a second mixer in a row (attention, then a conv mixer) the
     # blocks are layers each.
-    from decodegap.steps.layers import Layers, _residual_blocks
+    from decodegap.steps.layer_bounds import Layers
+    from decodegap.steps.residual_blocks import residual_blocks
 
     names = ["copy", "pow", "mean", "rsqrt", "mul", "gemm_nvjet", "attn_flash", "silu", "add", "conv", "lm"]
     n = {k: i for i, k in enumerate(names)}
@@ -1497,8 +1498,8 @@ def test_blocks_that_take_turns_as_mixer_and_mlp_pair_into_layers():
         half = sum(len(b) for b in blocks[:len(blocks) // 2])
         end = sum(len(b) for b in blocks)
         found = Layers(2, "pairs of layers", starts=(0, half), end=end, last=end - 1)
-        got = _residual_blocks(found, seq, positions, names, np.flatnonzero(seq == n["gemm_nvjet"]),
-                               np.flatnonzero(seq == n["silu"]))
+        got = residual_blocks(found, seq, positions, names, np.flatnonzero(seq == n["gemm_nvjet"]),
+                              np.flatnonzero(seq == n["silu"]))
         return got.count, got.starts
 
     assert read([attention, mlp] * 4) == (4, (0, 18, 36, 54))

@@ -37,6 +37,7 @@ def __getattr__(name: str):
 ANALYSIS_MODULES = (
     "html", "difflib", "numpy.ma", "decodegap.ops", "decodegap.ops.shapes", "decodegap.ops.categories",
     "decodegap.ops.kernel_names", "decodegap.steps", "decodegap.steps.layer_kinds", "decodegap.steps.repetition",
+    "decodegap.steps.layer_blocks", "decodegap.steps.layer_bounds", "decodegap.steps.residual_blocks",
     "decodegap.steps.layers", "decodegap.steps.across_forwards", "decodegap.steps.drafts",
     "decodegap.steps.lost_forwards",
     "decodegap.trace.link", "decodegap.steps.phase", "decodegap.steps.marks", "decodegap.steps.anchors",

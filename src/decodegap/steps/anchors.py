@@ -17,10 +17,9 @@ no output head after the last one (the capture ended inside it), or launches who
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
-
-import re
 
 import numpy as np
 
@@ -29,8 +28,8 @@ from decodegap.steps.across_forwards import (
     runs_once_per_layer,
     runs_once_per_layer_beside_another_stack,
 )
-from decodegap.steps.layers import count_layers
 from decodegap.steps.drafts import draft_forwards
+from decodegap.steps.layers import count_layers
 from decodegap.steps.phase import grid_blocks, widest_gemm_rows
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace, isin

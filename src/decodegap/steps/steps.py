@@ -20,11 +20,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from decodegap.errors import UserError
+from decodegap.ops.categories import categorize
 from decodegap.steps import anchors as forward_anchors
-from decodegap.steps.anchors import FAMILIES, lost_launches
 from decodegap.steps.across_forwards import data_independent
+from decodegap.steps.anchors import FAMILIES, lost_launches
 from decodegap.steps.drafts import draft_forwards
 from decodegap.steps.layers import count_layers
+from decodegap.steps.marks import FAMILY_ORDER, StepMark, step_marks
 from decodegap.steps.phase import (
     GrowingRun,
     grid_blocks,
@@ -49,9 +52,6 @@ from decodegap.steps.repetition import (
     regular_anchors,
     smallest_period,
 )
-from decodegap.errors import UserError
-from decodegap.ops.categories import categorize
-from decodegap.steps.marks import FAMILY_ORDER, StepMark, step_marks
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace, unique
 
