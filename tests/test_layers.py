@@ -1599,3 +1599,53 @@ def test_layers_with_one_input_norm_each_are_counted_before_the_final_norm():
         for layer, kind in enumerate(found.kind_of):
             groups.setdefault(kind, []).append(layer)
         assert sorted(groups.values()) == [[0], [1, 2, 3, 5, 6, 7], [4]]
+
+
+def _halves_stack(dense: int, moe: int, full_every: int, seed: int) -> list[str]:
+    # A decode forward whose projections all run on one GEMM tile and whose sliding and full attention run on two
+    # kernels: no name runs once in every layer; the input norm's kernels run before each mixer and each MLP, and at
+    # the final norm. Dense layers first, then MoE layers routing to 2-6 experts; full attention every `full_every`.
+    rnd = random.Random(seed)
+    gemm, norm = "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN", ["copy_fp32", "pow", "mean", "add_eps", "rsqrt", "mul",
+                                                              "copy_bf16", "mul_weight"]
+    out = ["embedding", "rotary_cos", "rotary_sin"]
+    for i in range(dense + moe):
+        full = (i + 1) % full_every == 0
+        out += norm + [gemm] * 3 + ["rope_mul", "rope_cat", "rope_mul", ADD] * 2 + ["cache_cat"] * 2
+        out += ["void pytorch_flash::flash_fwd_kernel" if full else "fmha_cutlassF_sliding", gemm, ADD] + norm
+        if i < dense:
+            out += [gemm, SILU, gemm, "mul_gate", gemm, ADD]
+            continue
+        out += [gemm, "softmax_router", "gatherTopK", "scatter_gather", "index_select"]
+        for _ in range(rnd.randint(2, 6)):
+            out += ["nonzero", "index_select", "nvjet_expert_TNT", SILU, "nvjet_expert_TNT", "mul_gate",
+                    "nvjet_expert_TNT", "index_add"]
+        out += [gemm, SILU, gemm, "mul_gate", gemm, ADD, ADD]
+    return out + norm + ["nvjet_sm90_tst_256x8_lm_head_TNT", "argmax"]
+
+
+@pytest.mark.parametrize("dense,moe,full_every,paired", [(1, 5, 6, True), (1, 7, 8, True), (2, 4, 6, False),
+                                                         (0, 6, 6, False), (2, 6, 8, False)])
+def test_halves_of_layers_where_nothing_else_counts_are_paired_into_layers(dense, moe, full_every, paired):
+    # Built here (_halves_stack): the norm's names run 2L + 1 times and are the only names that partition the forward.
+    # Their blocks are halves of layers, a mixer's and an MLP's, and the last holds the final norm: each layer is a
+    # mixer's half and the MLP half after it (L layers, not 2L + 1). Kinds: dense, MoE sliding, MoE full.
+    forwards = [_halves_stack(dense, moe, full_every, seed) for seed in (1, 2, 3)]
+    names = sorted({k for f in forwards for k in f})
+    index = {k: i for i, k in enumerate(names)}
+    arrays = [np.array([index[k] for k in f]) for f in forwards]
+    stable = data_independent(arrays)
+    kinds: dict[tuple[bool, bool], list[int]] = {}
+    for i in range(dense + moe):
+        kinds.setdefault((i < dense, (i + 1) % full_every == 0), []).append(i)
+    for seq in arrays:
+        found = count_layers(seq, names, stable)
+        assert found.count == dense + moe
+        groups: dict[int, list[int]] = {}
+        for layer, kind in enumerate(found.kind_of or (0,) * found.count):
+            groups.setdefault(kind, []).append(layer)
+        assert sorted(groups.values()) == sorted(kinds.values())
+        # Where the MoE layers' router counts every layer (no dense one), the sliding and full kernels split the
+        # stack into its mixers' kinds (7 + 1), or its MoE layers' count re-cut at residual blocks reads it, the
+        # halves stand aside.
+        assert (found.backer_runs == 2 * found.count + 1 and "before each of" in found.evidence) == paired

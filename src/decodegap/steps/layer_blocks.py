@@ -36,6 +36,7 @@ class Blocks:
     open_ended: bool = False  # a partition but for the layers it leaves out (of another kind, at an end: _mixed)
     alike: tuple[int, ...] = ()  # a coarser count's names, run in every few of these alike layers: no kind (_finer)
     begun: bool = False  # cut where the layers begin (_realigned), not at the names that counted them
+    halves: bool = False  # halves of layers paired (_paired): the backers run before each mixer and MLP, and once more
 
 
 def partition(backers: list[int], positions: dict[int, np.ndarray], length: int, gemm: set[int],

@@ -93,6 +93,9 @@ def bounded_layers(blocks: Blocks, ids: np.ndarray, positions: dict[int, np.ndar
     kinds, kind_of = layer_kinds(ids, starts, ends, positions, names, whole_last=bool(final),
                                  alike=set(blocks.alike))
     evidence = f"{len(blocks.backers)} kernels run {c} times per forward, once in each layer"
+    if blocks.halves:
+        evidence = (f"{len(blocks.backers)} kernels run {2 * c + 1} times per forward, before each of {c} layers' "
+                    "mixer and its MLP, and at the final norm")
     other = 0
     if blocks.mixers:
         other = int(isin(ids, np.array(blocks.mixers)).sum()) // len(blocks.mixers)
@@ -100,8 +103,9 @@ def bounded_layers(blocks: Blocks, ids: np.ndarray, positions: dict[int, np.ndar
                     f"in each of the other {other} (a hybrid stack: two kinds of mixer)")
     if len(kinds) > 1:
         evidence += "; " + describe_kinds(kinds)
+    runs = 2 * c + 1 if blocks.halves else c - other
     return Layers(c, evidence, period, int(starts[0]), last, kinds, tuple(int(s) for s in starts),
-                  tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers), int(ends[-1]), c - other)
+                  tuple(kind_of) if len(kinds) > 1 else (), tuple(blocks.backers), int(ends[-1]), runs)
 
 
 def _last_end(ids: np.ndarray, starts: np.ndarray, positions: dict[int, np.ndarray], names: list[str] | None,

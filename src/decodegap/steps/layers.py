@@ -25,7 +25,8 @@ So layers are read from counts, not from a repeating sequence:
   cuts none; a mask copied once before the layers and once per MoE layer cuts a poor one): the valid one of the largest
   sets, and of those the one whose blocks run the most work in common, stands for it;
 - the layers are the partition whose blocks run the most non-GEMM work in common (a norm that runs 2L+1 times does not
-  make half-layers: they stand only where no other count partitions, _halves; an eager MoE's expert groups do not make
+  make half-layers: they stand only where no other count partitions, _halves, and are paired into layers, a mixer's
+  half and the MLP half after it, _paired; an eager MoE's expert groups do not make
   layers); a block of k layers of a few kinds (a hybrid stack's group, alternating attention) is k layers when most of
   the finer blocks' work runs in every one of them (two names that take turns at one place in the blocks, sliding and
   full attention, count as run in every one; so do two groups of names, the two mixers' kernels, where every block
@@ -149,7 +150,9 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     candidates = [b for b in candidates if len(positions[b.backers[0]]) == b.count or b.count not in direct]
     # Halves of layers (a norm before every mixer and every MLP, and the final norm) stand only where no other count
     # is a partition (a dense first layer before groups of sliding / full MoE layers: the mixers count them).
-    candidates = [b for b in candidates if not _halves(b, len(ids), act_at)] or candidates
+    candidates = ([b for b in candidates if not _halves(b, len(ids), act_at)]
+                  or [_paired(b, positions, len(ids), gemm, gemm_at, act_at) if _halves(b, len(ids), act_at) else b
+                      for b in candidates])
     if not candidates:
         return NO_LAYERS
     # Every valid one, and those that leave a layer out (a lone attention layer after the last Mamba one): a hybrid's
@@ -209,6 +212,14 @@ def _halves(blocks: Blocks, length: int, act_at: np.ndarray) -> bool:
         return False
     held = unique(np.searchsorted(blocks.cuts, act_at, side="right") - 1)
     return len(held) == (blocks.count - 1) // 2 and bool(np.all(np.diff(held) == 2))
+
+
+def _paired(blocks: Blocks, positions: dict[int, np.ndarray], length: int, gemm: set[int], gemm_at: np.ndarray,
+            act_at: np.ndarray) -> Blocks:
+    """Halves of layers (_halves) paired into layers: each layer from its mixer's half (the block before each one
+    that runs an MLP activation), the final norm's block left to the tail."""
+    held = unique(np.searchsorted(blocks.cuts, act_at, side="right") - 1)
+    return replace(blocks_at(blocks.cuts[held - 1], blocks.backers, positions, length, gemm, gemm_at), halves=True)
 
 
 def _last_cut_at_final_norm(blocks: Blocks, length: int, act_at: np.ndarray) -> bool:
