@@ -1624,12 +1624,13 @@ def _halves_stack(dense: int, moe: int, full_every: int, seed: int) -> list[str]
     return out + norm + ["nvjet_sm90_tst_256x8_lm_head_TNT", "argmax"]
 
 
-@pytest.mark.parametrize("dense,moe,full_every,paired", [(1, 5, 6, True), (1, 7, 8, True), (2, 4, 6, False),
-                                                         (0, 6, 6, False), (2, 6, 8, False)])
-def test_halves_of_layers_where_nothing_else_counts_are_paired_into_layers(dense, moe, full_every, paired):
-    # Built here (_halves_stack): the norm's names run 2L + 1 times and are the only names that partition the forward.
-    # Their blocks are halves of layers, a mixer's and an MLP's, and the last holds the final norm: each layer is a
-    # mixer's half and the MLP half after it (L layers, not 2L + 1). Kinds: dense, MoE sliding, MoE full.
+@pytest.mark.parametrize("dense,moe,full_every,paired", [(1, 5, 6, True), (1, 7, 8, True), (3, 7, 3, True),
+                                                         (2, 4, 6, True), (2, 6, 8, True), (0, 6, 6, False)])
+def test_halves_of_layers_are_paired_into_layers_where_no_other_count_has_as_many(dense, moe, full_every, paired):
+    # Built here (_halves_stack): the norm's names run 2L + 1 times, and no name runs once in every layer. Their
+    # blocks are halves of layers, a mixer's and an MLP's, and the last holds the final norm: each layer is a mixer's
+    # half and the MLP half after it (L layers, not 2L + 1; with the attention kernels' counts beside them, 3 dense
+    # layers before MoE ones with full attention every 3rd read 3 layers). Kinds: dense, MoE sliding, MoE full.
     forwards = [_halves_stack(dense, moe, full_every, seed) for seed in (1, 2, 3)]
     names = sorted({k for f in forwards for k in f})
     index = {k: i for i, k in enumerate(names)}
@@ -1645,7 +1646,5 @@ def test_halves_of_layers_where_nothing_else_counts_are_paired_into_layers(dense
         for layer, kind in enumerate(found.kind_of or (0,) * found.count):
             groups.setdefault(kind, []).append(layer)
         assert sorted(groups.values()) == sorted(kinds.values())
-        # Where the MoE layers' router counts every layer (no dense one), the sliding and full kernels split the
-        # stack into its mixers' kinds (7 + 1), or its MoE layers' count re-cut at residual blocks reads it, the
-        # halves stand aside.
+        # Where the MoE layers' router counts every layer (no dense one), the halves stand aside.
         assert (found.backer_runs == 2 * found.count + 1 and "before each of" in found.evidence) == paired

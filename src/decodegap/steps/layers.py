@@ -148,11 +148,15 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # themselves (they tell where each begins better than the norm's kernels and what runs before the first).
     direct = {b.count for b in candidates if len(positions[b.backers[0]]) == b.count}
     candidates = [b for b in candidates if len(positions[b.backers[0]]) == b.count or b.count not in direct]
-    # Halves of layers (a norm before every mixer and every MLP, and the final norm) stand only where no other count
-    # is a partition (a dense first layer before groups of sliding / full MoE layers: the mixers count them).
-    candidates = ([b for b in candidates if not _halves(b, len(ids), act_at)]
-                  or [_paired(b, positions, len(ids), gemm, gemm_at, act_at) if _halves(b, len(ids), act_at) else b
-                      for b in candidates])
+    # Halves of layers (a norm before every mixer and every MLP, and the final norm) are no layers: paired, they are
+    # (_paired), where no other count is a partition or counts as many (a dense first layer before groups of sliding
+    # / full MoE layers: the mixers count them).
+    halves = [b for b in candidates if _halves(b, len(ids), act_at)]
+    candidates = [b for b in candidates if not any(b is h for h in halves)]
+    paired = [_paired(b, positions, len(ids), gemm, gemm_at, act_at) for b in halves]
+    # Beside other counts: dense first layers before sliding and full MoE layers, whose attention kernels count 7
+    # and 3 of 10, and nothing else runs once in every layer.
+    candidates += [b for b in paired if not candidates or (b.valid and b.count not in {c.count for c in candidates})]
     if not candidates:
         return NO_LAYERS
     # Every valid one, and those that leave a layer out (a lone attention layer after the last Mamba one): a hybrid's
