@@ -25,8 +25,8 @@ So layers are read from counts, not from a repeating sequence:
   cuts none; a mask copied once before the layers and once per MoE layer cuts a poor one): the valid one of the largest
   sets, and of those the one whose blocks run the most work in common, stands for it;
 - the layers are the partition whose blocks run the most non-GEMM work in common (a norm that runs 2L+1 times does not
-  make half-layers: they stand only where no other count partitions, _halves, and are paired into layers, a mixer's
-  half and the MLP half after it, _paired; an eager MoE's expert groups do not make
+  make half-layers, _halves: paired into layers, a mixer's half and the MLP half after it, they stand where no other
+  count partitions or counts as many, _paired; an eager MoE's expert groups do not make
   layers); a block of k layers of a few kinds (a hybrid stack's group, alternating attention) is k layers when most of
   the finer blocks' work runs in every one of them (two names that take turns at one place in the blocks, sliding and
   full attention, count as run in every one; so do two groups of names, the two mixers' kernels, where every block
@@ -148,14 +148,12 @@ def count_layers(seq: np.ndarray, names: list[str] | None = None, stable: set[in
     # themselves (they tell where each begins better than the norm's kernels and what runs before the first).
     direct = {b.count for b in candidates if len(positions[b.backers[0]]) == b.count}
     candidates = [b for b in candidates if len(positions[b.backers[0]]) == b.count or b.count not in direct]
-    # Halves of layers (a norm before every mixer and every MLP, and the final norm) are no layers: paired, they are
-    # (_paired), where no other count is a partition or counts as many (a dense first layer before groups of sliding
-    # / full MoE layers: the mixers count them).
-    halves = [b for b in candidates if _halves(b, len(ids), act_at)]
-    candidates = [b for b in candidates if not any(b is h for h in halves)]
-    paired = [_paired(b, positions, len(ids), gemm, gemm_at, act_at) for b in halves]
-    # Beside other counts: dense first layers before sliding and full MoE layers, whose attention kernels count 7
-    # and 3 of 10, and nothing else runs once in every layer.
+    # Halves of layers (a norm before every mixer and every MLP, and the final norm) are no layers; paired (_paired),
+    # they are, where no other count is a partition or counts as many (dense first layers before sliding and full MoE
+    # layers, whose attention kernels count 7 and 3 of 10, and nothing else runs once in every layer).
+    split = [(b, _halves(b, len(ids), act_at)) for b in candidates]
+    candidates = [b for b, halves in split if not halves]
+    paired = [_paired(b, positions, len(ids), gemm, gemm_at, act_at) for b, halves in split if halves]
     candidates += [b for b in paired if not candidates or (b.valid and b.count not in {c.count for c in candidates})]
     if not candidates:
         return NO_LAYERS

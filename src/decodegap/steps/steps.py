@@ -735,7 +735,7 @@ def _projects_encoder_once(decoder: list[_Piece], names: np.ndarray, canonical: 
     if len(decoder) < 2:
         return False
     extra = gemms[0] - gemms[1]
-    if extra <= 0 or gemms[2:3] not in ([], [gemms[1]]) or 2 * gemms[1:].count(gemms[1]) < len(gemms) - 1:
+    if extra <= 0 or (len(gemms) > 2 and gemms[2] != gemms[1]) or 2 * gemms[1:].count(gemms[1]) < len(gemms) - 1:
         return False
     alike = [names[p.rows] for p, g in zip(decoder[1:], gemms[1:], strict=True) if g == gemms[1]]
     depth = count_layers(alike[0], canonical, data_independent(alike)).count
