@@ -282,3 +282,39 @@ def test_truncated_trace_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "cannot annotate a truncated trace" in err
     assert not out.exists() and not list(tmp_path.glob(".*partial"))
+
+
+def test_outputs_never_overwrite_an_input(tmp_path, capsys):
+    # -o and --annotate were checked only against the trace they annotate: -o the trace itself, either of them the
+    # --model config, or an --annotate folder inside the input folder (another rank's file) overwrote an input
+    src = write(decode_loop(steps=4, layers=4, markers=None), tmp_path / "t.json")
+    model = tmp_path / "model"
+    model.mkdir()
+    config = model / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4,
+                                  "num_attention_heads": 4, "vocab_size": 1000, "intermediate_size": 512}))
+    folder = tmp_path / "ranks"
+    (folder / "sub").mkdir(parents=True)
+    write(decode_loop(steps=4, layers=4, markers=None), folder / "a.json")
+    write(decode_loop(steps=4, layers=4, markers=None), folder / "sub" / "a.json")
+    inputs = [src, config, folder / "a.json", folder / "sub" / "a.json"]
+    before = {p: p.read_bytes() for p in inputs}
+    for argv in (["analyze", str(src), "-o", str(src)],
+                 ["analyze", str(src), "--format", "json", "-o", str(src)],
+                 ["analyze", str(src), "--model", str(model), "-o", str(config)],
+                 ["analyze", str(src), "--model", str(model), "--annotate", str(config)],
+                 ["analyze", str(folder), "-o", str(folder / "sub" / "a.json")],
+                 ["analyze", str(folder), "--annotate", str(folder / "sub")]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2, argv
+        assert err.startswith("decodegap: error:") and "input" in err and len(err.strip().splitlines()) == 1, err
+    assert {p: p.read_bytes() for p in inputs} == before
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()) == \
+        sorted(p.relative_to(tmp_path) for p in inputs)
+    # a new file beside the inputs is fine, and may be written again
+    report = tmp_path / "report.txt"
+    for _ in range(2):
+        main(["analyze", str(src), "-o", str(report)])
+    assert report.read_text() and src.read_bytes() == before[src]

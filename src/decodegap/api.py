@@ -232,6 +232,25 @@ def load_report(path: Path, tpot_ms: float | None = None, *, model=None, batch: 
     return build(report).to_dict()
 
 
+def input_files(path, model=None, quant=None) -> tuple[Path, ...]:
+    """The files a run with these arguments reads, which it never writes: the trace (each trace file of a folder),
+    the model's config.json, and the quantization config (the one given, or the hf_quant_config.json beside the
+    model's config). Only those that exist; paths of the wrong kind are left to the run to refuse."""
+    from decodegap.trace.load import find_trace_files
+
+    files: list[Path] = []
+    if isinstance(path, (str, os.PathLike)) and Path(path).exists():
+        try:
+            files += find_trace_files(Path(path))
+        except (UserError, OSError):  # a folder with no traces: the run says so
+            pass
+    for given, name in ((model, "config.json"), (model, "hf_quant_config.json"), (quant, "hf_quant_config.json")):
+        if isinstance(given, (str, os.PathLike)):
+            given = Path(given)
+            files.append(given / name if given.is_dir() else given)
+    return tuple(f for f in files if f.is_file())
+
+
 def annotate(path, out, *, model=None, quant=None, weights=None, kv=None, gpu=None, tp: int = 1,
              batch: int | None = None,
              context: int | None = None, tpot_ms: float | None = None, allreduce_us: float | None = None) -> list[Path]:
@@ -244,7 +263,7 @@ def annotate(path, out, *, model=None, quant=None, weights=None, kv=None, gpu=No
     if not isinstance(out, (str, os.PathLike)):
         raise ParameterError("{out}: give the annotated trace's path (a str or pathlib.Path)", out=out)
     if Path(path).exists():
-        check_target(path, out)
+        check_target(path, out, keep=input_files(path, model, quant))
     report = run(path, model=model, quant=quant, weights=weights, kv=kv, gpu=gpu, tp=tp, batch=batch,
                  context=context, tpot_ms=tpot_ms, allreduce_us=allreduce_us)
     return write_overlay(report, out)

@@ -352,9 +352,10 @@ def _folder_name(out: Path) -> str:
     return str(out.with_name(name or "annotated"))
 
 
-def check_target(src: str | Path, out: str | Path) -> None:
+def check_target(src: str | Path, out: str | Path, keep: tuple[Path, ...] = ()) -> None:
     """Refuse an OUT that cannot receive the overlay of `src` (a folder for a file, a file for a folder, the
-    input itself), before any analysis. Raises ParameterError naming `out`."""
+    input itself, or another file the run reads: `keep`, the model's config), before any analysis. Raises
+    ParameterError naming `out`."""
     src, out = Path(src), Path(out)
     if src.is_dir():
         if out.exists() and not out.is_dir():
@@ -372,6 +373,10 @@ def check_target(src: str | Path, out: str | Path) -> None:
     elif _same_file(src, out):
         raise ParameterError("{out}: is the input trace; the annotated trace goes to a new file (the input is "
                              "never changed)", out=str(out))
+    for kept in keep:
+        if _same_file(Path(kept), out):
+            raise ParameterError(f"{{out}}: is {kept}, an input of this run; the annotated trace goes to a new file "
+                                 "(the input is never changed)", out=str(out))
 
 
 def write_overlay(report: Report, out: str | Path) -> list[Path]:
@@ -386,9 +391,9 @@ def write_overlay(report: Report, out: str | Path) -> list[Path]:
         targets = [(r, out / r.trace.path.relative_to(report.path)) for r in report.ranks]
     else:
         targets = [(report.ranks[0], out)] if report.ranks else []
-    for r, dst in targets:
-        if _same_file(r.trace.path, dst):
-            raise ParameterError(f"{{out}}: {dst} is the input trace; the annotated trace goes to a new file (the "
+    for _, dst in targets:  # any rank's trace, not only its own: OUT inside the input folder could name another's
+        if any(_same_file(r.trace.path, dst) for r in report.ranks):
+            raise ParameterError(f"{{out}}: {dst} is an input trace; the annotated trace goes to a new file (the "
                                  "input is never changed)", out=str(out))
     written = []
     for r, dst in targets:
