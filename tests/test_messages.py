@@ -53,6 +53,16 @@ def test_tp_that_cannot_shard_the_heads(capsys):
     assert "error: --tp 3 cannot shard" in line
 
 
+@pytest.mark.parametrize("flag,value", [("--batch", 10**400), ("--context", 10**400), ("--tp", 10**400),
+                                        ("--batch", 10**20), ("--context", 100_000_001)])
+def test_floor_counts_beyond_what_is_modelled(capsys, flag, value):
+    # floor's --batch/--context had no upper bound: 10**400 reached float() in the floor (OverflowError traceback)
+    line = one_line(["floor", "--model", str(DEMO_RANK), "--gpu", "h200", flag, str(value)], capsys)
+    assert f"error: {flag}: " in line and "are modelled" in line and len(line) < 200
+    name = flag.lstrip("-")
+    assert api_error(path=decodegap.EXAMPLE_TRACE, **{name: value}).startswith(f"{name}=: ")
+
+
 @pytest.mark.parametrize("kwargs,starts", [
     ({"context": "2048"}, "context='2048': the KV tokens per sequence must be a whole number of at least 0, not a str"),
     ({"context": 2048.5}, "context=2048.5: the KV tokens per sequence must be a whole number"),

@@ -11,7 +11,7 @@ import numbers
 
 import msgspec
 
-from decodegap.errors import ParameterError
+from decodegap.errors import NAME_ONLY, ParameterError
 from decodegap.floor.geometry import ModelGeometry
 from decodegap.floor.layout import DENSE, MOE, Layer
 from decodegap.floor.hardware import GpuSpec
@@ -416,20 +416,26 @@ def compute_floor(
 
 
 # What each count means, for its error line; the least value it may take.
-COUNTS = {"tp": ("tensor-parallel ranks", 1), "batch": ("sequences per step", 1),
-          "context": ("KV tokens per sequence", 0)}
+# (what, least, most): the most are analyze's flag ranges; beyond them the floor's arithmetic leaves floats (a
+# context of 10**400 tokens is no float: OverflowError)
+COUNTS = {"tp": ("tensor-parallel ranks", 1, 1024), "batch": ("sequences per step", 1, 1_000_000),
+          "context": ("KV tokens per sequence", 0, 100_000_000)}
 
 
 def check_counts(**values) -> None:
-    """tp, batch, context: whole numbers, at least 1 (context: 0); else one line naming the parameter."""
+    """tp, batch, context: whole numbers, at least 1 (context: 0) and at most COUNTS' bound; else one line naming
+    the parameter."""
     for name, value in values.items():
-        what, least = COUNTS[name]
+        what, least, most = COUNTS[name]
         if value is None and name == "context":
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
             kind = "" if isinstance(value, numbers.Real) else f", not a {type(value).__name__}"
             raise ParameterError(f"{{{name}}}: the {what} must be a whole number of at least {least}{kind}",
                                  **{name: value})
+        if value > most:
+            shown = value if value < 10**30 else f"a number of {len(str(value))} digits"  # one readable line
+            raise ParameterError(f"{{{name}}}: {shown} {what}; at most {most:,} are modelled", **{name: NAME_ONLY})
 
 
 def _valid_tps(g: ModelGeometry) -> list[int]:
