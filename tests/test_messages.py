@@ -97,6 +97,16 @@ def test_model_gpu_weights_kv_in_python_and_on_the_command_line(capsys):
         ["floor", "--model", str(DEMO_RANK), "--gpu", "h200", "--kv", "int3"], capsys)
 
 
+def test_model_flags_without_a_model_are_refused_not_ignored(capsys):
+    # --quant, --weights, --kv and --allreduce-us without --model (and without --gpu) were dropped silently: exit 0,
+    # no warning, even for a --quant path that does not exist
+    for flag, value in (("--quant", "/nonexistent/hf_quant_config.json"), ("--weights", "fp8"), ("--kv", "fp8"),
+                        ("--allreduce-us", "3")):
+        line = one_line(["analyze", str(FIXTURE), flag, value], capsys)
+        assert f"error: {flag} " in line and "needs --model" in line
+    assert api_error(weights="fp8").startswith("weights='fp8' needs model=")
+
+
 def test_annotate_of_a_folder_into_a_file_name_is_refused_before_any_work(tmp_path, capsys):
     folder = tmp_path / "ranks"
     folder.mkdir()

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decodegap.errors import ParameterError, UserError
+from decodegap.errors import NAME_ONLY, ParameterError, UserError
 
 if TYPE_CHECKING:
     from decodegap.analysis import Analysis
@@ -158,6 +158,11 @@ def _options(path: Path, model, quant, weights, kv, gpu, tp, batch, context, tpo
     if batch is None:
         floor_assumed.append(Assumed(name="batch", value=DEFAULT_BATCH, reason="the floor's default"))
     options = AnalysisOptions(tpot_ms=tpot_ms, assumed=tuple(assumed), floor_assumed=tuple(floor_assumed))
+    if model is None:  # what describes the model's weights and floor means nothing without it: never ignored
+        for name, value in (("quant", quant), ("weights", weights), ("kv", kv), ("allreduce_us", allreduce_us)):
+            if value is not None:
+                raise ParameterError(f"{{{name}}} needs {{model}}: it applies to the model its config.json describes",
+                                     **{name: value}, model=NAME_ONLY)
     if model is None and gpu is None:
         return options
     options = prepare_model_options(options, Path(model) if model is not None else None,
