@@ -206,3 +206,27 @@ def test_command_end_to_end(capsys):
             ["--model", str(CONFIGS / "glm-5-nvfp4" / "hf_quant_config.json"), "--gpu", "h100"],
             standalone_mode=False,
         )
+
+
+@pytest.mark.parametrize("flags", [["--bandwidth", "5e-324", "--tflops", "100"],
+                                   ["--bandwidth", "1000", "--tflops", "1e10"],
+                                   ["--gpu", "h100", "--tp", "2", "--allreduce-us", "1e308"]])
+def test_gpu_numbers_whose_floor_would_not_be_finite_are_refused(flags, capsys):
+    # finite, but a floor from them was not: 5e-324 GB/s or 1e308 us per all-reduce printed "floor_ms": Infinity,
+    # which is no JSON
+    from decodegap.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["floor", "--model", str(CONFIGS / "llama-3.1-8b.json"), *flags, "--format", "json"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("decodegap: error: --") and len(err.strip().splitlines()) == 1
+    main(["floor", "--model", str(CONFIGS / "llama-3.1-8b.json"), "--bandwidth", "0.001", "--tflops", "0.001",
+          "--format", "json"])
+    assert strict_floor_json(capsys.readouterr().out)["floor_ms"] > 0
+
+
+def strict_floor_json(text: str) -> dict:
+    def refuse(constant):
+        raise AssertionError(f"{constant} in JSON output")
+
+    return json.loads(text, parse_constant=refuse)

@@ -13,8 +13,8 @@ import msgspec
 
 from decodegap.errors import NAME_ONLY, ParameterError
 from decodegap.floor.geometry import ModelGeometry
-from decodegap.floor.layout import DENSE, MOE, Layer
 from decodegap.floor.hardware import GpuSpec
+from decodegap.floor.layout import DENSE, MOE, Layer
 from decodegap.floor.quant import QuantScheme, WeightFormat
 from decodegap.records import Struct, as_json_data
 
@@ -191,9 +191,9 @@ def compute_floor(
     """
     check_counts(tp=tp, batch=batch, context=context)
     if allreduce_us is not None and (isinstance(allreduce_us, bool) or not isinstance(allreduce_us, numbers.Real)
-                                     or not (math.isfinite(allreduce_us) and allreduce_us >= 0)):
-        raise ParameterError("{allreduce_us}: not an all-reduce latency (a finite number of us, at least 0)",
-                             allreduce_us=allreduce_us)
+                                     or not (math.isfinite(allreduce_us) and 0 <= allreduce_us <= MOST_ALLREDUCE_US)):
+        raise ParameterError("{allreduce_us}: not an all-reduce latency (a finite number of us, at least 0, at most "
+                             f"{MOST_ALLREDUCE_US:.0e})", allreduce_us=allreduce_us)
     check_tp(geometry, tp)
     g = geometry
     use_indexer = g.has_indexer and sparse_attention
@@ -420,6 +420,10 @@ def compute_floor(
 # context of 10**400 tokens is no float: OverflowError)
 COUNTS = {"tp": ("tensor-parallel ranks", 1, 1024), "batch": ("sequences per step", 1, 1_000_000),
           "context": ("KV tokens per sequence", 0, 100_000_000)}
+
+
+# An all-reduce of 1e308 us is finite, but times the calls of a step it is not: the floor read Infinity (no JSON)
+MOST_ALLREDUCE_US = 1e9
 
 
 def check_counts(**values) -> None:

@@ -243,6 +243,9 @@ def get_gpu(name: str) -> GpuSpec:
     return GPUS[gpu_id]
 
 
+CUSTOM_GPU_RANGE = (0.001, 1e9)  # GB/s and TFLOPS a GPU not in the table may be given
+
+
 def custom_gpu(
     bandwidth_gbps: float,
     tflops: float,
@@ -251,9 +254,12 @@ def custom_gpu(
     interconnect_gbps: float | None = None,
 ) -> GpuSpec:
     """A GPU not in the table: its memory bandwidth (GB/s) and dense BF16 TFLOPS (used for every dtype)."""
+    # bounded, not only finite: a bandwidth of 5e-324 GB/s (a denormal) made the floor's times Infinity (no JSON)
     for param, value, unit in (("bandwidth_gbps", bandwidth_gbps, "GB/s"), ("tflops", tflops, "TFLOPS")):
-        if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ParameterError(f"{{{param}}}: not a number of {unit} (a finite number above 0)", **{param: value})
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)
+                                           and CUSTOM_GPU_RANGE[0] <= value <= CUSTOM_GPU_RANGE[1]):
+            raise ParameterError(f"{{{param}}}: not a number of {unit} (a finite number from "
+                                 f"{CUSTOM_GPU_RANGE[0]:g} to {CUSTOM_GPU_RANGE[1]:.0e})", **{param: value})
     if interconnect not in DEFAULT_ALLREDUCE_US:
         raise UserError(f"unknown interconnect '{interconnect}'; known: {', '.join(DEFAULT_ALLREDUCE_US)}")
     link = (
