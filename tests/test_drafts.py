@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tracegen import generate_loop, generate_loop_truth, write
 
+from decodegap.steps import classify, marked_steps, sequence_steps
 from decodegap.steps.drafts import draft_forwards
-from decodegap.steps import steps as steps_module
 from decodegap.steps.steps import find_steps
 from decodegap.trace.link import link
 from decodegap.trace.load import load_trace
-from tracegen import generate_loop, generate_loop_truth, write
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -85,7 +85,7 @@ def test_forwards_that_run_no_output_head_have_no_drafts(monkeypatch):
     trace = load_trace(FIXTURES / "traces" / "ernie4_5_assisted_generate_3rounds.json.gz")
     links = link(trace)
     served = np.concatenate([s.rows for s in find_steps(trace, links).steps])
-    real = steps_module.widest_gemm_rows
+    real = classify.widest_gemm_rows
 
     def without_served_heads(trace, links):
         head = real(trace, links).copy()
@@ -96,8 +96,9 @@ def test_forwards_that_run_no_output_head_have_no_drafts(monkeypatch):
         head = without_served_heads(trace, links)
         return [bool(head[p.rows].any()) for p in pieces]
 
-    monkeypatch.setattr(steps_module, "widest_gemm_rows", without_served_heads)
-    monkeypatch.setattr(steps_module, "_outputs", head_only)
+    for module in (classify, marked_steps, sequence_steps):
+        monkeypatch.setattr(module, "widest_gemm_rows", without_served_heads)
+    monkeypatch.setattr(classify, "_outputs", head_only)
     assert len(find_steps(trace, links).steps) == 6
 
 

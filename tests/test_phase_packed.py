@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from decodegap.steps.classify import _packed
 from decodegap.steps.phase import StepTokens, packed_decode, packed_mixed
-from decodegap.steps.steps import _packed, _Piece, find_steps
+from decodegap.steps.step import Piece
+from decodegap.steps.steps import find_steps
 from decodegap.trace.link import link
 from decodegap.trace.load import load_trace
 
@@ -30,8 +32,8 @@ def test_packed_rows_read_as_prefill_mixed_and_decode():
     assert [s.tokens for s in steps] == [f["tokens"] for f in want]
 
 
-def _pieces(n: int) -> list[_Piece]:
-    return [_Piece(i, i + 1, np.array([i])) for i in range(n)]
+def _pieces(n: int) -> list[Piece]:
+    return [Piece(i, i + 1, np.array([i])) for i in range(n)]
 
 
 def test_speculative_extends_are_not_packed_decodes():

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from tracegen import engine_forwards, generate_loop, generate_loop_truth, kineto_order, training_loop, write
 
 from decodegap.errors import UserError
 from decodegap.pipeline import analyze_path
@@ -19,7 +20,6 @@ from decodegap.report.json import report_dict
 from decodegap.steps.steps import find_steps
 from decodegap.trace.link import link
 from decodegap.trace.load import load_trace
-from tracegen import engine_forwards, generate_loop, generate_loop_truth, kineto_order, training_loop, write
 
 H200 = Path(__file__).parent / "fixtures" / "traces" / "gpu_h200"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -558,7 +558,8 @@ def test_op_shapes_on_one_forward_leave_the_others_outputs_to_their_sampling(tmp
     """Op shapes recorded for one forward only: the output head is seen by its shapes there, and the other forwards'
     outputs by their sampling ops; none passes for an encoder (the generator's truth: a prefill, two decodes)."""
     from decodegap.steps.anchors import launch_times
-    from decodegap.steps.steps import _outputs, _Piece
+    from decodegap.steps.classify import _outputs
+    from decodegap.steps.step import Piece
 
     doc = _shapes_only_in(generate_loop(forwards=3, layers=4, record_shapes=True), forward=1)
     truth = generate_loop_truth(forwards=3)
@@ -568,7 +569,7 @@ def test_op_shapes_on_one_forward_leave_the_others_outputs_to_their_sampling(tmp
     steps = find_steps(trace, links).steps
     when = launch_times(trace, links)
     starts = [int(when[s.rows].min()) for s in steps] + [2**62]  # each forward's host time, up to the next one's
-    pieces = [_Piece(s.start_ns, s.end_ns, s.rows, host_span=(starts[i], starts[i + 1]))
+    pieces = [Piece(s.start_ns, s.end_ns, s.rows, host_span=(starts[i], starts[i + 1]))
               for i, s in enumerate(steps)]
     assert _outputs(pieces, trace, links) == [True, True, True]
     d = _d(path)

@@ -49,7 +49,8 @@ from decodegap.findings.profiler_check import ProfilerCheck
 from decodegap.records import Struct, as_json_data
 from decodegap.rounding import rounded as _r
 from decodegap.breakdown.rows import LayerRow, StepRow
-from decodegap.steps.steps import PHASES, describe
+from decodegap.steps.step import PHASES
+from decodegap.steps.steps import describe
 
 SCHEMA = "decodegap.report/1"
 

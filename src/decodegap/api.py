@@ -41,6 +41,7 @@ ANALYSIS_MODULES = (
     "decodegap.steps.layers", "decodegap.steps.across_forwards", "decodegap.steps.drafts",
     "decodegap.steps.lost_forwards",
     "decodegap.trace.link", "decodegap.steps.phase", "decodegap.steps.marks", "decodegap.steps.anchors",
+    "decodegap.steps.step", "decodegap.steps.sequence_steps", "decodegap.steps.marked_steps", "decodegap.steps.classify",
     "decodegap.steps.steps", "decodegap.breakdown", "decodegap.breakdown.breakdown", "decodegap.findings.base",
     "decodegap.findings.records", "decodegap.findings", "decodegap.rounding", "decodegap.samples",
     "decodegap.findings.profiler_check", "decodegap.breakdown.rows", "decodegap.analysis",

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the stages after reading are imported where they run (a tra
     from decodegap.findings.records import AnyFinding, BestCase
     from decodegap.floor.floor import Floor
     from decodegap.floor.ledger import FloorRequest, GapLedger
-    from decodegap.steps.steps import Steps
+    from decodegap.steps.step import Steps
 
 # What a worker's peak memory is per byte of trace text (measured: benchmarks/bench_scale.py), plus the interpreter
 # and its libraries: sizes the default number of parallel workers so that they fit in memory together.

@@ -15,7 +15,8 @@ from decodegap.steps.across_forwards import data_dependent, data_independent, la
 from decodegap.steps.layers import Layers, count_layers
 from decodegap.steps.lost_forwards import varying_past_cut
 from decodegap.steps.repetition import name_classes
-from decodegap.steps.steps import PHASES, Steps, idle_gaps_ns
+from decodegap.steps.sequence_steps import idle_gaps_ns
+from decodegap.steps.step import PHASES, Steps
 from decodegap.trace.link import Links
 from decodegap.trace.tables import GPU_KIND_NAMES, Trace, group_rows, unique
 

@@ -8,7 +8,7 @@ import numpy as np
 from decodegap.breakdown.breakdown import Breakdown, busy_ns
 from decodegap.records import Struct
 from decodegap.rounding import rounded as _r
-from decodegap.steps.steps import Steps
+from decodegap.steps.step import Steps
 from decodegap.trace import Trace
 
 
