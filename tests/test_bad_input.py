@@ -34,6 +34,21 @@ def test_missing_path(tmp_path, capsys):
     assert_one_line_error(["analyze", str(tmp_path / "nope.json")], capsys, "no such file")
 
 
+def test_a_pipe_is_refused_not_waited_on(tmp_path, capsys):
+    # a named pipe no one writes to hung analyze and diff (the refusal's wording opened it to look at its first
+    # bytes), and a pipe, /dev/null or <(zcat trace.json.gz) was called "the folder" holding no trace files
+    fifo = tmp_path / "trace.json"
+    os.mkfifo(fifo)
+    trace = write(decode_loop(steps=4, layers=2, markers=None), tmp_path / "t.json")
+    for args in (["analyze", str(fifo)], ["diff", str(trace), str(fifo)], ["analyze", "/dev/null"]):
+        assert_one_line_error(args, capsys, "not a file or folder (a pipe, socket or device)")
+    (tmp_path / "ranks").mkdir()  # in a folder, a pipe is no trace file: skipped
+    os.mkfifo(tmp_path / "ranks" / "r1.json")
+    write(decode_loop(steps=4, layers=2, markers=None), tmp_path / "ranks" / "r0.json")
+    code, out, err = run_cli(["analyze", str(tmp_path / "ranks")], capsys)
+    assert code == 0 and "Traceback" not in err
+
+
 def test_folder_without_traces(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hi")
     assert_one_line_error(["analyze", str(tmp_path)], capsys, "no trace files")

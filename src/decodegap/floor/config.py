@@ -302,6 +302,8 @@ def not_gzip(path: Path, head: bytes) -> bool:
 
 def named_for_what_it_is(path: Path, exc: UserError) -> UserError:
     """A trace file the reader refused, with what it is where its name says otherwise (plain text named .gz)."""
+    if not Path(path).is_file():  # only a regular file is looked into: opening a named pipe blocks for its writer
+        return exc
     try:
         with open(path, "rb") as f:
             head = f.read(2)

@@ -611,6 +611,9 @@ def find_trace_files(path: Path) -> list[Path]:
         raise UserError(f"{path}: no such file or folder")
     if path.is_file():
         return [path]
+    if not path.is_dir():  # a named pipe (or <(zcat ...)), socket or device: no folder, and opening one can block
+        raise UserError(f"{path}: not a file or folder (a pipe, socket or device); save the trace to a file and give "
+                        "that")
     files = sorted(p for p in path.rglob("*") if _is_trace_file(p))
     if not files:
         raise UserError(f"{path}: the folder holds no trace files (*.json or *.json.gz)")
