@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import click
@@ -13,13 +12,6 @@ from decodegap.errors import UserError
 def example_path(name: str = "example_trace.json.gz") -> Path:
     """A file of the bundled example (decodegap.api.EXAMPLE_TRACE and its config)."""
     return Path(__file__).parent.parent / "data" / name  # the package's folder, as importlib.resources finds it
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
 
 
 def _finite_positive_ms(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -82,7 +74,9 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
             batch, context, allreduce_us, output, jobs, ray_address, annotate_out):
     """Read a torch.profiler trace (a .json/.json.gz file or a folder of per-rank traces) and show where the
     time of each decode step goes, the root causes, and the fixes."""
-    from decodegap.api import EXAMPLE_TRACE, input_files, run  # (decodegap.analysis: imported as the trace is read)
+    # (decodegap.analysis: imported as the trace is read)
+    from decodegap.api import EXAMPLE_TRACE, input_files, run
+    from decodegap.trace.load import same_file
     from decodegap.report.progress import load_progress
 
     if trace is None and ray_address and Path(ray_address).exists():  # `--ray TRACE`: the trace, not an address
@@ -95,7 +89,7 @@ def command(trace, example, fmt, top, full_names, tpot_ms, model_path, quant_pat
     read = input_files(source, model_path, quant_path)  # before the analysis: an output that is an input is refused
     if output is not None:
         for file in read:
-            if _same_file(file, output):
+            if same_file(file, output):
                 raise UserError(f"-o {output}: is {file}, an input of this run; the report goes to a new file (the "
                                 "input is never changed)")
     if annotate_out is not None:  # before the analysis: a wrong OUT is refused at once

@@ -29,6 +29,7 @@ from decodegap.errors import ParameterError, UserError
 from decodegap.ops.kernel_names import short_kernel_name
 from decodegap.steps.repetition import name_classes
 from decodegap.trace.json_events import Reader
+from decodegap.trace.load import same_file
 from decodegap.trace.read import TruncatedStream, iter_text_chunks
 
 if TYPE_CHECKING:
@@ -335,13 +336,6 @@ def write_annotated(src: Path, dst: Path, rank, findings: list) -> int:
 
 # --- the command's entry -----------------------------------------------------------------------------------------
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
 TRACE_SUFFIXES = (".json", ".gz")  # an OUT named like this is a file, never the folder a folder input needs
 
 
@@ -364,17 +358,17 @@ def check_target(src: str | Path, out: str | Path, keep: tuple[Path, ...] = ()) 
         if not out.exists() and out.name.lower().endswith(TRACE_SUFFIXES):
             raise ParameterError(f"{{out}}: names a file, but the input is a folder of traces: give a folder for "
                                  f"the annotated traces (e.g. {_folder_name(out)})", out=str(out))
-        if _same_file(src, out):
+        if same_file(src, out):
             raise ParameterError("{out}: is the input folder; the annotated traces go to a new folder (the input "
                                  "is never changed)", out=str(out))
     elif out.is_dir():
         raise ParameterError("{out}: is a folder; give the annotated trace's file name (e.g. out.json.gz)",
                              out=str(out))
-    elif _same_file(src, out):
+    elif same_file(src, out):
         raise ParameterError("{out}: is the input trace; the annotated trace goes to a new file (the input is "
                              "never changed)", out=str(out))
     for kept in keep:
-        if _same_file(Path(kept), out):
+        if same_file(Path(kept), out):
             raise ParameterError(f"{{out}}: is {kept}, an input of this run; the annotated trace goes to a new file "
                                  "(the input is never changed)", out=str(out))
 
@@ -392,7 +386,7 @@ def write_overlay(report: Report, out: str | Path) -> list[Path]:
     else:
         targets = [(report.ranks[0], out)] if report.ranks else []
     for _, dst in targets:  # any rank's trace, not only its own: OUT inside the input folder could name another's
-        if any(_same_file(r.trace.path, dst) for r in report.ranks):
+        if any(same_file(r.trace.path, dst) for r in report.ranks):
             raise ParameterError(f"{{out}}: {dst} is an input trace; the annotated trace goes to a new file (the "
                                  "input is never changed)", out=str(out))
     written = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import re
 from contextlib import contextmanager
 from itertools import compress, repeat
@@ -604,6 +605,14 @@ def rank_from_filename(name: str) -> int | None:
         if match:
             return int(match.group(1))
     return None
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (the same path, or links to it)."""
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
 
 
 def find_trace_files(path: Path) -> list[Path]:
