@@ -514,6 +514,35 @@ def test_a_vlm_prefill_with_a_vision_tower_on_the_llms_kernels(record_shapes, tm
     assert [len(s.rows) for s in steps] == _kernels_per_forward(doc)
 
 
+@pytest.mark.parametrize("record_shapes", [False, True])
+def test_a_shallow_vision_tower_in_a_later_generation_is_no_data_dependence(record_shapes, tmp_path):
+    """Two generate calls of a VLM with 8 layers whose prefill runs only 2 vision blocks: the second generation's
+    prefill, inside the trace, runs every per-layer name 10 times against the decodes' 8 and is hardly longer than
+    them. It runs more of every name the forwards repeat, so it says nothing of which names vary with the data (an
+    eager MoE's expert loop varies its experts' names only): every forward a step, by the generator's phase, with its
+    own kernels, and 8 layers, with no doubt about them."""
+    kw = dict(forwards=12, layers=8, batch=2, attention="sdpa", logits="last", generations=2, vision_blocks=2)
+    doc = generate_loop(**kw, record_shapes=record_shapes)
+    d = _d(write(doc, tmp_path / "vlm.json"))
+    assert d["layers"] == 8
+    assert not [w for w in d["warnings"] if "layer count is uncertain" in w]
+    trace = load_trace(tmp_path / "vlm.json")
+    steps = find_steps(trace, link(trace)).steps
+    assert [s.kind for s in steps] == generate_loop_truth(**kw)
+    assert [len(s.rows) for s in steps] == _kernels_per_forward(doc)
+
+
+def test_a_vision_tower_in_the_first_of_forwards_without_a_cache_counts_no_layers(tmp_path):
+    """A VLM loop without a KV cache: every forward a prefill of the sequence so far, the first also running 2 vision
+    blocks on the layers' kernels. The layers are read over the prefills: the first runs every per-layer name twice
+    more, which is no data-dependent launch: 4 layers (the generator's), every forward a step."""
+    kw = dict(forwards=8, layers=4, kv_cache=False, vision_blocks=2)
+    doc = generate_loop(**kw)
+    d = _d(write(doc, tmp_path / "vlm_nocache.json"))
+    assert _counts(d) == {"prefill": generate_loop_truth(**kw).count("prefill")} == {"prefill": 8}
+    assert d["layers"] == 4
+
+
 def test_a_vlm_whose_vision_tower_launches_like_its_layers_keeps_its_decodes(tmp_path):
     """The VLM again, its 16 image patches as many rows as its 16-token prompt: the vision blocks launch on the
     layers' grids, so the prefill looks like one 10-layer stack and the 6-layer decodes like a draft model's forwards

@@ -11,7 +11,12 @@ import numpy as np
 from decodegap.ops import shapes as shape_info
 from decodegap.ops.categories import is_backward, CATEGORIES, categorize
 from decodegap.steps.layer_kinds import LayerKind
-from decodegap.steps.across_forwards import data_dependent, data_independent, layers_beside_other_phases
+from decodegap.steps.across_forwards import (
+    data_dependent,
+    data_independent,
+    layers_beside_other_phases,
+    without_second_stacks,
+)
 from decodegap.steps.layers import Layers, count_layers
 from decodegap.steps.lost_forwards import varying_past_cut
 from decodegap.steps.repetition import name_classes
@@ -143,7 +148,9 @@ def infer_layers(trace: Trace, rows: np.ndarray, alike: list[np.ndarray] | None 
     if training:  # a training iteration runs every layer forward, then backward: count the forward's
         rows, alike = _forward_part(trace, rows), [_forward_part(trace, r) for r in alike or []]
         others = [_forward_part(trace, r) for r in others or []]
-    stable = data_independent([seq(r) for r in alike]) if alike and len(alike) > 1 else None
+    # (a forward that also runs a second stack of blocks, a VLM prefill's vision tower, tells nothing of which names
+    # vary with the data: every per-layer name runs more often there)
+    stable = data_independent(without_second_stacks([seq(r) for r in alike])) if alike and len(alike) > 1 else None
     if stable is not None and varying_on_host:
         stable -= {int(mapping[n]) for n in varying_on_host}
     found = count_layers(seq(rows), canonical, stable)

@@ -12,6 +12,8 @@ import numpy as np
 
 from decodegap.steps.layers import Layers, count_layers
 
+MOST_NAMES = 0.8  # a forward that runs more of this share of the names forwards repeat runs a second stack
+
 
 def data_independent(forwards: list[np.ndarray]) -> set[int] | None:
     """Names that run equally often in every forward given (None: one forward, nothing to compare)."""
@@ -32,6 +34,28 @@ def data_dependent(forwards: list[np.ndarray]) -> set[int]:
     return {n for n, c in seen.items() if len(c) > 1}
 
 
+def second_stacks(forwards: list[np.ndarray]) -> list[bool]:
+    """Per forward, whether it runs more of nearly every name the forwards repeat (a median count of 2 or more) than
+    most forwards do: a second stack of blocks on the model's kernels (a VLM prefill's vision tower), not
+    launches that depend on the data (an eager MoE's expert loop varies its experts' names only; the attention and
+    norms run once per layer in every forward)."""
+    if len(forwards) < 3:
+        return [False] * len(forwards)
+    counts = [Counter(f.tolist()) for f in forwards]
+    names = set().union(*counts)
+    median = {n: float(np.median([c[n] for c in counts])) for n in names}
+    repeated = [n for n in names if median[n] >= 2]
+    if not repeated:
+        return [False] * len(forwards)
+    return [sum(c[n] > median[n] for n in repeated) >= MOST_NAMES * len(repeated) for c in counts]
+
+
+def without_second_stacks(forwards: list[np.ndarray]) -> list[np.ndarray]:
+    """The forwards but those that run a second stack of blocks (second_stacks), where two or more are left."""
+    kept = [f for f, more in zip(forwards, second_stacks(forwards), strict=True) if not more]
+    return kept if len(kept) >= 2 else forwards
+
+
 def runs_once_per_layer(seq: np.ndarray, found: Layers) -> bool:
     """Whether a forward (`seq`: its name ids) runs the names that counted `found`'s layers once per layer (of their
     kind, in a hybrid's mixer split): every one it runs, and at least half of them (a forward of another phase may
@@ -45,21 +69,24 @@ def runs_once_per_layer_beside_another_stack(seq: np.ndarray, blocks: np.ndarray
     """Whether a forward (`seq`: its name ids, `blocks`: the thread blocks each launched) runs the names that counted
     `found`'s layers once per layer on one launch grid each, and as many more times as one another on other grids: a
     second stack of blocks over other tokens, on the model's own kernels (a VLM prefill's vision tower over the
-    image's patches, an encoder folded into a forward), not more layers. The two stacks differ in depth: a piece
-    holding two of the model's forwards (a prefill and a decode, on two grids) runs both as deep, and does not count."""
+    image's patches, an encoder folded into a forward), not more layers. A name whose grid does not follow the tokens
+    (one block per head) runs the two stacks on one grid, as often as the others together, where at least one other
+    name shows them apart. The two stacks differ in depth: a piece holding two of the model's forwards (a prefill and a
+    decode, on two grids) runs both as deep, and does not count."""
     want = found.backer_runs or found.count
     ran = _backers_run(seq, found)
     if ran is None or not want:
         return False
-    extra = set()
+    extra, apart = set(), False
     for name in found.backers:
         grids = Counter(blocks[seq == name].tolist())
         if not grids:
             continue
-        if 0 in grids or want not in grids.values() or len(grids) < 2:
+        if 0 in grids or (want not in grids.values() and len(grids) > 1):
             return False
+        apart |= len(grids) > 1
         extra.add(sum(grids.values()) - want)
-    return len(extra) == 1 and extra.pop() not in (0, want)
+    return apart and len(extra) == 1 and extra.pop() not in (0, want)
 
 
 def runs_otherwise(seq: np.ndarray, found: Layers) -> bool:

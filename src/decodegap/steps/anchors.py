@@ -27,6 +27,7 @@ from decodegap.steps.across_forwards import (
     data_dependent,
     runs_once_per_layer,
     runs_once_per_layer_beside_another_stack,
+    second_stacks,
 )
 from decodegap.steps.drafts import draft_forwards
 from decodegap.steps.layers import count_layers
@@ -425,7 +426,9 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     # (a VLM's vision tower) runs every per-layer name more often, and would hide them all; forwards of the usual
     # length still show an eager MoE's expert loop
     usual = float(np.median([len(body[i][0]) for i in compared]))
-    alike = [i for i in compared if len(body[i][0]) <= LONGER * usual]
+    second_stack = second_stacks([seq[body[i][0]] for i in compared])
+    alike = [i for i, more in zip(compared, second_stack, strict=True)
+             if len(body[i][0]) <= LONGER * usual and not more]
     varying = data_dependent([seq[body[i][0]] for i in (alike if len(alike) >= 2 else compared)])
     checked = {i: count_layers(seq[body[i][0]], names, varying=varying) for i in picks}
     edge = len(body) - 1 if opens else 0  # the forward the window may have cut
@@ -450,6 +453,10 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
         if not held:
             return None  # the anchor does not fall once per forward (`any_layers`: another family says it does)
         layers = max(held, key=lambda c: (len(agree[c]), sum(f.count == c for f in checked.values())))
+        # a forward whose launch grids show the second stack reads another count for a known reason: no doubt
+        stacked = {i for i in interior if blocks is not None and runs_once_per_layer_beside_another_stack(
+            seq[body[i][0]], blocks[body[i][0]], readings[layers])}
+        unlike = any(checked[i].count != layers and i not in stacked for i in interior)
     per_layer = set(readings[layers].backers)
     partial = []
     whole = [seq[body[i][0]] for i in picks if i != edge and checked[i].count == layers]
@@ -474,6 +481,7 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     if not body:
         return None
     return AnchorCut([r for r, _ in body], family, "", partial, spans=[span for _, span in body], unlike=unlike)
+
 
 
 def _after_sampling(edges: np.ndarray, ends: np.ndarray, opens: bool, waits: np.ndarray) -> np.ndarray:
