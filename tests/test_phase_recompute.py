@@ -230,3 +230,18 @@ def test_prompt_lookup_extends_among_decodes_read_as_prefills(tmp_path, seed):
     phases, _ = _phases(tmp_path, forwards=8, kv_cache=True, extend=news, experts=8, top_k=2, batch=1, seed=seed)
     assert phases == generate_loop_truth(forwards=8, kv_cache=True, extend=news)
     assert phases == ["prefill", "decode", "decode", "prefill", "prefill", "decode", "prefill", "prefill"]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(forwards=12, layers=8, prompt=8, batch=4, logits="all", first=2, experts=4, routing="fresh", seed=308),
+    dict(forwards=6, layers=6, prompt=8, logits="last", generations=2, experts=4, routing="fresh", seed=167,
+         extend=[1, 3, 1, 2]),
+    dict(forwards=12, layers=6, prompt=8, batch=4, logits="last", experts=8, routing="causal", seed=329, drafts=2),
+], ids=["decodes-only", "extends", "assisted"])
+def test_eager_moe_steps_whose_experts_change_every_step_keep_their_phase(tmp_path, kw):
+    """Eager MoE loops without op shapes, where which experts run, and on how many tokens, changes every forward: the
+    expert loop's launches (kernels run three or more different numbers of times) tell no phase, the kernels every
+    forward runs as often do. A capture of decodes alone reads no prefill; extends among decodes and an assisted
+    generation's served forwards read as the generator says."""
+    trace = load_trace(write(generate_loop(**kw), tmp_path / "moe.json"))
+    assert [s.kind for s in find_steps(trace, link(trace)).steps] == generate_loop_truth(**kw)

@@ -24,14 +24,15 @@ def data_independent(forwards: list[np.ndarray]) -> set[int] | None:
     return {n for n in names if len({c[n] for c in counts}) == 1}
 
 
-def data_dependent(forwards: list[np.ndarray]) -> set[int]:
-    """Names whose count differs between forwards that run them (an eager MoE layer's per-expert launches); names
-    only some forwards run (a prefill's attention kernel) are not counted against."""
+def data_dependent(forwards: list[np.ndarray], least_counts: int = 2) -> set[int]:
+    """Names whose count differs between forwards that run them (an eager MoE layer's per-expert launches): they run
+    `least_counts` or more different numbers of times; names only some forwards run (a prefill's attention kernel)
+    are not counted against."""
     seen: dict[int, set[int]] = {}
     for f in forwards:
         for n, c in Counter(f.tolist()).items():
             seen.setdefault(n, set()).add(c)
-    return {n for n, c in seen.items() if len(c) > 1}
+    return {n for n, c in seen.items() if len(c) >= least_counts}
 
 
 def second_stacks(forwards: list[np.ndarray]) -> list[bool]:

@@ -13,6 +13,7 @@ import numpy as np
 
 from decodegap.ops import shapes as shape_info
 from decodegap.ops.categories import is_backward
+from decodegap.steps.across_forwards import data_dependent
 from decodegap.trace.link import Links
 from decodegap.trace.tables import Trace, group_rows, isin, unique
 
@@ -189,7 +190,12 @@ def phases_from_launches(trace: Trace, pieces_rows: list[np.ndarray], names: np.
     if not len(trace.shapes) or not any(trace.shapes):
         return None
     key = names.astype(np.int64) * 1_000_003 + gpu.grid_id.astype(np.int64) * 1_009 + gpu.block_id.astype(np.int64)
-    launches = [set(key[r].tolist()) for r in pieces_rows]
+    # Kernels that run three or more different numbers of times over the steps are routed (an eager MoE's expert
+    # loop: which experts run, and on how many tokens each, changes every decode step): their launches tell no phase
+    # (two counts may be the two phases'). A prefill still launches the kernels every step runs as often (norms,
+    # attention, residual adds) on other grids.
+    routed = np.array(sorted(data_dependent([names[r] for r in pieces_rows], least_counts=3)), dtype=np.int64)
+    launches = [set(key[r[~isin(names[r], routed)]].tolist()) or set(key[r].tolist()) for r in pieces_rows]
     blocks = grid_blocks(trace)
 
     def alike(a: set, b: set) -> bool:
