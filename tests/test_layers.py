@@ -1648,3 +1648,18 @@ def test_halves_of_layers_are_paired_into_layers_where_no_other_count_has_as_man
         assert sorted(groups.values()) == sorted(kinds.values())
         # Where the MoE layers' router counts every layer (no dense one), the halves stand aside.
         assert (found.backer_runs == 2 * found.count + 1 and "before each of" in found.evidence) == paired
+
+
+@pytest.mark.parametrize("forwards", [1, 2])
+def test_a_last_moe_layer_longer_than_the_dense_ones_is_no_half_layer(tmp_path, forwards):
+    """4 layers of one sequence (batch 1), attention kinds taking turns, 3 dense layers before an MoE one: the last
+    MoE layer's experts run its activation past a dense layer's length. Its layer still runs an MLP activation, so the
+    per-layer count is no layers' halves and no split of it into two kinds of mixer reads fewer layers: 4 layers
+    (the generator's), as many kinds as it builds."""
+    moe_from = 3
+    kw = dict(forwards=forwards, layers=4, batch=1, alternate=True, moe_from=moe_from, annotation="sglang",
+              graph="piecewise", phases=("decode", "prefill"), seed=26)
+    d = report_dict(analyze_path(write(engine_forwards(**kw), tmp_path / "forwards.json")))
+    assert d["layers"] == 4
+    want = sorted(Counter((i >= moe_from, i % 2 == 1) for i in range(4)).values())
+    assert sorted(k["count"] for k in d["layer_kinds"]) == want

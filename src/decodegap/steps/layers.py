@@ -415,7 +415,9 @@ def _mixed(best: Blocks, candidates: list[Blocks], kept: list[Blocks], ids: np.n
     `lone`: where the names that run once in the forward run; `kept`: the partitions the partition rules kept, the
     only ones taken as they are (any in `candidates` may be split); `fused`: the compiler-generated names."""
     runs = positions | lone
-    whole = share_running(best.bounds, act_at) == 1  # else `best` cuts halves (an attention part runs no MLP)
+    # else `best` cuts halves (an attention part runs no MLP); the last layer runs to the forward's end here (an MoE
+    # layer after dense ones reaches its experts' activation past a typical block's length)
+    whole = share_running(np.append(best.bounds[:-1], len(ids)), act_at) == 1
     per_layer = per_layer_runs(ids, positions)
     splits = []
     for coarse in candidates:
