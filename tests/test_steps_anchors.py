@@ -532,6 +532,22 @@ def test_a_shallow_vision_tower_in_a_later_generation_is_no_data_dependence(reco
     assert [len(s.rows) for s in steps] == _kernels_per_forward(doc)
 
 
+@pytest.mark.parametrize("patches", [256, 1024])
+def test_a_short_vlm_capture_keeps_its_prefill(tmp_path, patches):
+    """A VLM generate of 3 forwards: the prefill runs 2 vision blocks before its 8 layers, then 2 decodes. With one
+    interior forward, the prefill and the first decode are what tells the data-dependent names: the prefill runs
+    more of every repeated name than the decode, a second stack, not data dependence. The prefill is a whole step
+    (it read 10 layers and was left out as a forward the capture began inside): the generator's 3 phases, 8 layers."""
+    kw = dict(forwards=3, layers=8, prompt=16, batch=2, attention="sdpa", vision_blocks=2, patches=patches)
+    doc = generate_loop(**kw)
+    trace = load_trace(write(doc, tmp_path / "vlm3.json"))
+    steps = find_steps(trace, link(trace))
+    assert [s.kind for s in steps.steps] == generate_loop_truth(**kw) == ["prefill", "decode", "decode"]
+    assert steps.dropped_partial == 0
+    assert [len(s.rows) for s in steps.steps] == _kernels_per_forward(doc)
+    assert _d(tmp_path / "vlm3.json")["layers"] == 8
+
+
 def test_a_vision_tower_in_the_first_of_forwards_without_a_cache_counts_no_layers(tmp_path):
     """A VLM loop without a KV cache: every forward a prefill of the sequence so far, the first also running 2 vision
     blocks on the layers' kernels. The layers are read over the prefills: the first runs every per-layer name twice

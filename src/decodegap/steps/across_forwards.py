@@ -40,7 +40,7 @@ def second_stacks(forwards: list[np.ndarray]) -> list[bool]:
     most forwards do: a second stack of blocks on the model's kernels (a VLM prefill's vision tower), not
     launches that depend on the data (an eager MoE's expert loop varies its experts' names only; the attention and
     norms run once per layer in every forward)."""
-    if len(forwards) < 3:
+    if len(forwards) < 2:
         return [False] * len(forwards)
     counts = [Counter(f.tolist()) for f in forwards]
     names = set().union(*counts)
@@ -52,9 +52,9 @@ def second_stacks(forwards: list[np.ndarray]) -> list[bool]:
 
 
 def without_second_stacks(forwards: list[np.ndarray]) -> list[np.ndarray]:
-    """The forwards but those that run a second stack of blocks (second_stacks), where two or more are left."""
+    """The forwards but those that run a second stack of blocks (second_stacks)."""
     kept = [f for f, more in zip(forwards, second_stacks(forwards), strict=True) if not more]
-    return kept if len(kept) >= 2 else forwards
+    return kept or forwards
 
 
 def runs_once_per_layer(seq: np.ndarray, found: Layers) -> bool:

@@ -426,10 +426,10 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     # (a VLM's vision tower) runs every per-layer name more often, and would hide them all; forwards of the usual
     # length still show an eager MoE's expert loop
     usual = float(np.median([len(body[i][0]) for i in compared]))
-    second_stack = second_stacks([seq[body[i][0]] for i in compared])
-    alike = [i for i, more in zip(compared, second_stack, strict=True)
-             if len(body[i][0]) <= LONGER * usual and not more]
-    varying = data_dependent([seq[body[i][0]] for i in (alike if len(alike) >= 2 else compared)])
+    stacked = {i for i, more in zip(compared, second_stacks([seq[body[i][0]] for i in compared]), strict=True) if more}
+    alike = [i for i in compared if len(body[i][0]) <= LONGER * usual and i not in stacked]
+    # (one forward left beside a second stack's: nothing shows a name varying with the data)
+    varying = data_dependent([seq[body[i][0]] for i in (alike if len(alike) >= 2 or alike and stacked else compared)])
     checked = {i: count_layers(seq[body[i][0]], names, varying=varying) for i in picks}
     edge = len(body) - 1 if opens else 0  # the forward the window may have cut
     readings: dict = {}  # a reading per count, a whole forward's before the edge one's (its names may be cut short)
