@@ -245,3 +245,13 @@ def test_eager_moe_steps_whose_experts_change_every_step_keep_their_phase(tmp_pa
     generation's served forwards read as the generator says."""
     trace = load_trace(write(generate_loop(**kw), tmp_path / "moe.json"))
     assert [s.kind for s in find_steps(trace, link(trace)).steps] == generate_loop_truth(**kw)
+
+
+def test_decodes_before_a_short_prompt_are_no_recomputing_run(tmp_path):
+    """Two generate calls of an eager MoE with a 4-token prompt over 2 sequences, op shapes recorded: the second
+    prompt's prefill launches the embedding lookup on 2 blocks after the decodes' 1, so the last decodes and that
+    prefill look like a run of forwards that recompute a growing sequence. The projection rows say otherwise (2 and 2,
+    then 8): the decodes stay decodes, the generator's phases."""
+    kw = dict(forwards=8, layers=2, prompt=4, batch=2, record_shapes=True, generations=2, experts=8, seed=205)
+    trace = load_trace(write(generate_loop(**kw), tmp_path / "two_prompts.json"))
+    assert [s.kind for s in find_steps(trace, link(trace)).steps] == generate_loop_truth(**kw)

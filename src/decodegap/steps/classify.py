@@ -278,6 +278,12 @@ def _recomputed(trace: Trace, links: Links, pieces: list[Piece], tokens: list, e
     lookup = forward_anchors.lookup_rows(trace, links)
     for run in growing_runs(trace, [p.rows for p in pieces], names, lookup) or []:
         inside = [i for i in range(run.first, run.last + 1) if open_[i]]
+        # Where op shapes give every forward's projection rows, a forward that recomputes the sequence processes
+        # more tokens than the one before it: rows that stay from one forward to the next are decode steps (a run
+        # of decodes whose lookup's grid grew once, at the next prompt's short prefill)
+        rows = [tokens[i].gemm_rows for i in range(run.first, run.last + 1)]
+        if all(rows) and any(b <= a for a, b in zip(rows, rows[1:], strict=False)):
+            continue
         if run.recomputes:
             for i in inside:
                 evidence[i] = "prefill"
