@@ -255,3 +255,15 @@ def test_decodes_before_a_short_prompt_are_no_recomputing_run(tmp_path):
     kw = dict(forwards=8, layers=2, prompt=4, batch=2, record_shapes=True, generations=2, experts=8, seed=205)
     trace = load_trace(write(generate_loop(**kw), tmp_path / "two_prompts.json"))
     assert [s.kind for s in find_steps(trace, link(trace)).steps] == generate_loop_truth(**kw)
+
+
+@pytest.mark.parametrize("kw", [dict(forwards=8, first=5, record_shapes=True), dict(forwards=8, first=5),
+                                dict(forwards=12)], ids=["mid-shapes", "mid", "generate"])
+def test_decodes_whose_attention_grids_drift_stay_decodes(tmp_path, kw):
+    """Eager attention over a 200-token prompt of 8 sequences: each decode step's attention launches follow the
+    growing keys, so the late decodes' launch sets drift away from the typical step's and read as another group by
+    their launches. They only grow gradually from one forward to the next and recompute nothing: decodes, the
+    generator's phases (a capture from the sixth forward on holds no prefill)."""
+    kw = dict(kw, layers=4, prompt=200, batch=8)
+    trace = load_trace(write(generate_loop(**kw), tmp_path / "drift.json"))
+    assert [s.kind for s in find_steps(trace, link(trace)).steps] == generate_loop_truth(**kw)

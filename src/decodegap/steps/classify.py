@@ -76,6 +76,9 @@ def classify(trace: Trace, links: Links, pieces: list[Piece], source: str, detai
     by_launch = (phases_from_launches(trace, [p.rows for p in pieces], names, typical_i) if None in evidence
                  else None) or [None] * len(pieces)
     by_launch = _oriented(by_launch, evidence, pieces)
+    if not training and len(set(by_launch) - {None}) > 1:
+        by_launch = _drifted(by_launch, growing_runs(trace, [p.rows for p in pieces], names,
+                                                     forward_anchors.lookup_rows(trace, links)))
     typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
     # Launches that tell some steps from others say which are decodes too; all alike, they tell no phase (a run of
     # recomputing forwards launches alike as well)
@@ -290,6 +293,22 @@ def _recomputed(trace: Trace, links: Links, pieces: list[Piece], tokens: list, e
         elif run.uncertain and inside:
             warnings.append(_uncertain_words(run))
     return evidence
+
+
+def _drifted(by_launch: list[str | None], runs: list | None) -> list[str | None]:
+    """Decode steps over a growing cache drift from the typical step's launches (eager attention's grids follow the
+    keys), and the late ones read as another group by their launches. A run of forwards whose launches only grow
+    gradually (steps.phase.growing_runs) and recompute nothing holds no prefill once it begins with a decode (a
+    prompt's prefill grows more than that over the decode before it, and collapses to the decodes after it): where
+    such a run holds two or more steps read as prefills by their launches, all of it is decodes."""
+    out = list(by_launch)
+    for run in runs or []:
+        span = range(run.first, run.last + 1)
+        if (not run.recomputes and not run.uncertain and out[run.first] == "decode"
+                and sum(out[i] == "prefill" for i in span) >= 2):
+            for i in span:
+                out[i] = "decode"
+    return out
 
 
 def _uncertain_words(run: GrowingRun) -> str:
