@@ -30,7 +30,7 @@ from decodegap.steps.phase import (
 from decodegap.steps.repetition import mix_overlap, name_classes, normalized_ids
 from decodegap.steps.step import Piece, Step, Steps, runtime_of
 from decodegap.trace.link import Links
-from decodegap.trace.tables import Trace
+from decodegap.trace.tables import Trace, isin
 
 SAME_MIX = 0.8  # kernel-mix overlap above which a step counts as the same kind as the typical one
 PARTIAL = 0.9  # an edge step with fewer than this share of the typical step's activities is cut off
@@ -76,6 +76,7 @@ def classify(trace: Trace, links: Links, pieces: list[Piece], source: str, detai
     by_launch = (phases_from_launches(trace, [p.rows for p in pieces], names, typical_i) if None in evidence
                  else None) or [None] * len(pieces)
     by_launch = _oriented(by_launch, evidence, pieces)
+    by_launch = _looked_up(by_launch, pieces, trace, links, names)
     if not training and len(set(by_launch) - {None}) > 1:
         by_launch = _drifted(by_launch, growing_runs(trace, [p.rows for p in pieces], names,
                                                      forward_anchors.lookup_rows(trace, links)))
@@ -196,6 +197,31 @@ def _projects_encoder_once(decoder: list[Piece], names: np.ndarray, canonical: l
     # the projections alone, a few per layer (keys and values, each maybe split in two kernels), not an eager MoE's
     # experts
     return bool(depth) and extra % depth == 0 and (len(decoder) > 2 or extra <= CROSS_PROJECTIONS * depth)
+
+
+def _looked_up(by_launch: list[str | None], pieces: list[Piece], trace: Trace, links: Links,
+               names: np.ndarray) -> list[str | None]:
+    """The launches' two groups turned round where the embedding lookups say so: a prefill looks up more tokens than
+    a decode step, and the lookup's grid follows its tokens (on the same kernel). The thread blocks of the rest may
+    not: a compiled decode's split reductions launch more blocks for one token than the prefill's tiles for sixteen.
+    The lookup kernels every step runs are compared (a compiler may specialise one for the prefill's tokens), and
+    every step read as a prefill must look up fewer blocks on them than every step read as a decode."""
+    if len(set(by_launch) - {None}) < 2:
+        return by_launch
+    lookup = forward_anchors.lookup_rows(trace, links)
+    if lookup is None:
+        return by_launch
+    blocks = grid_blocks(trace)
+    looked = [p.rows[lookup[p.rows]] for p in pieces]
+    shared = np.array(sorted(set.intersection(*(set(names[r].tolist()) for r in looked))), dtype=np.int64)
+    sizes = [int(blocks[r[isin(names[r], shared)]].sum()) for r in looked]
+    if not len(shared) or not all(sizes):
+        return by_launch
+    prefill = [s for s, b in zip(sizes, by_launch, strict=True) if b == "prefill"]
+    decode = [s for s, b in zip(sizes, by_launch, strict=True) if b == "decode"]
+    if max(prefill) >= min(decode):
+        return by_launch
+    return [{"prefill": "decode", "decode": "prefill"}.get(b) if b else None for b in by_launch]
 
 
 def _oriented(by_launch: list[str | None], evidence: list[str | None], pieces: list[Piece]) -> list[str | None]:
