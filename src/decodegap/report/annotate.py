@@ -29,7 +29,7 @@ from decodegap.errors import ParameterError, UserError
 from decodegap.ops.kernel_names import short_kernel_name
 from decodegap.steps.repetition import name_classes
 from decodegap.trace.json_events import Reader
-from decodegap.trace.load import same_file
+from decodegap.trace.load import file_id, same_file
 from decodegap.trace.read import TruncatedStream, iter_text_chunks
 
 if TYPE_CHECKING:
@@ -385,8 +385,9 @@ def write_overlay(report: Report, out: str | Path) -> list[Path]:
         targets = [(r, out / r.trace.path.relative_to(report.path)) for r in report.ranks]
     else:
         targets = [(report.ranks[0], out)] if report.ranks else []
+    inputs = {file_id(r.trace.path) for r in report.ranks}
     for _, dst in targets:  # any rank's trace, not only its own: OUT inside the input folder could name another's
-        if any(same_file(r.trace.path, dst) for r in report.ranks):
+        if file_id(dst) in inputs - {None}:
             raise ParameterError(f"{{out}}: {dst} is an input trace; the annotated trace goes to a new file (the "
                                  "input is never changed)", out=str(out))
     written = []

@@ -454,9 +454,9 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
             return None  # the anchor does not fall once per forward (`any_layers`: another family says it does)
         layers = max(held, key=lambda c: (len(agree[c]), sum(f.count == c for f in checked.values())))
         # a forward whose launch grids show the second stack reads another count for a known reason: no doubt
-        stacked = {i for i in interior if blocks is not None and runs_once_per_layer_beside_another_stack(
+        beside = {i for i in interior if blocks is not None and runs_once_per_layer_beside_another_stack(
             seq[body[i][0]], blocks[body[i][0]], readings[layers])}
-        unlike = any(checked[i].count != layers and i not in stacked for i in interior)
+        unlike = any(checked[i].count != layers and i not in beside for i in interior)
     per_layer = set(readings[layers].backers)
     partial = []
     whole = [seq[body[i][0]] for i in picks if i != edge and checked[i].count == layers]
@@ -481,7 +481,6 @@ def _pieces(rows: np.ndarray, when: np.ndarray, anchors: np.ndarray, family: Fam
     if not body:
         return None
     return AnchorCut([r for r, _ in body], family, "", partial, spans=[span for _, span in body], unlike=unlike)
-
 
 
 def _after_sampling(edges: np.ndarray, ends: np.ndarray, opens: bool, waits: np.ndarray) -> np.ndarray:

@@ -6,6 +6,8 @@ capture's edges or past a cut file's end left out."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from functools import cache
 
 import numpy as np
 
@@ -70,16 +72,19 @@ def classify(trace: Trace, links: Links, pieces: list[Piece], source: str, detai
     reference = Counter(names[pieces[int(np.argsort(lengths)[len(lengths) // 2])].rows].tolist())
     typical_i = int(np.argsort(lengths)[len(lengths) // 2])
     packed: set[int] = set()
+    # the embedding lookup's kernels, and the runs of forwards whose launches grow gradually: read once, where needed
+    lookup = cache(lambda: forward_anchors.lookup_rows(trace, links))
+    runs = cache(lambda: growing_runs(trace, [p.rows for p in pieces], names, lookup()))
     if not training:
-        evidence = _recomputed(trace, links, pieces, tokens, evidence, names, warnings)
+        evidence = _recomputed(pieces, tokens, evidence, runs, warnings)
         evidence, packed = _packed(pieces, tokens, evidence)
     by_launch = (phases_from_launches(trace, [p.rows for p in pieces], names, typical_i) if None in evidence
                  else None) or [None] * len(pieces)
     by_launch = _oriented(by_launch, evidence, pieces)
-    by_launch = _looked_up(by_launch, pieces, trace, links, names)
-    if not training and len(set(by_launch) - {None}) > 1:
-        by_launch = _drifted(by_launch, growing_runs(trace, [p.rows for p in pieces], names,
-                                                     forward_anchors.lookup_rows(trace, links)))
+    if len(set(by_launch) - {None}) > 1:  # the launches tell two groups apart
+        by_launch = _looked_up(by_launch, pieces, trace, lookup(), names)
+        if not training:
+            by_launch = _drifted(by_launch, runs())
     typical_wall = float(np.median([p.end_ns - p.start_ns for p in pieces]))
     # Launches that tell some steps from others say which are decodes too; all alike, they tell no phase (a run of
     # recomputing forwards launches alike as well)
@@ -199,18 +204,14 @@ def _projects_encoder_once(decoder: list[Piece], names: np.ndarray, canonical: l
     return bool(depth) and extra % depth == 0 and (len(decoder) > 2 or extra <= CROSS_PROJECTIONS * depth)
 
 
-def _looked_up(by_launch: list[str | None], pieces: list[Piece], trace: Trace, links: Links,
+def _looked_up(by_launch: list[str | None], pieces: list[Piece], trace: Trace, lookup: np.ndarray,
                names: np.ndarray) -> list[str | None]:
     """The launches' two groups turned round where the embedding lookups say so: a prefill looks up more tokens than
     a decode step, and the lookup's grid follows its tokens (on the same kernel). The thread blocks of the rest may
     not: a compiled decode's split reductions launch more blocks for one token than the prefill's tiles for sixteen.
     The lookup kernels every step runs are compared (a compiler may specialise one for the prefill's tokens), and
-    every step read as a prefill must look up fewer blocks on them than every step read as a decode."""
-    if len(set(by_launch) - {None}) < 2:
-        return by_launch
-    lookup = forward_anchors.lookup_rows(trace, links)
-    if lookup is None:
-        return by_launch
+    every step read as a prefill must look up fewer blocks on them than every step read as a decode (`lookup`: per
+    GPU row, launched by an embedding lookup)."""
     blocks = grid_blocks(trace)
     looked = [p.rows[lookup[p.rows]] for p in pieces]
     shared = np.array(sorted(set.intersection(*(set(names[r].tolist()) for r in looked))), dtype=np.int64)
@@ -292,20 +293,20 @@ def _packed(pieces: list[Piece], tokens: list, evidence: list) -> tuple[list, se
     return [r or e for r, e in zip(read, evidence, strict=True)], rows
 
 
-def _recomputed(trace: Trace, links: Links, pieces: list[Piece], tokens: list, evidence: list, names: np.ndarray,
+def _recomputed(pieces: list[Piece], tokens: list, evidence: list, runs: Callable[[], list[GrowingRun] | None],
                 warnings: list[str]) -> list:
     """Forwards that recompute a growing sequence (a loop without a KV cache) are prefills, though only their launch
     grids say so: where no annotation or attention shape gives the phase, a run of forwards (steps.phase.growing_runs)
     whose embedding lookups grow (each forward looks up more tokens, where a decode step looks up one per sequence),
     or, where no lookup is recorded, whose launches mostly grow from first to last, is read as prefills; a run whose
-    launches grow less than that but more than a decode step over a KV cache does gets a warning."""
+    launches grow less than that but more than a decode step over a KV cache does gets a warning. `runs`: the
+    pieces' runs (steps.phase.growing_runs), read on first call."""
     open_ = [not (p.mark and p.mark.phase) and (e is None or rows_alone(t))
              for p, t, e in zip(pieces, tokens, evidence, strict=True)]
     if len(pieces) < 2 or not any(open_):
         return evidence
     evidence = list(evidence)
-    lookup = forward_anchors.lookup_rows(trace, links)
-    for run in growing_runs(trace, [p.rows for p in pieces], names, lookup) or []:
+    for run in runs() or []:
         inside = [i for i in range(run.first, run.last + 1) if open_[i]]
         # Where op shapes give every forward's projection rows, a forward that recomputes the sequence processes
         # more tokens than the one before it: rows that stay from one forward to the next are decode steps (a run
@@ -321,7 +322,7 @@ def _recomputed(trace: Trace, links: Links, pieces: list[Piece], tokens: list, e
     return evidence
 
 
-def _drifted(by_launch: list[str | None], runs: list | None) -> list[str | None]:
+def _drifted(by_launch: list[str | None], runs: list[GrowingRun] | None) -> list[str | None]:
     """Decode steps over a growing cache drift from the typical step's launches (eager attention's grids follow the
     keys), and the late ones read as another group by their launches. A run of forwards whose launches only grow
     gradually (steps.phase.growing_runs) and recompute nothing holds no prefill once it begins with a decode (a

@@ -607,12 +607,23 @@ def rank_from_filename(name: str) -> int | None:
     return None
 
 
+def file_id(path: Path) -> tuple[int, int] | None:
+    """The file a path names (device, inode), the same through any link to it; None where there is none."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
 def same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file (the same path, or links to it)."""
     try:
-        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
-    except OSError:
+        if a.resolve() == b.resolve():
+            return True
+    except (OSError, RuntimeError):
         return False
+    return (found := file_id(b)) is not None and found == file_id(a)
 
 
 def find_trace_files(path: Path) -> list[Path]:
